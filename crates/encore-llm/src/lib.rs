@@ -1,0 +1,1 @@
+//! Llama-family inference on Encore.
