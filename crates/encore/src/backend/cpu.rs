@@ -1,0 +1,520 @@
+//! The CPU backend: host memory, Rust kernels, a queue thread and a worker pool.
+//!
+//! Submissions run in order on one queue thread, like a device stream. The
+//! dispatches of one concurrent group run in parallel on the worker pool, and
+//! kernels may parallelize inside (rayon), so a wrong hazard decision shows up
+//! as a wrong answer in tests rather than hiding behind serial execution.
+
+use std::alloc::Layout;
+use std::any::Any;
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{
+    ArgRec, Backend, BackendKind, BackendSubmission, DispatchRec, Executable, Program, RawMem,
+    Timing, Upload,
+};
+use crate::config::Config;
+use crate::encoder::{Access, Launch};
+use crate::error::{Error, Result};
+use crate::kernel::{CpuFn, KernelDef};
+
+const ALIGN: usize = 64;
+
+/// A description of the host CPU for device listings.
+pub fn describe() -> String {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{} host CPU, {threads} threads", std::env::consts::ARCH)
+}
+
+/// The arguments of one CPU kernel invocation.
+///
+/// Buffers come out as plain slices. Each argument may be taken once as
+/// mutable (and only if the dispatch declared it written) or any number of
+/// times as shared; the encoder has already rejected dispatches whose written
+/// argument overlaps another of their arguments, and the hazard tracker keeps
+/// conflicting dispatches out of one concurrent group, so the slices never alias.
+pub struct CpuArgs<'a> {
+    args: &'a [ArgRec],
+    bytes: &'a [u8],
+    launch: Launch,
+    taken_mut: Cell<u64>,
+    taken_shared: Cell<u64>,
+}
+
+impl<'a> CpuArgs<'a> {
+    /// The number of arguments.
+    pub fn len(&self) -> usize {
+        self.args.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.args.is_empty()
+    }
+
+    /// The dispatch's launch geometry.
+    pub fn launch(&self) -> &Launch {
+        &self.launch
+    }
+
+    fn buffer(&self, i: usize) -> std::result::Result<(RawMem, usize, usize, Access), String> {
+        match self.args.get(i) {
+            Some(&ArgRec::Buffer {
+                mem,
+                offset,
+                len,
+                access,
+                ..
+            }) => Ok((mem, offset, len, access)),
+            Some(ArgRec::Bytes { .. }) => {
+                Err(format!("argument {i} is inline bytes, not a buffer"))
+            }
+            None => Err(format!("argument {i} missing ({} given)", self.args.len())),
+        }
+    }
+
+    /// Argument `i` as a shared slice of `T`.
+    pub fn read<T: bytemuck::Pod>(&self, i: usize) -> std::result::Result<&'a [T], String> {
+        let (mem, offset, len, _) = self.buffer(i)?;
+        let bit = 1u64.checked_shl(i as u32).unwrap_or(0);
+        if self.taken_mut.get() & bit != 0 {
+            return Err(format!("argument {i} is already borrowed mutably"));
+        }
+        self.taken_shared.set(self.taken_shared.get() | bit);
+        // SAFETY: `mem + offset .. + len` lies inside a live allocation that
+        // the submission retains for as long as the program runs; no dispatch
+        // running concurrently writes these bytes (hazard tracking), and this
+        // dispatch's mutable borrows never overlap it (checked above and at encode).
+        let bytes =
+            unsafe { std::slice::from_raw_parts((mem as usize + offset) as *const u8, len) };
+        bytemuck::try_cast_slice(bytes).map_err(|e| format!("argument {i}: {e}"))
+    }
+
+    /// Argument `i` as a mutable slice of `T`; it must be declared written.
+    #[allow(clippy::mut_from_ref)]
+    pub fn write<T: bytemuck::Pod>(&self, i: usize) -> std::result::Result<&'a mut [T], String> {
+        let (mem, offset, len, access) = self.buffer(i)?;
+        if !access.writes() {
+            return Err(format!("argument {i} is declared read-only"));
+        }
+        if i >= 64 {
+            return Err(format!("argument {i}: at most 64 arguments can be written"));
+        }
+        let bit = 1u64 << i;
+        if (self.taken_mut.get() | self.taken_shared.get()) & bit != 0 {
+            return Err(format!("argument {i} is already borrowed"));
+        }
+        self.taken_mut.set(self.taken_mut.get() | bit);
+        // SAFETY: as in `read`; additionally this is the only borrow of
+        // argument `i` (tracked above) and no other argument of the dispatch
+        // overlaps a written one (checked at encode).
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut((mem as usize + offset) as *mut u8, len) };
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| format!("argument {i}: {e}"))
+    }
+
+    /// Argument `i` as inline bytes.
+    pub fn bytes(&self, i: usize) -> std::result::Result<&'a [u8], String> {
+        match self.args.get(i) {
+            Some(&ArgRec::Bytes { start, len }) => self
+                .bytes
+                .get(start as usize..start as usize + len as usize)
+                .ok_or_else(|| format!("argument {i}: inline bytes out of range")),
+            Some(_) => Err(format!("argument {i} is a buffer, not inline bytes")),
+            None => Err(format!("argument {i} missing ({} given)", self.args.len())),
+        }
+    }
+
+    /// Argument `i` as an inline value of type `T`.
+    pub fn scalar<T: bytemuck::Pod>(&self, i: usize) -> std::result::Result<T, String> {
+        let b = self.bytes(i)?;
+        if b.len() != std::mem::size_of::<T>() {
+            return Err(format!(
+                "argument {i}: {} inline bytes, expected {}",
+                b.len(),
+                std::mem::size_of::<T>()
+            ));
+        }
+        Ok(bytemuck::pod_read_unaligned(b))
+    }
+}
+
+struct Job {
+    program: Arc<Program>,
+    uploads: Vec<Upload>,
+    timing: bool,
+    done: Arc<Completion>,
+}
+
+#[derive(Default)]
+struct Completion {
+    outcome: Mutex<Option<Result<Timing, Failure>>>,
+    cv: Condvar,
+}
+
+/// A failed dispatch, as reported by the queue thread.
+#[derive(Clone, Debug)]
+struct Failure {
+    kernel: String,
+    label: String,
+    message: String,
+}
+
+impl From<&Failure> for Error {
+    fn from(f: &Failure) -> Error {
+        Error::KernelFailed {
+            kernel: f.kernel.clone(),
+            label: f.label.clone(),
+            message: f.message.clone(),
+        }
+    }
+}
+
+struct CpuSubmission(Arc<Completion>);
+
+impl CpuSubmission {
+    fn outcome(r: &Result<Timing, Failure>) -> Result<Timing> {
+        r.clone().map_err(|f| Error::from(&f))
+    }
+}
+
+impl BackendSubmission for CpuSubmission {
+    fn poll(&self) -> Option<Result<Timing>> {
+        self.0.outcome.lock().as_ref().map(Self::outcome)
+    }
+
+    fn wait(&self) -> Result<Timing> {
+        let mut g = self.0.outcome.lock();
+        loop {
+            if let Some(r) = g.as_ref() {
+                return Self::outcome(r);
+            }
+            self.0.cv.wait(&mut g);
+        }
+    }
+}
+
+/// Submitted and completed job counts, to wait for an idle queue.
+#[derive(Default)]
+struct QueueState {
+    counts: Mutex<(u64, u64)>,
+    idle: Condvar,
+}
+
+struct Queue {
+    sender: Mutex<Option<mpsc::Sender<Job>>>,
+    state: Arc<QueueState>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Queue {
+    fn push(&self, job: Job) -> Result<()> {
+        self.state.counts.lock().0 += 1;
+        let sent = match &*self.sender.lock() {
+            Some(s) => s.send(job).is_ok(),
+            None => false,
+        };
+        if sent {
+            Ok(())
+        } else {
+            self.state.counts.lock().0 -= 1;
+            Err(Error::DeviceFailed {
+                device: "cpu".into(),
+                cause: "the CPU queue thread has stopped".into(),
+            })
+        }
+    }
+
+    fn wait_idle(&self) {
+        let mut c = self.state.counts.lock();
+        while c.1 < c.0 {
+            self.state.idle.wait(&mut c);
+        }
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.sender.lock().take();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The CPU backend.
+pub(crate) struct CpuBackend {
+    queue: Arc<Queue>,
+    threads: usize,
+}
+
+impl CpuBackend {
+    pub(crate) fn new(config: &Config) -> Result<CpuBackend> {
+        let threads = config.cpu_threads();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("encore-cpu-{i}"))
+            .build()
+            .map_err(|e| Error::DeviceUnavailable {
+                name: "cpu".into(),
+                reason: format!("cannot start {threads} worker threads: {e}"),
+            })?;
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let state = Arc::new(QueueState::default());
+        let thread_state = state.clone();
+        let thread = std::thread::Builder::new()
+            .name("encore-cpu-queue".into())
+            .spawn(move || {
+                for job in receiver {
+                    let outcome = pool.install(|| run_job(&job));
+                    *job.done.outcome.lock() = Some(outcome);
+                    job.done.cv.notify_all();
+                    drop(job);
+                    let mut c = thread_state.counts.lock();
+                    c.1 += 1;
+                    thread_state.idle.notify_all();
+                }
+            })
+            .map_err(|e| Error::DeviceUnavailable {
+                name: "cpu".into(),
+                reason: format!("cannot start the queue thread: {e}"),
+            })?;
+        Ok(CpuBackend {
+            queue: Arc::new(Queue {
+                sender: Mutex::new(Some(sender)),
+                state,
+                thread: Mutex::new(Some(thread)),
+            }),
+            threads,
+        })
+    }
+}
+
+fn run_job(job: &Job) -> Result<Timing, Failure> {
+    for u in &job.uploads {
+        // SAFETY: uploads target parameter blocks retained by the executable;
+        // the runtime bounds-checked `offset + len` against the allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                u.bytes.as_ptr(),
+                (u.mem as usize + u.offset) as *mut u8,
+                u.bytes.len(),
+            );
+        }
+    }
+    let program = &*job.program;
+    let start = Instant::now();
+    let mut times = if job.timing {
+        vec![Duration::ZERO; program.dispatches.len()]
+    } else {
+        Vec::new()
+    };
+    for group in program.groups() {
+        let dispatches = program.dispatches.get(group.clone()).unwrap_or(&[]);
+        if dispatches.len() == 1 {
+            let t = Instant::now();
+            run_dispatch(program, &dispatches[0])?;
+            if let Some(slot) = times.get_mut(group.start) {
+                *slot = t.elapsed();
+            }
+        } else {
+            let failures = Mutex::new(Vec::new());
+            let group_times = Mutex::new(Vec::new());
+            rayon::scope(|s| {
+                for (k, d) in dispatches.iter().enumerate() {
+                    let failures = &failures;
+                    let group_times = &group_times;
+                    s.spawn(move |_| {
+                        let t = Instant::now();
+                        if let Err(e) = run_dispatch(program, d) {
+                            failures.lock().push((k, e));
+                        }
+                        group_times.lock().push((k, t.elapsed()));
+                    });
+                }
+            });
+            let mut failures = failures.into_inner();
+            failures.sort_by_key(|(k, _)| *k);
+            if let Some((_, e)) = failures.into_iter().next() {
+                return Err(e);
+            }
+            for (k, t) in group_times.into_inner() {
+                if let Some(slot) = times.get_mut(group.start + k) {
+                    *slot = t;
+                }
+            }
+        }
+    }
+    Ok(Timing {
+        elapsed: start.elapsed(),
+        dispatches: times,
+    })
+}
+
+fn run_dispatch(program: &Program, d: &DispatchRec) -> Result<(), Failure> {
+    let fail = |message: String| Failure {
+        kernel: d.kernel.name().to_string(),
+        label: d.label.to_string(),
+        message,
+    };
+    let Some(body) = d.kernel.artifact().downcast_ref::<CpuFn>() else {
+        return Err(fail("not a CPU kernel".into()));
+    };
+    let args = CpuArgs {
+        args: program.args_of(d),
+        bytes: &program.bytes,
+        launch: d.launch,
+        taken_mut: Cell::new(0),
+        taken_shared: Cell::new(0),
+    };
+    match catch_unwind(AssertUnwindSafe(|| body(&args))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(message)) => Err(fail(message)),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panicked".into());
+            Err(fail(format!("panicked: {message}")))
+        }
+    }
+}
+
+struct CpuExecutable {
+    queue: Arc<Queue>,
+    program: Arc<Program>,
+}
+
+impl Executable for CpuExecutable {
+    fn launch(&self, uploads: &[Upload], timing: bool) -> Result<Box<dyn BackendSubmission>> {
+        submit(&self.queue, self.program.clone(), uploads.to_vec(), timing)
+    }
+}
+
+fn submit(
+    queue: &Queue,
+    program: Arc<Program>,
+    uploads: Vec<Upload>,
+    timing: bool,
+) -> Result<Box<dyn BackendSubmission>> {
+    let done = Arc::new(Completion::default());
+    queue.push(Job {
+        program,
+        uploads,
+        timing,
+        done: done.clone(),
+    })?;
+    Ok(Box::new(CpuSubmission(done)))
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn arch(&self) -> String {
+        std::env::consts::ARCH.to_string()
+    }
+
+    fn toolchain(&self) -> String {
+        format!("rust-{}-threads", self.threads)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<RawMem> {
+        let layout =
+            Layout::from_size_align(bytes.max(1), ALIGN).map_err(|_| Error::OutOfMemory {
+                device: "cpu".into(),
+                bytes,
+            })?;
+        // SAFETY: the layout has a nonzero size. Zeroing makes every byte
+        // initialized, so kernels may view the memory as any `Pod` type.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::OutOfMemory {
+                device: "cpu".into(),
+                bytes,
+            });
+        }
+        Ok(ptr as RawMem)
+    }
+
+    fn free(&self, mem: RawMem, bytes: usize) {
+        if let Ok(layout) = Layout::from_size_align(bytes.max(1), ALIGN) {
+            // SAFETY: `mem` came from `alloc` with this same layout, and the
+            // pool frees it only when no buffer, submission or graph holds it.
+            unsafe { std::alloc::dealloc(mem as *mut u8, layout) };
+        }
+    }
+
+    fn write(&self, mem: RawMem, offset: usize, data: &[u8]) -> Result<()> {
+        self.queue.wait_idle();
+        // SAFETY: the caller checked `offset + data.len()` against the
+        // buffer, and no submitted work is running (waited above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (mem as usize + offset) as *mut u8,
+                data.len(),
+            );
+        }
+        Ok(())
+    }
+
+    fn read(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.queue.wait_idle();
+        // SAFETY: as in `write`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (mem as usize + offset) as *const u8,
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+        Ok(())
+    }
+
+    fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>> {
+        match def.cpu_impl() {
+            Some(f) => Ok(Arc::new(f.clone())),
+            None => Err(Error::NoImplementation {
+                kernel: def.name().to_string(),
+                backend: "cpu".into(),
+            }),
+        }
+    }
+
+    fn submit(
+        &self,
+        program: Arc<Program>,
+        uploads: Vec<Upload>,
+        timing: bool,
+    ) -> Result<Box<dyn BackendSubmission>> {
+        submit(&self.queue, program, uploads, timing)
+    }
+
+    fn instantiate(&self, program: Arc<Program>) -> Result<Box<dyn Executable>> {
+        Ok(Box::new(CpuExecutable {
+            queue: self.queue.clone(),
+            program,
+        }))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.queue.wait_idle();
+        Ok(())
+    }
+
+    fn failure(&self) -> Option<String> {
+        None
+    }
+}

@@ -1,0 +1,162 @@
+//! The boundary between the runtime and a device API.
+//!
+//! A backend does only allocation, copies, compilation and launch. Hazards,
+//! lifetimes, pooling, graphs and profiling live once, in the runtime above,
+//! and reach a backend as a [`Program`]: dispatches already split into
+//! concurrent groups, with resolved arguments.
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::encoder::{Access, Launch};
+use crate::error::Result;
+use crate::kernel::{Kernel, KernelDef};
+use crate::Label;
+
+/// Which device API a device runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Host threads; the reference every other backend is tested against.
+    Cpu,
+    /// NVIDIA GPUs through the CUDA driver API and NVRTC.
+    Cuda,
+}
+
+impl BackendKind {
+    /// Lower-case name, as used in device names and kernel keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// A backend's opaque handle to one allocation (a host address on CPU, a
+/// device pointer on CUDA).
+pub(crate) type RawMem = u64;
+
+/// One resolved dispatch argument.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ArgRec {
+    /// A byte range of an allocation.
+    Buffer {
+        mem: RawMem,
+        alloc: u64,
+        offset: usize,
+        len: usize,
+        access: Access,
+    },
+    /// Inline bytes at `start..start + len` of the program's byte arena.
+    Bytes { start: u32, len: u32 },
+}
+
+/// One dispatch of a program.
+#[derive(Clone, Debug)]
+pub(crate) struct DispatchRec {
+    pub kernel: Kernel,
+    pub args: std::ops::Range<u32>,
+    pub launch: Launch,
+    pub label: Label,
+}
+
+/// Dispatches in concurrent groups, ready for a backend to run or instantiate.
+/// Dispatches of one group may run in any order or at the same time; a group
+/// starts after the previous one has finished.
+#[derive(Debug, Default)]
+pub(crate) struct Program {
+    pub dispatches: Vec<DispatchRec>,
+    pub args: Vec<ArgRec>,
+    pub bytes: Vec<u8>,
+    /// End index (exclusive) of each group in `dispatches`.
+    pub group_ends: Vec<u32>,
+    /// Dependency edges (from, to) between dispatches, used by backends that
+    /// build native graphs; empty for eager programs.
+    pub edges: Vec<(u32, u32)>,
+}
+
+impl Program {
+    pub(crate) fn groups(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let mut start = 0usize;
+        self.group_ends.iter().map(move |&end| {
+            let r = start..end as usize;
+            start = end as usize;
+            r
+        })
+    }
+
+    pub(crate) fn args_of(&self, d: &DispatchRec) -> &[ArgRec] {
+        self.args
+            .get(d.args.start as usize..d.args.end as usize)
+            .unwrap_or(&[])
+    }
+}
+
+/// Bytes written into device memory before a program runs (graph parameters).
+#[derive(Clone, Debug)]
+pub(crate) struct Upload {
+    pub mem: RawMem,
+    pub offset: usize,
+    pub bytes: Vec<u8>,
+}
+
+/// What the backend measured for a completed submission.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Timing {
+    /// Device time from the first dispatch's start to the last one's end.
+    pub elapsed: Duration,
+    /// Per-dispatch device time, when asked for.
+    pub dispatches: Vec<Duration>,
+}
+
+/// An in-flight submission as the backend sees it.
+pub(crate) trait BackendSubmission: Send + Sync {
+    /// `None` while running; the outcome once complete.
+    fn poll(&self) -> Option<Result<Timing>>;
+    /// Blocks until complete.
+    fn wait(&self) -> Result<Timing>;
+}
+
+/// A program prepared once for repeated launches (a native graph on CUDA).
+pub(crate) trait Executable: Send + Sync {
+    fn launch(&self, uploads: &[Upload], timing: bool) -> Result<Box<dyn BackendSubmission>>;
+}
+
+/// A device API.
+pub(crate) trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    /// The device's name, such as `cpu` or `cuda:0`.
+    fn name(&self) -> &str;
+    /// Target architecture for kernel keys (`x86_64`, `sm_90`).
+    fn arch(&self) -> String;
+    /// Versions of the compiler and driver, part of kernel keys.
+    fn toolchain(&self) -> String;
+    /// Allocates `bytes` (a pool size class) of device memory.
+    fn alloc(&self, bytes: usize) -> Result<RawMem>;
+    /// Frees memory from [`Backend::alloc`]; the runtime guarantees no work uses it.
+    fn free(&self, mem: RawMem, bytes: usize);
+    /// Copies host bytes in, ordered after all submitted work; complete on return.
+    fn write(&self, mem: RawMem, offset: usize, data: &[u8]) -> Result<()>;
+    /// Copies device bytes out, ordered after all submitted work.
+    fn read(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Compiles a kernel's implementation for this backend.
+    fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>>;
+    /// Runs a program once.
+    fn submit(
+        &self,
+        program: Arc<Program>,
+        uploads: Vec<Upload>,
+        timing: bool,
+    ) -> Result<Box<dyn BackendSubmission>>;
+    /// Prepares a program for repeated launches.
+    fn instantiate(&self, program: Arc<Program>) -> Result<Box<dyn Executable>>;
+    /// Waits for all submitted work.
+    fn synchronize(&self) -> Result<()>;
+    /// The error that made the device unusable, if any.
+    fn failure(&self) -> Option<String>;
+}

@@ -1,0 +1,172 @@
+//! Buffers: cheap-to-clone handles to device memory, and views into them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::backend::RawMem;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+
+static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One block of device memory. It goes back to the pool when the last handle
+/// (buffer, submission or graph) drops it.
+pub(crate) struct Allocation {
+    pub(crate) id: u64,
+    pub(crate) mem: RawMem,
+    pub(crate) class: usize,
+    pub(crate) device_id: u64,
+    pool: Arc<Pool>,
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        self.pool.give_back(self.mem, self.class);
+    }
+}
+
+impl std::fmt::Debug for Allocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Allocation#{}({} bytes)", self.id, self.class)
+    }
+}
+
+/// A handle to a byte range of device memory.
+///
+/// Cloning is cheap (a reference count). A buffer made by [`Device::alloc`]
+/// spans its allocation; [`Buffer::view`] narrows it. Views of one allocation
+/// are tracked for hazards by their byte ranges.
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    pub(crate) alloc: Arc<Allocation>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    pub(crate) device: Device,
+}
+
+impl Buffer {
+    pub(crate) fn new(device: &Device, pool: &Arc<Pool>, bytes: usize) -> Result<Buffer> {
+        let (mem, class) = pool.take(bytes)?;
+        let alloc = Allocation {
+            id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
+            mem,
+            class,
+            device_id: device.id(),
+            pool: pool.clone(),
+        };
+        Ok(Buffer {
+            alloc: Arc::new(alloc),
+            offset: 0,
+            len: bytes,
+            device: device.clone(),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer spans zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Byte offset of this view inside its allocation.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The device the memory lives on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// An identifier of the underlying allocation, shared by all its views.
+    pub fn allocation_id(&self) -> u64 {
+        self.alloc.id
+    }
+
+    /// A view of `len` bytes starting `offset` bytes into this buffer.
+    pub fn view(&self, offset: usize, len: usize) -> Result<Buffer> {
+        let end = offset.checked_add(len).ok_or(Error::OutOfRange {
+            what: "view",
+            offset,
+            end: usize::MAX,
+            len: self.len,
+        })?;
+        if end > self.len {
+            return Err(Error::OutOfRange {
+                what: "view",
+                offset,
+                end,
+                len: self.len,
+            });
+        }
+        Ok(Buffer {
+            alloc: self.alloc.clone(),
+            offset: self.offset + offset,
+            len,
+            device: self.device.clone(),
+        })
+    }
+
+    /// A view of `count` elements of `T` starting at element `start`.
+    pub fn view_elems<T>(&self, start: usize, count: usize) -> Result<Buffer> {
+        let size = std::mem::size_of::<T>();
+        let bad = || Error::OutOfRange {
+            what: "view_elems",
+            offset: start.saturating_mul(size),
+            end: usize::MAX,
+            len: self.len,
+        };
+        self.view(
+            start.checked_mul(size).ok_or_else(bad)?,
+            count.checked_mul(size).ok_or_else(bad)?,
+        )
+    }
+
+    /// Copies `data` into the start of this buffer, after all submitted work.
+    pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<()> {
+        self.upload_at(0, bytemuck::cast_slice(data))
+    }
+
+    /// Copies `bytes` into this buffer at byte `offset`, after all submitted work.
+    pub fn upload_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        let end = self.check_range("upload", offset, bytes.len())?;
+        let _ = end;
+        self.device
+            .backend()
+            .write(self.alloc.mem, self.offset + offset, bytes)
+    }
+
+    /// Copies the whole buffer out as elements of `T`, after all submitted work.
+    pub fn download<T: bytemuck::Pod>(&self) -> Result<Vec<T>> {
+        let n = self.len / std::mem::size_of::<T>().max(1);
+        let mut out = vec![T::zeroed(); n];
+        self.download_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Fills `out` from the start of this buffer, after all submitted work.
+    pub fn download_into<T: bytemuck::Pod>(&self, out: &mut [T]) -> Result<()> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        self.check_range("download", 0, bytes.len())?;
+        self.device
+            .backend()
+            .read(self.alloc.mem, self.offset, bytes)
+    }
+
+    fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(end),
+            end => Err(Error::OutOfRange {
+                what,
+                offset,
+                end: end.unwrap_or(usize::MAX),
+                len: self.len,
+            }),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The one configuration surface of Encore.
+//!
+//! Every behaviour switch lives in [`Config`]. Programs build it with
+//! [`Config::from_env`], which starts from the defaults and applies these
+//! environment overrides; nothing else in Encore reads the environment.
+//!
+//! | variable | field | values | default |
+//! | --- | --- | --- | --- |
+//! | `ENCORE_DEVICE` | [`Config::device`] | `auto`, `cpu`, `cuda`, `cuda:N` | `auto` |
+//! | `ENCORE_THREADS` | [`Config::threads`] | CPU worker threads, `0` = one per core | `0` |
+//! | `ENCORE_SERIAL` | [`Config::serial`] | `1` puts a barrier after every dispatch | `0` |
+//! | `ENCORE_GRAPHS` | [`Config::graphs`] | `0` runs decode steps eagerly instead of replaying graphs | `1` |
+//! | `ENCORE_FUSION` | [`Config::fusion`] | `0` disables the graph fusion pass | `1` |
+//! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
+//! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
+//! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels | the user cache dir + `/encore` |
+//! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture | unset |
+//! | `ENCORE_CAPTURE_AT` | [`Config::capture_at`] | which graph replay to capture (1-based) | `1` |
+
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+
+/// How much the runtime measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProfileMode {
+    /// Counters only (they are always on).
+    #[default]
+    Off,
+    /// Counters, reported at exit.
+    Counters,
+    /// Counters and device time per submission label.
+    Submissions,
+    /// All of the above and device time per dispatch.
+    Dispatches,
+}
+
+impl ProfileMode {
+    /// Parses `off`, `counters`, `submissions` or `dispatches`.
+    pub fn parse(s: &str) -> Option<ProfileMode> {
+        match s {
+            "" | "0" | "off" | "none" => Some(ProfileMode::Off),
+            "counters" => Some(ProfileMode::Counters),
+            "submissions" => Some(ProfileMode::Submissions),
+            "1" | "dispatches" => Some(ProfileMode::Dispatches),
+            _ => None,
+        }
+    }
+}
+
+/// Encore's behaviour switches. See the module docs for the environment overrides.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Which device `auto` resolves through: `auto`, `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// CPU worker threads; 0 means one per available core.
+    pub threads: usize,
+    /// Put a barrier after every dispatch (debugging hazards).
+    pub serial: bool,
+    /// Replay captured graphs for decode steps.
+    pub graphs: bool,
+    /// Run the graph fusion pass.
+    pub fusion: bool,
+    /// Run the graph scheduling pass.
+    pub schedule: bool,
+    /// What to measure.
+    pub profile: ProfileMode,
+    /// Where compiled kernels persist; `None` disables the disk cache.
+    pub cache_dir: Option<PathBuf>,
+    /// One-shot capture destination.
+    pub capture: Option<PathBuf>,
+    /// Which graph replay the capture records (1-based).
+    pub capture_at: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            device: "auto".into(),
+            threads: 0,
+            serial: false,
+            graphs: true,
+            fusion: true,
+            schedule: true,
+            profile: ProfileMode::Off,
+            cache_dir: default_cache_dir(),
+            capture: None,
+            capture_at: 1,
+        }
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("encore"))
+}
+
+impl Config {
+    /// The defaults with every `ENCORE_*` override from the environment applied.
+    pub fn from_env() -> Result<Config> {
+        Config::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::from_env`], reading variables through `get` (for tests).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(v) = get("ENCORE_DEVICE") {
+            c.device = v;
+        }
+        if let Some(v) = get("ENCORE_THREADS") {
+            c.threads = parse_num("ENCORE_THREADS", &v)? as usize;
+        }
+        if let Some(v) = get("ENCORE_SERIAL") {
+            c.serial = parse_bool("ENCORE_SERIAL", &v)?;
+        }
+        if let Some(v) = get("ENCORE_GRAPHS") {
+            c.graphs = parse_bool("ENCORE_GRAPHS", &v)?;
+        }
+        if let Some(v) = get("ENCORE_FUSION") {
+            c.fusion = parse_bool("ENCORE_FUSION", &v)?;
+        }
+        if let Some(v) = get("ENCORE_SCHEDULE") {
+            c.schedule = parse_bool("ENCORE_SCHEDULE", &v)?;
+        }
+        if let Some(v) = get("ENCORE_PROFILE") {
+            c.profile = ProfileMode::parse(&v).ok_or_else(|| Error::Config {
+                var: "ENCORE_PROFILE",
+                value: v.clone(),
+                reason: "expected off, counters, submissions or dispatches".into(),
+            })?;
+        }
+        if let Some(v) = get("ENCORE_CACHE_DIR") {
+            c.cache_dir = if v.is_empty() { None } else { Some(v.into()) };
+        }
+        if let Some(v) = get("ENCORE_CAPTURE") {
+            c.capture = if v.is_empty() { None } else { Some(v.into()) };
+        }
+        if let Some(v) = get("ENCORE_CAPTURE_AT") {
+            c.capture_at = parse_num("ENCORE_CAPTURE_AT", &v)?.max(1);
+        }
+        Ok(c)
+    }
+
+    /// The number of CPU worker threads this configuration asks for.
+    pub fn cpu_threads(&self) -> usize {
+        if self.threads > 0 {
+            self.threads
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
+}
+
+fn parse_bool(var: &'static str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(Error::Config {
+            var,
+            value: v.into(),
+            reason: "expected 0 or 1".into(),
+        }),
+    }
+}
+
+fn parse_num(var: &'static str, v: &str) -> Result<u64> {
+    v.trim().parse().map_err(|_| Error::Config {
+        var,
+        value: v.into(),
+        reason: "expected a non-negative integer".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_overrides_apply() {
+        let c = Config::from_vars(|k| match k {
+            "ENCORE_SERIAL" => Some("1".into()),
+            "ENCORE_THREADS" => Some("3".into()),
+            "ENCORE_PROFILE" => Some("dispatches".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(c.serial);
+        assert_eq!(c.cpu_threads(), 3);
+        assert_eq!(c.profile, ProfileMode::Dispatches);
+        assert!(c.graphs);
+    }
+
+    #[test]
+    fn bad_values_are_typed_errors() {
+        let e = Config::from_vars(|k| (k == "ENCORE_SERIAL").then(|| "maybe".into())).unwrap_err();
+        assert!(e.to_string().contains("ENCORE_SERIAL"), "{e}");
+        assert!(Config::from_vars(|k| (k == "ENCORE_PROFILE").then(|| "x".into())).is_err());
+    }
+}

@@ -1,0 +1,356 @@
+//! Devices: the entry point of the runtime.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::backend::{cpu::CpuBackend, Backend, BackendKind, Program, Timing};
+use crate::buffer::Buffer;
+use crate::config::Config;
+use crate::counters::{AtomicCounters, Counters};
+use crate::encoder::{Encoder, Retained};
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, KernelCache, KernelDef, Loaded};
+use crate::pool::{Pool, PoolStats};
+use crate::profile::Profile;
+use crate::submission::{InFlight, Submission};
+use crate::Label;
+
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One device: a backend context with its queue, memory pool, kernel cache,
+/// counters and profile. Cheap to clone; all clones are the same device.
+#[derive(Clone)]
+pub struct Device(Arc<Shared>);
+
+struct Shared {
+    id: u64,
+    backend: Arc<dyn Backend>,
+    pool: Arc<Pool>,
+    kernels: KernelCache,
+    counters: AtomicCounters,
+    profile: Profile,
+    config: Config,
+    /// Submissions dropped before completion, kept alive until they finish.
+    orphans: Mutex<Vec<(Label, InFlight)>>,
+    /// An error from an orphaned submission, reported at the next commit or sync.
+    deferred: Mutex<Option<Error>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+/// A device Encore can use, as listed by [`list_devices`].
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// The name to open it with (`cpu`, `cuda:0`).
+    pub name: String,
+    /// What it is, in words.
+    pub description: String,
+}
+
+/// The devices available on this machine.
+pub fn list_devices() -> Vec<DeviceInfo> {
+    let mut out = vec![DeviceInfo {
+        name: "cpu".into(),
+        description: crate::backend::cpu::describe(),
+    }];
+    #[cfg(feature = "cuda")]
+    out.extend(crate::backend::cuda::list());
+    out
+}
+
+impl Device {
+    /// Opens a device by name: `cpu`, `cuda`, `cuda:N`, or `auto` (CUDA when a
+    /// driver and a device exist, else CPU).
+    pub fn open(name: &str, config: &Config) -> Result<Device> {
+        let name = name.trim();
+        let backend: Arc<dyn Backend> = match name {
+            "auto" => {
+                #[cfg(feature = "cuda")]
+                if crate::backend::cuda::device_count() > 0 {
+                    return Device::open("cuda:0", config);
+                }
+                Arc::new(CpuBackend::new(config)?)
+            }
+            "cpu" => Arc::new(CpuBackend::new(config)?),
+            _ => match name.strip_prefix("cuda") {
+                Some(rest) => {
+                    let ordinal = match rest {
+                        "" => 0,
+                        _ => rest
+                            .strip_prefix(':')
+                            .and_then(|n| n.parse::<usize>().ok())
+                            .ok_or_else(|| Error::UnknownDevice(name.to_string()))?,
+                    };
+                    open_cuda(ordinal, config)?
+                }
+                None => return Err(Error::UnknownDevice(name.to_string())),
+            },
+        };
+        Ok(Device::from_backend(backend, config.clone()))
+    }
+
+    /// The CPU device with the default configuration.
+    pub fn cpu() -> Result<Device> {
+        Device::open("cpu", &Config::default())
+    }
+
+    fn from_backend(backend: Arc<dyn Backend>, config: Config) -> Device {
+        Device(Arc::new(Shared {
+            id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
+            pool: Arc::new(Pool::new(backend.clone())),
+            backend,
+            kernels: KernelCache::default(),
+            counters: AtomicCounters::default(),
+            profile: Profile::default(),
+            config,
+            orphans: Mutex::new(Vec::new()),
+            deferred: Mutex::new(None),
+        }))
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.0.backend
+    }
+
+    /// The device's name (`cpu`, `cuda:0`).
+    pub fn name(&self) -> &str {
+        self.0.backend.name()
+    }
+
+    /// The backend this device runs on.
+    pub fn kind(&self) -> BackendKind {
+        self.0.backend.kind()
+    }
+
+    /// The target architecture kernels are built for.
+    pub fn arch(&self) -> String {
+        self.0.backend.arch()
+    }
+
+    /// The configuration the device was opened with.
+    pub fn config(&self) -> &Config {
+        &self.0.config
+    }
+
+    /// Whether two handles are the same device.
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Allocates `bytes` of device memory (contents unspecified), reusing
+    /// pooled memory when possible.
+    pub fn alloc(&self, bytes: usize) -> Result<Buffer> {
+        self.check_failed()?;
+        Buffer::new(self, &self.0.pool, bytes)
+    }
+
+    /// Allocates a buffer holding `data`.
+    pub fn buffer_from<T: bytemuck::Pod>(&self, data: &[T]) -> Result<Buffer> {
+        let buf = self.alloc(std::mem::size_of_val(data))?;
+        buf.upload(data)?;
+        Ok(buf)
+    }
+
+    /// Loads (compiling on a cache miss) a kernel for this device.
+    pub fn load_kernel(&self, def: &KernelDef) -> Result<Kernel> {
+        let key =
+            KernelCache::key_for(&*self.0.backend, def).ok_or_else(|| Error::NoImplementation {
+                kernel: def.name().to_string(),
+                backend: self.kind().name().to_string(),
+            })?;
+        match self
+            .0
+            .kernels
+            .load(key, def, |def| self.0.backend.compile(def))?
+        {
+            Loaded::Hit(k) => {
+                self.0.counters.add(&Counters {
+                    kernel_cache_hits: 1,
+                    ..Counters::default()
+                });
+                Ok(k)
+            }
+            Loaded::Compiled(k) => {
+                self.0.counters.add(&Counters {
+                    kernel_compiles: 1,
+                    ..Counters::default()
+                });
+                Ok(k)
+            }
+        }
+    }
+
+    /// Drops cached kernels that nothing references (no handle, submission or
+    /// graph). Returns how many were dropped.
+    pub fn evict_unused_kernels(&self) -> usize {
+        self.0.kernels.evict_unused()
+    }
+
+    /// Kernels in the in-memory cache.
+    pub fn cached_kernels(&self) -> usize {
+        self.0.kernels.len()
+    }
+
+    /// A new encoder recording for this device.
+    pub fn encoder(&self) -> Encoder {
+        Encoder::new(self.clone())
+    }
+
+    /// Waits for all submitted work, releases what it retained, and reports
+    /// any error from work whose submission was dropped unobserved.
+    pub fn synchronize(&self) -> Result<()> {
+        self.count_wait();
+        let synced = self.0.backend.synchronize();
+        self.reap();
+        synced?;
+        self.take_deferred()
+    }
+
+    /// A snapshot of the counters.
+    pub fn counters(&self) -> Counters {
+        self.0.counters.snapshot()
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_counters(&self) {
+        self.0.counters.reset()
+    }
+
+    /// The device's profile (per-label submission and dispatch times).
+    pub fn profile(&self) -> &Profile {
+        &self.0.profile
+    }
+
+    /// Memory pool statistics.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.0.pool.stats()
+    }
+
+    /// Frees pooled memory that no buffer uses.
+    pub fn trim_pool(&self) {
+        self.0.pool.trim()
+    }
+
+    pub(crate) fn add_counters(&self, c: &Counters) {
+        self.0.counters.add(c);
+    }
+
+    pub(crate) fn count_wait(&self) {
+        self.0.counters.add(&Counters {
+            waits: 1,
+            ..Counters::default()
+        });
+    }
+
+    pub(crate) fn check_failed(&self) -> Result<()> {
+        match self.0.backend.failure() {
+            Some(cause) => Err(Error::DeviceFailed {
+                device: self.name().to_string(),
+                cause,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn take_deferred(&self) -> Result<()> {
+        match self.0.deferred.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Submits a recorded program.
+    pub(crate) fn submit(
+        &self,
+        program: Program,
+        retained: Retained,
+        mut counts: Counters,
+        label: Label,
+    ) -> Result<Submission> {
+        self.reap();
+        self.take_deferred()?;
+        self.check_failed()?;
+        counts.submissions = 1;
+        self.0.counters.add(&counts);
+        let program = Arc::new(program);
+        let backend =
+            self.0
+                .backend
+                .submit(program.clone(), Vec::new(), self.profiles_dispatches())?;
+        Ok(Submission::new(
+            self.clone(),
+            label,
+            InFlight {
+                backend,
+                retained,
+                program,
+            },
+        ))
+    }
+
+    pub(crate) fn profiles_dispatches(&self) -> bool {
+        self.0.config.profile >= crate::config::ProfileMode::Dispatches
+    }
+
+    pub(crate) fn record_submission(&self, label: &Label, program: &Program, timing: &Timing) {
+        self.0.profile.record(label, program, timing);
+    }
+
+    /// Takes over an unfinished submission whose handle was dropped.
+    pub(crate) fn adopt(&self, in_flight: InFlight, label: Label) {
+        self.0.orphans.lock().push((label, in_flight));
+    }
+
+    /// Releases orphaned submissions that have completed.
+    fn reap(&self) {
+        let mut orphans = self.0.orphans.lock();
+        if orphans.is_empty() {
+            return;
+        }
+        let mut still_running = Vec::with_capacity(orphans.len());
+        for (label, in_flight) in orphans.drain(..) {
+            match in_flight.backend.poll() {
+                None => still_running.push((label, in_flight)),
+                Some(Ok(timing)) => self.record_submission(&label, &in_flight.program, &timing),
+                Some(Err(e)) => {
+                    let mut deferred = self.0.deferred.lock();
+                    if deferred.is_none() {
+                        *deferred = Some(e);
+                    }
+                }
+            }
+        }
+        *orphans = still_running;
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Orphans must finish before their memory returns to the pool.
+        let _ = self.backend.synchronize();
+        self.orphans.get_mut().clear();
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(ordinal: usize, config: &Config) -> Result<Arc<dyn Backend>> {
+    crate::backend::cuda::CudaBackend::open(ordinal, config)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(ordinal: usize, _config: &Config) -> Result<Arc<dyn Backend>> {
+    Err(Error::DeviceUnavailable {
+        name: format!("cuda:{ordinal}"),
+        reason: "Encore was built without the `cuda` feature".into(),
+    })
+}
