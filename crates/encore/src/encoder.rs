@@ -322,6 +322,11 @@ impl Encoder {
         )
     }
 
+    /// Discards everything recorded since the last commit.
+    pub fn reset(&mut self) {
+        let _ = self.take();
+    }
+
     /// Submits everything recorded since the last commit.
     pub fn commit(&mut self) -> Result<Submission> {
         let label = self.label.clone();
