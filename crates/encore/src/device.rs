@@ -269,6 +269,13 @@ impl Device {
         }
     }
 
+    /// Releases finished orphans and reports deferred or sticky errors.
+    pub(crate) fn before_submit(&self) -> Result<()> {
+        self.reap();
+        self.take_deferred()?;
+        self.check_failed()
+    }
+
     /// Submits a recorded program.
     pub(crate) fn submit(
         &self,
@@ -277,9 +284,7 @@ impl Device {
         mut counts: Counters,
         label: Label,
     ) -> Result<Submission> {
-        self.reap();
-        self.take_deferred()?;
-        self.check_failed()?;
+        self.before_submit()?;
         counts.submissions = 1;
         self.0.counters.add(&counts);
         let program = Arc::new(program);

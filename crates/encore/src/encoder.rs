@@ -16,6 +16,7 @@ use crate::buffer::{Allocation, Buffer};
 use crate::counters::Counters;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::graph::{Graph, Node, NodeArg};
 use crate::hazard::{AccessRange, HazardTracker};
 use crate::kernel::Kernel;
 use crate::submission::Submission;
@@ -129,6 +130,10 @@ pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 pub(crate) struct Retained {
     pub(crate) allocations: IdMap<Arc<Allocation>>,
     pub(crate) kernels: Vec<Kernel>,
+    /// Other owners of device state, such as a replayed graph executable;
+    /// held only so they outlive the work.
+    #[allow(dead_code)]
+    pub(crate) keep: Vec<crate::graph::Keep>,
 }
 
 impl Retained {
@@ -332,6 +337,55 @@ impl Encoder {
         let label = self.label.clone();
         let (program, retained, counts) = self.take();
         self.device.submit(program, retained, counts, label)
+    }
+
+    /// Ends recording and returns the recorded dispatches as a [`Graph`]
+    /// instead of running them. Graphs order nodes by declared access only;
+    /// explicit barriers are not kept.
+    pub fn finish_graph(&mut self) -> Result<Graph> {
+        let (program, retained, _) = self.take();
+        let mut nodes = Vec::with_capacity(program.dispatches.len());
+        for d in &program.dispatches {
+            let mut args = Vec::with_capacity(d.args.len());
+            for arg in program.args_of(d) {
+                args.push(match *arg {
+                    ArgRec::Buffer {
+                        alloc,
+                        offset,
+                        len,
+                        access,
+                        ..
+                    } => {
+                        let alloc = retained.allocations.get(&alloc).ok_or_else(|| {
+                            Error::Graph("a recorded buffer was not retained".into())
+                        })?;
+                        NodeArg::Buffer(
+                            Buffer {
+                                alloc: alloc.clone(),
+                                offset,
+                                len,
+                                device: self.device.clone(),
+                            },
+                            access,
+                        )
+                    }
+                    ArgRec::Bytes { start, len } => NodeArg::Bytes(
+                        program
+                            .bytes
+                            .get(start as usize..(start + len) as usize)
+                            .unwrap_or(&[])
+                            .to_vec(),
+                    ),
+                });
+            }
+            nodes.push(Node {
+                kernel: d.kernel.clone(),
+                args,
+                launch: d.launch,
+                label: d.label.clone(),
+            });
+        }
+        Ok(Graph::new(self.device.clone(), nodes))
     }
 
     /// Submits and waits for completion.

@@ -1,0 +1,264 @@
+//! Graph executables and their cache.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::passes::{self, FusionPattern, Options};
+use super::{Graph, GraphStats, Keep, Node, NodeArg, Params};
+use crate::backend::{ArgRec, DispatchRec, Executable, Program, Upload};
+use crate::counters::Counters;
+use crate::device::Device;
+use crate::encoder::Retained;
+use crate::error::{Error, Result};
+use crate::submission::{InFlight, Submission};
+use crate::Label;
+
+struct ExecInner {
+    device: Device,
+    executable: Box<dyn Executable>,
+    program: Arc<Program>,
+    /// The scheduled nodes: they own every buffer and kernel the executable
+    /// references, so replay can never touch freed memory.
+    nodes: Vec<Node>,
+    params: Option<Params>,
+    stats: GraphStats,
+}
+
+/// An instantiated graph, ready to replay. Cheap to clone.
+#[derive(Clone)]
+pub struct GraphExec(Arc<ExecInner>);
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GraphExec({:?})", self.0.stats)
+    }
+}
+
+impl GraphExec {
+    pub(crate) fn build(
+        graph: &Graph,
+        patterns: &[FusionPattern],
+        options: Options,
+    ) -> Result<GraphExec> {
+        let device = graph.device.clone();
+        let (nodes, outputs, params) = graph.clone().into_parts();
+        let recorded = nodes.len();
+        let barriers_in_recording_order = passes::recording_order_groups(&nodes)
+            .len()
+            .saturating_sub(1);
+        let (nodes, fused) = if options.fusion {
+            passes::fuse(nodes, patterns, &outputs)
+        } else {
+            (nodes, 0)
+        };
+        let (nodes, removed) = if options.remove_dead {
+            passes::remove_dead(nodes, &outputs)
+        } else {
+            (nodes, 0)
+        };
+        let schedule = passes::schedule(&nodes, options.schedule);
+        let nodes: Vec<Node> = schedule.order.iter().map(|&i| nodes[i].clone()).collect();
+
+        let mut program = Program::default();
+        for node in &nodes {
+            if node.kernel.key().backend != device.kind() {
+                return Err(Error::Graph(format!(
+                    "node `{}` uses a kernel loaded for another backend",
+                    node.label
+                )));
+            }
+            let start = program.args.len() as u32;
+            for arg in &node.args {
+                program.args.push(match arg {
+                    NodeArg::Buffer(b, access) => ArgRec::Buffer {
+                        mem: b.alloc.mem,
+                        alloc: b.alloc.id,
+                        offset: b.offset,
+                        len: b.len,
+                        access: *access,
+                    },
+                    NodeArg::Bytes(bytes) => {
+                        let at = program.bytes.len() as u32;
+                        program.bytes.extend_from_slice(bytes);
+                        ArgRec::Bytes {
+                            start: at,
+                            len: bytes.len() as u32,
+                        }
+                    }
+                });
+            }
+            program.dispatches.push(DispatchRec {
+                kernel: node.kernel.clone(),
+                args: start..program.args.len() as u32,
+                launch: node.launch,
+                label: node.label.clone(),
+            });
+        }
+        program.group_ends = schedule.group_ends.clone();
+        program.edges = schedule.edges.clone();
+
+        let groups = program.group_ends.len();
+        let mut sizes = Vec::with_capacity(groups);
+        let mut prev = 0u32;
+        for &end in &program.group_ends {
+            sizes.push((end - prev) as usize);
+            prev = end;
+        }
+        let stats = GraphStats {
+            recorded,
+            nodes: nodes.len(),
+            edges: program.edges.len(),
+            barriers: groups.saturating_sub(1),
+            barriers_in_recording_order,
+            mean_group: if groups == 0 {
+                0.0
+            } else {
+                nodes.len() as f64 / groups as f64
+            },
+            max_group: sizes.iter().copied().max().unwrap_or(0),
+            fused,
+            removed,
+        };
+        let program = Arc::new(program);
+        let executable = device.backend().instantiate(program.clone())?;
+        device.add_counters(&Counters {
+            graph_instantiations: 1,
+            ..Counters::default()
+        });
+        Ok(GraphExec(Arc::new(ExecInner {
+            device,
+            executable,
+            program,
+            nodes,
+            params,
+            stats,
+        })))
+    }
+
+    /// What the passes did.
+    pub fn stats(&self) -> &GraphStats {
+        &self.0.stats
+    }
+
+    /// The scheduled nodes, in execution order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.0.nodes
+    }
+
+    /// Concurrent groups as ranges of [`GraphExec::nodes`].
+    pub fn groups(&self) -> Vec<std::ops::Range<usize>> {
+        self.0.program.groups().collect()
+    }
+
+    /// Runs the graph once with the given parameter values (unnamed
+    /// parameters keep the values they last had).
+    pub fn replay(&self, values: &[(&str, u32)]) -> Result<Submission> {
+        let inner = &self.0;
+        let device = &inner.device;
+        device.before_submit()?;
+        let mut uploads = Vec::with_capacity(values.len());
+        if !values.is_empty() {
+            let params = inner.params.as_ref().ok_or_else(|| {
+                Error::Graph("replay got parameter values but the graph has no parameters".into())
+            })?;
+            for (name, value) in values {
+                let slot = params.slot(name)?;
+                uploads.push(Upload {
+                    mem: slot.alloc.mem,
+                    offset: slot.offset,
+                    bytes: value.to_le_bytes().to_vec(),
+                });
+            }
+        }
+        device.add_counters(&Counters {
+            graph_replays: 1,
+            submissions: 1,
+            dispatches: inner.nodes.len() as u64,
+            barriers: inner.stats.barriers as u64,
+            ..Counters::default()
+        });
+        let backend = inner
+            .executable
+            .launch(&uploads, device.profiles_dispatches())?;
+        let keep: Keep = self.0.clone();
+        let retained = Retained {
+            keep: vec![keep],
+            ..Retained::default()
+        };
+        Ok(Submission::new(
+            device.clone(),
+            Label::from("graph replay"),
+            InFlight {
+                backend,
+                retained,
+                program: inner.program.clone(),
+            },
+        ))
+    }
+}
+
+/// Executables keyed by [`Graph::signature`]: a graph recorded again with the
+/// same kernels, geometry and buffers reuses its executable; a changed shape
+/// builds a new one. Parameter values are not part of the key.
+pub struct GraphCache {
+    patterns: Vec<FusionPattern>,
+    map: Mutex<HashMap<u64, GraphExec>>,
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
+}
+
+impl GraphCache {
+    /// A cache that instantiates with these fusion patterns.
+    pub fn new(patterns: Vec<FusionPattern>) -> GraphCache {
+        GraphCache {
+            patterns,
+            map: Mutex::new(HashMap::new()),
+            hits: Default::default(),
+            misses: Default::default(),
+        }
+    }
+
+    /// The cached executable for this graph's signature, or a new one.
+    pub fn get_or_instantiate(&self, graph: &Graph) -> Result<GraphExec> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let signature = graph.signature();
+        if let Some(exec) = self.map.lock().get(&signature) {
+            self.hits.fetch_add(1, Relaxed);
+            graph.device.add_counters(&Counters {
+                graph_cache_hits: 1,
+                ..Counters::default()
+            });
+            return Ok(exec.clone());
+        }
+        self.misses.fetch_add(1, Relaxed);
+        let exec = graph.instantiate(&self.patterns)?;
+        self.map.lock().insert(signature, exec.clone());
+        Ok(exec)
+    }
+
+    /// Lookups answered from the cache.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lookups that instantiated a new executable.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Cached executables.
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.lock().is_empty()
+    }
+
+    /// Drops every cached executable (in-flight replays keep theirs alive).
+    pub fn clear(&self) {
+        self.map.lock().clear();
+    }
+}

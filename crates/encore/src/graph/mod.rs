@@ -1,0 +1,225 @@
+//! Graphs: recorded dispatch sequences that are optimized once and replayed.
+//!
+//! An [`Encoder`](crate::Encoder) records a graph exactly as it records eager
+//! work; [`Encoder::finish_graph`](crate::Encoder::finish_graph) turns the
+//! recording into a [`Graph`] whose nodes own their kernels and buffers.
+//! Because every dispatch declares its access (invariant 2), the dependency
+//! edges between nodes follow from byte-range conflicts, and every pass works
+//! on every graph:
+//!
+//! - [`passes::fuse`]: pattern-table fusion of dataflow chains into one kernel;
+//! - [`passes::remove_dead`]: removal of nodes whose outputs nothing reads;
+//! - [`passes::schedule`]: whole-graph scheduling into as few concurrent
+//!   groups as the dependencies allow, which is also minimal barrier placement.
+//!
+//! [`Graph::instantiate`] builds a backend executable (ordered concurrent
+//! groups on CPU, a native graph with real edges on CUDA) that owns every
+//! buffer and kernel it references; [`GraphExec::replay`] runs it with new
+//! [`Params`] values and is an ordinary safe call (invariant 4).
+
+mod exec;
+mod params;
+pub mod passes;
+
+pub use exec::{GraphCache, GraphExec};
+pub use params::Params;
+
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::encoder::{Access, Launch};
+use crate::hazard::AccessRange;
+use crate::kernel::Kernel;
+use crate::Label;
+
+/// One argument of a graph node.
+#[derive(Clone, Debug)]
+pub enum NodeArg {
+    Buffer(Buffer, Access),
+    Bytes(Vec<u8>),
+}
+
+impl NodeArg {
+    /// The byte range this argument touches, if it is a buffer.
+    pub fn access(&self) -> Option<AccessRange> {
+        match self {
+            NodeArg::Buffer(b, a) => Some(AccessRange {
+                alloc: b.allocation_id(),
+                start: b.offset(),
+                end: b.offset() + b.len(),
+                write: a.writes(),
+            }),
+            NodeArg::Bytes(_) => None,
+        }
+    }
+}
+
+/// One dispatch of a graph.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub kernel: Kernel,
+    pub args: Vec<NodeArg>,
+    pub launch: Launch,
+    pub label: Label,
+}
+
+impl Node {
+    /// The op kind fusion patterns match on.
+    pub fn op(&self) -> &str {
+        self.kernel.op_kind()
+    }
+
+    /// Every buffer range the node touches.
+    pub fn accesses(&self) -> Vec<AccessRange> {
+        self.args.iter().filter_map(NodeArg::access).collect()
+    }
+
+    /// The ranges it writes.
+    pub fn writes(&self) -> impl Iterator<Item = AccessRange> + '_ {
+        self.args
+            .iter()
+            .filter_map(NodeArg::access)
+            .filter(|a| a.write)
+    }
+
+    /// The ranges it reads (read and read-write arguments).
+    pub fn reads(&self) -> impl Iterator<Item = AccessRange> + '_ {
+        self.args.iter().filter_map(|arg| match arg {
+            NodeArg::Buffer(_, access) if access.reads() => arg.access().map(|mut a| {
+                a.write = false;
+                a
+            }),
+            _ => None,
+        })
+    }
+
+    /// Whether this node must be ordered with `other` (either way).
+    pub fn conflicts(&self, other: &Node) -> bool {
+        let theirs = other.accesses();
+        self.accesses()
+            .iter()
+            .any(|a| theirs.iter().any(|b| a.conflicts(b)))
+    }
+}
+
+/// Statistics of a graph after its passes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GraphStats {
+    /// Nodes recorded.
+    pub recorded: usize,
+    /// Nodes after fusion and dead-node removal.
+    pub nodes: usize,
+    /// Dependency edges (transitively reduced).
+    pub edges: usize,
+    /// Barriers between concurrent groups.
+    pub barriers: usize,
+    /// Barriers the recording order would have needed.
+    pub barriers_in_recording_order: usize,
+    /// Mean dispatches per concurrent group.
+    pub mean_group: f64,
+    /// Largest concurrent group.
+    pub max_group: usize,
+    /// Nodes created by fusion.
+    pub fused: usize,
+    /// Nodes removed because nothing read their outputs.
+    pub removed: usize,
+}
+
+/// A recorded sequence of dispatches.
+#[derive(Clone, Debug)]
+pub struct Graph {
+    pub(crate) device: crate::Device,
+    nodes: Vec<Node>,
+    outputs: Vec<Buffer>,
+    params: Option<Params>,
+}
+
+impl Graph {
+    pub(crate) fn new(device: crate::Device, nodes: Vec<Node>) -> Graph {
+        Graph {
+            device,
+            nodes,
+            outputs: Vec::new(),
+            params: None,
+        }
+    }
+
+    /// The nodes in recording order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Declares a buffer the graph produces for later use (logits, a KV
+    /// cache): nodes writing it are never removed as dead.
+    pub fn mark_output(&mut self, buffer: &Buffer) {
+        self.outputs.push(buffer.clone());
+    }
+
+    /// The parameter block replays write before running.
+    pub fn set_params(&mut self, params: &Params) {
+        self.params = Some(params.clone());
+    }
+
+    pub fn params(&self) -> Option<&Params> {
+        self.params.as_ref()
+    }
+
+    pub fn outputs(&self) -> &[Buffer] {
+        &self.outputs
+    }
+
+    /// Instantiates the graph with the passes the device's config enables
+    /// and the device's fusion patterns.
+    pub fn instantiate(&self, patterns: &[passes::FusionPattern]) -> crate::Result<GraphExec> {
+        let config = self.device.config();
+        let options = passes::Options {
+            fusion: config.fusion,
+            remove_dead: true,
+            schedule: config.schedule,
+        };
+        GraphExec::build(self, patterns, options)
+    }
+
+    /// A hash of everything that determines the executable: kernels, launch
+    /// geometry, argument allocations, offsets, lengths and inline bytes.
+    /// Parameter values are not part of it.
+    pub fn signature(&self) -> u64 {
+        let mut h = crate::kernel::Fnv::new();
+        for n in &self.nodes {
+            h.write(n.kernel.name().as_bytes());
+            h.write(&n.kernel.key().source_hash.to_le_bytes());
+            for v in n.launch.grid.iter().chain(&n.launch.block) {
+                h.write(&v.to_le_bytes());
+            }
+            h.write(&n.launch.shared_bytes.to_le_bytes());
+            for a in &n.args {
+                match a {
+                    NodeArg::Buffer(b, access) => {
+                        h.write(&b.allocation_id().to_le_bytes());
+                        h.write(&(b.offset() as u64).to_le_bytes());
+                        h.write(&(b.len() as u64).to_le_bytes());
+                        h.write(&[*access as u8]);
+                    }
+                    NodeArg::Bytes(bytes) => {
+                        h.write(&(bytes.len() as u64).to_le_bytes());
+                        h.write(bytes);
+                    }
+                }
+            }
+            h.write(&[0xff]);
+        }
+        for o in &self.outputs {
+            h.write(&o.allocation_id().to_le_bytes());
+            h.write(&(o.offset() as u64).to_le_bytes());
+            h.write(&(o.len() as u64).to_le_bytes());
+        }
+        h.finish()
+    }
+
+    pub(crate) fn into_parts(self) -> (Vec<Node>, Vec<Buffer>, Option<Params>) {
+        (self.nodes, self.outputs, self.params)
+    }
+}
+
+/// Keeps an executable's owned state alive for in-flight replays.
+pub(crate) type Keep = Arc<dyn std::any::Any + Send + Sync>;

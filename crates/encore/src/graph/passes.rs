@@ -1,0 +1,315 @@
+//! Graph passes: fusion, dead-node removal and scheduling.
+
+use std::sync::Arc;
+
+use super::Node;
+use crate::buffer::Buffer;
+use crate::hazard::{AccessRange, HazardTracker};
+
+/// Which passes run when a graph is instantiated.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub fusion: bool,
+    pub remove_dead: bool,
+    pub schedule: bool,
+}
+
+/// Builds the fused node for a matched chain, or declines with `None`.
+pub type FuseFn = Arc<dyn Fn(&[&Node]) -> Option<Node> + Send + Sync>;
+
+/// A fusion rule: a chain of op kinds linked by dataflow, and the builder of
+/// the node that replaces it. The op layer registers these; the pass knows no
+/// particular kernel.
+#[derive(Clone)]
+pub struct FusionPattern {
+    pub name: String,
+    /// Op kinds of the chain, in order. Each node after the first must be the
+    /// first later node that reads what its predecessor wrote.
+    pub ops: Vec<String>,
+    pub build: FuseFn,
+}
+
+impl FusionPattern {
+    pub fn new(
+        name: impl Into<String>,
+        ops: &[&str],
+        build: impl Fn(&[&Node]) -> Option<Node> + Send + Sync + 'static,
+    ) -> FusionPattern {
+        FusionPattern {
+            name: name.into(),
+            ops: ops.iter().map(|s| s.to_string()).collect(),
+            build: Arc::new(build),
+        }
+    }
+}
+
+impl std::fmt::Debug for FusionPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FusionPattern({}: {})", self.name, self.ops.join(" -> "))
+    }
+}
+
+fn overlaps(a: &AccessRange, b: &AccessRange) -> bool {
+    a.alloc == b.alloc && a.start < b.end && b.start < a.end
+}
+
+fn output_ranges(outputs: &[Buffer]) -> Vec<AccessRange> {
+    outputs
+        .iter()
+        .map(|b| AccessRange {
+            alloc: b.allocation_id(),
+            start: b.offset(),
+            end: b.offset() + b.len(),
+            write: false,
+        })
+        .collect()
+}
+
+/// The first node after `from` that reads any range `from` writes.
+fn next_reader(nodes: &[Node], from: usize) -> Option<usize> {
+    let writes: Vec<AccessRange> = nodes.get(from)?.writes().collect();
+    (from + 1..nodes.len()).find(|&j| {
+        nodes[j]
+            .reads()
+            .any(|r| writes.iter().any(|w| overlaps(w, &r)))
+    })
+}
+
+/// Replaces every chain matching a pattern with the pattern's fused node.
+/// Returns the new node list and how many fused nodes it holds.
+///
+/// A match is applied only when it preserves results: the fused node takes
+/// the place of the chain's last node, so no node between the chain's
+/// members may conflict with an earlier member, and every range a member
+/// writes that is read outside the chain (or is a graph output) must still be
+/// written by the fused node.
+pub fn fuse(
+    mut nodes: Vec<Node>,
+    patterns: &[FusionPattern],
+    outputs: &[Buffer],
+) -> (Vec<Node>, usize) {
+    let outputs = output_ranges(outputs);
+    let mut fused = 0;
+    for pattern in patterns {
+        let Some(first_op) = pattern.ops.first() else {
+            continue;
+        };
+        let mut i = 0;
+        while i < nodes.len() {
+            if nodes[i].op() == first_op {
+                if let Some((chain, node)) = match_chain(&nodes, i, pattern, &outputs) {
+                    // `chain` ascends; the fused node takes the last member's place.
+                    let last = chain[chain.len() - 1];
+                    nodes[last] = node;
+                    for &member in chain[..chain.len() - 1].iter().rev() {
+                        nodes.remove(member);
+                    }
+                    fused += 1;
+                    continue;
+                }
+            }
+            i += 1;
+        }
+    }
+    (nodes, fused)
+}
+
+fn match_chain(
+    nodes: &[Node],
+    start: usize,
+    pattern: &FusionPattern,
+    outputs: &[AccessRange],
+) -> Option<(Vec<usize>, Node)> {
+    let mut chain = vec![start];
+    for op in pattern.ops.iter().skip(1) {
+        let next = next_reader(nodes, *chain.last()?)?;
+        if nodes[next].op() != op {
+            return None;
+        }
+        chain.push(next);
+    }
+    let last = *chain.last()?;
+    // Moving members to the last position must not cross a conflicting node.
+    for (k, &member) in chain.iter().enumerate().take(chain.len() - 1) {
+        let until = chain[k + 1];
+        for between in member + 1..until {
+            if !chain.contains(&between) && nodes[member].conflicts(&nodes[between]) {
+                return None;
+            }
+        }
+        for between in until..last {
+            if !chain.contains(&between) && nodes[member].conflicts(&nodes[between]) {
+                return None;
+            }
+        }
+    }
+    let members: Vec<&Node> = chain.iter().map(|&c| &nodes[c]).collect();
+    let node = (pattern.build)(&members)?;
+    // Ranges written by the chain and needed outside it must still be written.
+    let produced: Vec<AccessRange> = node.writes().collect();
+    for &member in &chain {
+        for w in nodes[member].writes() {
+            let needed_later = nodes
+                .iter()
+                .enumerate()
+                .skip(last + 1)
+                .any(|(_, n)| n.reads().any(|r| overlaps(&r, &w)))
+                || outputs.iter().any(|o| overlaps(o, &w));
+            let covered = produced
+                .iter()
+                .any(|p| p.alloc == w.alloc && p.start <= w.start && w.end <= p.end);
+            if needed_later && !covered {
+                return None;
+            }
+        }
+    }
+    Some((chain, node))
+}
+
+/// Removes nodes none of whose writes are read by a later node or overlap a
+/// graph output. Returns the remaining nodes and how many were removed.
+pub fn remove_dead(nodes: Vec<Node>, outputs: &[Buffer]) -> (Vec<Node>, usize) {
+    let mut needed = output_ranges(outputs);
+    let mut keep = vec![false; nodes.len()];
+    for (i, node) in nodes.iter().enumerate().rev() {
+        let writes: Vec<AccessRange> = node.writes().collect();
+        let live =
+            writes.is_empty() || writes.iter().any(|w| needed.iter().any(|n| overlaps(n, w)));
+        if live {
+            keep[i] = true;
+            needed.extend(node.reads());
+        }
+    }
+    let before = nodes.len();
+    let kept: Vec<Node> = nodes
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(n, k)| k.then_some(n))
+        .collect();
+    let removed = before - kept.len();
+    (kept, removed)
+}
+
+/// The result of scheduling: an order of the nodes, their concurrent groups,
+/// and the transitively reduced dependency edges (indices into `order`).
+#[derive(Clone, Debug, Default)]
+pub struct Schedule {
+    pub order: Vec<usize>,
+    pub group_ends: Vec<u32>,
+    pub edges: Vec<(u32, u32)>,
+}
+
+/// Direct dependencies: for each node, the earlier nodes it conflicts with.
+fn predecessors(nodes: &[Node]) -> Vec<Vec<usize>> {
+    let accesses: Vec<Vec<AccessRange>> = nodes.iter().map(Node::accesses).collect();
+    (0..nodes.len())
+        .map(|j| {
+            (0..j)
+                .filter(|&i| {
+                    accesses[i]
+                        .iter()
+                        .any(|a| accesses[j].iter().any(|b| a.conflicts(b)))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Bit set over node indices, for ancestor sets.
+#[derive(Clone)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(n: usize) -> Bits {
+        Bits(vec![0; n.div_ceil(64)])
+    }
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+    fn get(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+    fn union(&mut self, other: &Bits) {
+        self.0.iter_mut().zip(&other.0).for_each(|(a, b)| *a |= b);
+    }
+}
+
+/// Dependency edges with redundant (transitively implied) ones removed.
+fn reduced_edges(preds: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let n = preds.len();
+    let mut ancestors: Vec<Bits> = Vec::with_capacity(n);
+    let mut reduced = Vec::with_capacity(n);
+    for p in preds {
+        let mut anc = Bits::new(n);
+        for &i in p {
+            anc.union(&ancestors[i]);
+        }
+        // `i` is redundant when it is already an ancestor of another predecessor.
+        let direct: Vec<usize> = p.iter().copied().filter(|&i| !anc.get(i)).collect();
+        for &i in p {
+            anc.set(i);
+        }
+        ancestors.push(anc);
+        reduced.push(direct);
+    }
+    reduced
+}
+
+/// Schedules the whole dependency graph: each node goes into the earliest
+/// concurrent group after all its predecessors (as soon as possible), which
+/// gives the fewest groups, and so the fewest barriers, the dependencies
+/// allow. With `reorder` false the recording order is kept and groups break
+/// where the hazard tracker would put a barrier.
+pub fn schedule(nodes: &[Node], reorder: bool) -> Schedule {
+    let preds = predecessors(nodes);
+    let reduced = reduced_edges(&preds);
+    let (order, group_ends) = if reorder {
+        let mut level = vec![0usize; nodes.len()];
+        for j in 0..nodes.len() {
+            level[j] = preds[j].iter().map(|&i| level[i] + 1).max().unwrap_or(0);
+        }
+        let levels = level.iter().max().map_or(0, |m| m + 1);
+        let mut order = Vec::with_capacity(nodes.len());
+        let mut group_ends = Vec::with_capacity(levels);
+        for l in 0..levels {
+            order.extend((0..nodes.len()).filter(|&j| level[j] == l));
+            group_ends.push(order.len() as u32);
+        }
+        (order, group_ends)
+    } else {
+        ((0..nodes.len()).collect(), recording_order_groups(nodes))
+    };
+    let mut position = vec![0u32; nodes.len()];
+    for (p, &j) in order.iter().enumerate() {
+        position[j] = p as u32;
+    }
+    let edges = reduced
+        .iter()
+        .enumerate()
+        .flat_map(|(j, p)| p.iter().map(move |&i| (i, j)))
+        .map(|(i, j)| (position[i], position[j]))
+        .collect();
+    Schedule {
+        order,
+        group_ends,
+        edges,
+    }
+}
+
+/// Group ends in recording order, as the encoder's hazard tracker makes them.
+pub fn recording_order_groups(nodes: &[Node]) -> Vec<u32> {
+    let mut tracker = HazardTracker::default();
+    let mut ends = Vec::new();
+    for (j, node) in nodes.iter().enumerate() {
+        let accesses = node.accesses();
+        if tracker.group_len() > 0 && tracker.conflicts(&accesses) {
+            ends.push(j as u32);
+            tracker.clear();
+        }
+        tracker.add(&accesses);
+    }
+    if !nodes.is_empty() {
+        ends.push(nodes.len() as u32);
+    }
+    ends
+}

@@ -1,0 +1,408 @@
+//! Graph capture, passes and replay on the CPU backend.
+
+use encore::graph::passes::FusionPattern;
+use encore::{
+    Arg, Buffer, Config, Device, GraphCache, Kernel, KernelDef, Launch, Node, NodeArg, Params,
+};
+use proptest::prelude::*;
+
+fn device_with(fusion: bool, schedule: bool) -> Device {
+    let config = Config {
+        fusion,
+        schedule,
+        ..Config::default()
+    };
+    Device::open("cpu", &config).unwrap()
+}
+
+/// y = y * 0.5 + x * scale + param, elementwise (x wraps around).
+fn mix_kernel(d: &Device) -> Kernel {
+    d.load_kernel(&KernelDef::new("mix").cpu("mix with param v1", |a| {
+        let p = a.read::<u32>(2)?[0] as f32;
+        let scale: f32 = a.scalar(3)?;
+        let x = a.read::<f32>(0)?;
+        let y = a.write::<f32>(1)?;
+        for (i, v) in y.iter_mut().enumerate() {
+            *v = *v * 0.5 + x[i % x.len()] * scale + p;
+        }
+        Ok(())
+    }))
+    .unwrap()
+}
+
+#[derive(Clone, Debug)]
+struct Op {
+    src: (usize, usize),
+    dst: (usize, usize),
+    scale: f32,
+    scratch: bool,
+}
+
+fn op_strategy(len: usize) -> impl Strategy<Value = Op> {
+    let range = move || (0..len - 1).prop_flat_map(move |s| (Just(s), 1..=(len - s).min(48)));
+    (range(), range(), -2.0f32..2.0, prop::bool::weighted(0.15)).prop_map(
+        |(src, dst, scale, scratch)| Op {
+            src,
+            dst,
+            scale,
+            scratch,
+        },
+    )
+}
+
+fn encode_ops(
+    d: &Device,
+    enc: &mut encore::Encoder,
+    k: &Kernel,
+    buf: &Buffer,
+    scratch: &Buffer,
+    params: &Params,
+    ops: &[Op],
+) {
+    let p = params.slot("p").unwrap();
+    for op in ops {
+        let overlaps = op.src.0 < op.dst.0 + op.dst.1 && op.dst.0 < op.src.0 + op.src.1;
+        if overlaps {
+            continue;
+        }
+        let src = buf.view_elems::<f32>(op.src.0, op.src.1).unwrap();
+        let dst = if op.scratch {
+            scratch.view_elems::<f32>(0, op.dst.1).unwrap()
+        } else {
+            buf.view_elems::<f32>(op.dst.0, op.dst.1).unwrap()
+        };
+        enc.dispatch(
+            k,
+            &[
+                Arg::read(&src),
+                Arg::write(&dst),
+                Arg::read(&p),
+                Arg::value(&op.scale),
+            ],
+            Launch::new(1, 1),
+            "mix",
+        )
+        .unwrap();
+    }
+    let _ = d;
+}
+
+fn init(seed: u32) -> Vec<f32> {
+    (0..256u32)
+        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 100.0 + 0.01)
+        .collect()
+}
+
+fn eager(ops: &[Op], values: &[u32], seed: u32) -> Vec<f32> {
+    let d = device_with(false, false);
+    let k = mix_kernel(&d);
+    let buf = d.buffer_from(&init(seed)).unwrap();
+    let scratch = d.alloc(256 * 4).unwrap();
+    let params = Params::new(&d, &["p"]).unwrap();
+    for &v in values {
+        params.set("p", v).unwrap();
+        let mut enc = d.encoder();
+        enc.set_serial(true);
+        encode_ops(&d, &mut enc, &k, &buf, &scratch, &params, ops);
+        enc.commit_and_wait().unwrap();
+    }
+    buf.download().unwrap()
+}
+
+fn replayed(
+    ops: &[Op],
+    values: &[u32],
+    seed: u32,
+    fusion: bool,
+    schedule: bool,
+) -> (Vec<f32>, encore::GraphStats) {
+    let d = device_with(fusion, schedule);
+    let k = mix_kernel(&d);
+    let buf = d.buffer_from(&init(seed)).unwrap();
+    let scratch = d.alloc(256 * 4).unwrap();
+    let params = Params::new(&d, &["p"]).unwrap();
+    let mut enc = d.encoder();
+    encode_ops(&d, &mut enc, &k, &buf, &scratch, &params, ops);
+    let mut graph = enc.finish_graph().unwrap();
+    graph.set_params(&params);
+    graph.mark_output(&buf);
+    let exec = graph.instantiate(&[]).unwrap();
+    // Drop every handle the caller had: the executable owns what it needs.
+    let result_view = buf.clone();
+    drop((graph, scratch, params, k));
+    for &v in values {
+        exec.replay(&[("p", v)]).unwrap().wait().unwrap();
+    }
+    (result_view.download().unwrap(), exec.stats().clone())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Optimized replay is bit-identical to eager execution, for random
+    /// graphs over random views and random parameter values, and scheduling
+    /// never needs more barriers than the recording order.
+    #[test]
+    fn optimized_replay_equals_eager(
+        ops in prop::collection::vec(op_strategy(256), 1..40),
+        values in prop::collection::vec(0u32..100, 1..4),
+        seed in 0u32..1000,
+    ) {
+        let expected = eager(&ops, &values, seed);
+        let (got, stats) = replayed(&ops, &values, seed, true, true);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&got), bits(&expected));
+        prop_assert!(stats.barriers <= stats.barriers_in_recording_order, "{:?}", stats);
+        let (unscheduled, _) = replayed(&ops, &values, seed, false, false);
+        prop_assert_eq!(bits(&unscheduled), bits(&expected));
+    }
+}
+
+fn unary(d: &Device, name: &'static str, op: &'static str, f: fn(f32) -> f32) -> Kernel {
+    d.load_kernel(&KernelDef::new(name).op(op).cpu(name, move |a| {
+        let x = a.read::<f32>(0)?;
+        let y = a.write::<f32>(1)?;
+        y.iter_mut().zip(x).for_each(|(y, &x)| *y = f(x));
+        Ok(())
+    }))
+    .unwrap()
+}
+
+/// scale (x * 2) followed by add_one (+1) fuses into one node computing 2x + 1.
+fn scale_add_pattern(d: &Device) -> FusionPattern {
+    let fused = unary(d, "scale_add_one", "scale_add_one", |x| x * 2.0 + 1.0);
+    FusionPattern::new(
+        "scale+add_one",
+        &["scale", "add_one"],
+        move |chain: &[&Node]| {
+            let input = chain[0].args[0].clone();
+            let output = chain[1].args[1].clone();
+            Some(Node {
+                kernel: fused.clone(),
+                args: vec![input, output],
+                launch: chain[1].launch,
+                label: "scale+add_one".into(),
+            })
+        },
+    )
+}
+
+#[test]
+fn fusion_fires_exactly_where_a_pattern_matches_and_preserves_results() {
+    let d = device_with(true, true);
+    let scale = unary(&d, "scale", "scale", |x| x * 2.0);
+    let add_one = unary(&d, "add_one", "add_one", |x| x + 1.0);
+    let neg = unary(&d, "neg", "neg", |x| -x);
+    let x = d.buffer_from(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let [t1, y1, t2, y2, t3, y3, y4] = std::array::from_fn(|_| d.alloc(16).unwrap());
+    let mut enc = d.encoder();
+    let l = Launch::new(1, 1);
+    // Chain 1: scale -> add_one, intermediate used only inside: fuses.
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t1)], l, "s1")
+        .unwrap();
+    enc.dispatch(&add_one, &[Arg::read(&t1), Arg::write(&y1)], l, "a1")
+        .unwrap();
+    // Chain 2: scale -> neg: no pattern.
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t2)], l, "s2")
+        .unwrap();
+    enc.dispatch(&neg, &[Arg::read(&t2), Arg::write(&y2)], l, "n2")
+        .unwrap();
+    // Chain 3: scale -> add_one, but the intermediate is also read later: must not fuse.
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t3)], l, "s3")
+        .unwrap();
+    enc.dispatch(&add_one, &[Arg::read(&t3), Arg::write(&y3)], l, "a3")
+        .unwrap();
+    enc.dispatch(&neg, &[Arg::read(&t3), Arg::write(&y4)], l, "n3")
+        .unwrap();
+    let mut graph = enc.finish_graph().unwrap();
+    for out in [&y1, &y2, &y3, &y4] {
+        graph.mark_output(out);
+    }
+    let exec = graph.instantiate(&[scale_add_pattern(&d)]).unwrap();
+    assert_eq!(exec.stats().fused, 1);
+    assert_eq!(exec.stats().nodes, 6);
+    let fused_nodes: Vec<_> = exec
+        .nodes()
+        .iter()
+        .filter(|n| n.op() == "scale_add_one")
+        .collect();
+    assert_eq!(fused_nodes.len(), 1);
+    assert_eq!(&*fused_nodes[0].label, "scale+add_one");
+    exec.replay(&[]).unwrap().wait().unwrap();
+    assert_eq!(y1.download::<f32>().unwrap(), [3.0, 5.0, 7.0, 9.0]);
+    assert_eq!(y2.download::<f32>().unwrap(), [-2.0, -4.0, -6.0, -8.0]);
+    assert_eq!(y3.download::<f32>().unwrap(), [3.0, 5.0, 7.0, 9.0]);
+    assert_eq!(y4.download::<f32>().unwrap(), [-2.0, -4.0, -6.0, -8.0]);
+}
+
+#[test]
+fn fusion_is_refused_when_it_would_cross_a_conflicting_node() {
+    let d = device_with(true, true);
+    let scale = unary(&d, "scale", "scale", |x| x * 2.0);
+    let add_one = unary(&d, "add_one", "add_one", |x| x + 1.0);
+    let neg = unary(&d, "neg", "neg", |x| -x);
+    let x = d.buffer_from(&[1.0f32, 2.0]).unwrap();
+    let (t, y) = (d.alloc(8).unwrap(), d.alloc(8).unwrap());
+    let l = Launch::new(1, 1);
+    let mut enc = d.encoder();
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t)], l, "s")
+        .unwrap();
+    // Overwrites x between the chain's members: moving `scale` after it would read the new x.
+    enc.dispatch(&neg, &[Arg::read(&y), Arg::write(&x)], l, "clobber")
+        .unwrap();
+    enc.dispatch(&add_one, &[Arg::read(&t), Arg::write(&y)], l, "a")
+        .unwrap();
+    let mut graph = enc.finish_graph().unwrap();
+    graph.mark_output(&y);
+    graph.mark_output(&x);
+    let exec = graph.instantiate(&[scale_add_pattern(&d)]).unwrap();
+    assert_eq!(exec.stats().fused, 0);
+}
+
+#[test]
+fn dead_nodes_are_removed_and_outputs_kept() {
+    let d = device_with(true, true);
+    let scale = unary(&d, "scale", "scale", |x| x * 2.0);
+    let x = d.buffer_from(&[1.0f32; 4]).unwrap();
+    let (unused, y) = (d.alloc(16).unwrap(), d.alloc(16).unwrap());
+    let mut enc = d.encoder();
+    enc.dispatch(
+        &scale,
+        &[Arg::read(&x), Arg::write(&unused)],
+        Launch::new(1, 1),
+        "dead",
+    )
+    .unwrap();
+    enc.dispatch(
+        &scale,
+        &[Arg::read(&x), Arg::write(&y)],
+        Launch::new(1, 1),
+        "live",
+    )
+    .unwrap();
+    let mut graph = enc.finish_graph().unwrap();
+    graph.mark_output(&y);
+    let exec = graph.instantiate(&[]).unwrap();
+    assert_eq!(exec.stats().removed, 1);
+    assert_eq!(exec.nodes().len(), 1);
+    assert_eq!(&*exec.nodes()[0].label, "live");
+}
+
+#[test]
+fn scheduling_groups_independent_branches() {
+    let d = device_with(false, true);
+    let scale = unary(&d, "scale", "scale", |x| x * 2.0);
+    let x = d.buffer_from(&[1.0f32; 4]).unwrap();
+    let bufs: Vec<_> = (0..8).map(|_| d.alloc(16).unwrap()).collect();
+    let mut enc = d.encoder();
+    // Four independent two-step chains, recorded chain by chain.
+    for c in 0..4 {
+        enc.dispatch(
+            &scale,
+            &[Arg::read(&x), Arg::write(&bufs[2 * c])],
+            Launch::new(1, 1),
+            "a",
+        )
+        .unwrap();
+        enc.dispatch(
+            &scale,
+            &[Arg::read(&bufs[2 * c]), Arg::write(&bufs[2 * c + 1])],
+            Launch::new(1, 1),
+            "b",
+        )
+        .unwrap();
+    }
+    let mut graph = enc.finish_graph().unwrap();
+    for b in &bufs {
+        graph.mark_output(b);
+    }
+    let exec = graph.instantiate(&[]).unwrap();
+    let s = exec.stats();
+    assert_eq!(s.barriers_in_recording_order, 4);
+    assert_eq!(s.barriers, 1);
+    assert_eq!(s.max_group, 4);
+    assert_eq!(s.mean_group, 4.0);
+    assert_eq!(s.edges, 4);
+    exec.replay(&[]).unwrap().wait().unwrap();
+    for c in 0..4 {
+        assert_eq!(bufs[2 * c + 1].download::<f32>().unwrap(), [4.0; 4]);
+    }
+}
+
+#[test]
+fn executable_cache_reuses_by_shape_and_ignores_parameter_values() {
+    let d = device_with(true, true);
+    let k = mix_kernel(&d);
+    let params = Params::new(&d, &["p"]).unwrap();
+    let p = params.slot("p").unwrap();
+    let x = d.buffer_from(&[1.0f32; 64]).unwrap();
+    let y = d.alloc(256).unwrap();
+    let cache = GraphCache::new(Vec::new());
+    let record = |len: usize| {
+        let mut enc = d.encoder();
+        let yv = y.view_elems::<f32>(0, len).unwrap();
+        enc.dispatch(
+            &k,
+            &[
+                Arg::read(&x),
+                Arg::write(&yv),
+                Arg::read(&p),
+                Arg::value(&1.0f32),
+            ],
+            Launch::new(1, 1),
+            "mix",
+        )
+        .unwrap();
+        let mut g = enc.finish_graph().unwrap();
+        g.set_params(&params);
+        g.mark_output(&y);
+        g
+    };
+    let g = record(64);
+    let a = cache.get_or_instantiate(&g).unwrap();
+    a.replay(&[("p", 1)]).unwrap().wait().unwrap();
+    a.replay(&[("p", 2)]).unwrap().wait().unwrap();
+    let b = cache.get_or_instantiate(&record(64)).unwrap();
+    assert_eq!((cache.hits(), cache.misses()), (1, 1));
+    let _ = cache.get_or_instantiate(&record(32)).unwrap();
+    assert_eq!(
+        (cache.hits(), cache.misses()),
+        (1, 2),
+        "a changed shape records anew"
+    );
+    b.replay(&[("p", 3)]).unwrap().wait().unwrap();
+    assert_eq!(d.counters().graph_instantiations, 2);
+    assert_eq!(d.counters().graph_replays, 3);
+    // y = ((0*.5 + 1 + 1)*.5 + 1 + 2)*.5 + 1 + 3 = 6
+    assert_eq!(y.download::<f32>().unwrap()[..64], [6.0; 64]);
+    assert!(matches!(
+        a.replay(&[("nope", 1)]),
+        Err(encore::Error::Graph(_))
+    ));
+}
+
+#[test]
+fn graph_arguments_keep_their_views() {
+    let d = device_with(true, true);
+    let scale = unary(&d, "scale", "scale", |x| x * 2.0);
+    let buf = d.buffer_from(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let (lo, hi) = (
+        buf.view_elems::<f32>(0, 2).unwrap(),
+        buf.view_elems::<f32>(2, 2).unwrap(),
+    );
+    let mut enc = d.encoder();
+    enc.dispatch(
+        &scale,
+        &[Arg::read(&lo), Arg::write(&hi)],
+        Launch::new(1, 1),
+        "s",
+    )
+    .unwrap();
+    let graph = enc.finish_graph().unwrap();
+    match &graph.nodes()[0].args[1] {
+        NodeArg::Buffer(b, a) => {
+            assert_eq!((b.offset(), b.len(), *a), (8, 8, encore::Access::Write));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
