@@ -1,1 +1,30 @@
-//! Llama-family inference on Encore.
+//! Llama-family inference on Encore: GGUF files, tokenizer, chat template,
+//! model, KV cache, sampler.
+//!
+//! ```no_run
+//! use encore_llm::{Engine, GenerateOptions};
+//! let device = encore::Device::open("cpu", &encore::Config::default())?;
+//! let engine = Engine::load("SmolLM2-135M-Instruct.Q4_1.gguf", &device)?;
+//! let out = engine.generate("The capital of France is", &GenerateOptions::greedy(16), |_| true)?;
+//! println!("{}", out.text);
+//! # Ok::<(), encore_llm::LlmError>(())
+//! ```
+
+pub mod chat;
+pub mod config;
+mod engine;
+mod error;
+pub mod fetch;
+pub mod gguf;
+pub mod model;
+pub mod sampler;
+pub mod session;
+pub mod synthetic;
+pub mod tokenizer;
+
+pub use config::ModelConfig;
+pub use engine::{Engine, GenerateOptions, Generation};
+pub use error::{LlmError, Result};
+pub use model::Model;
+pub use sampler::{Sampler, SamplerConfig};
+pub use session::Session;

@@ -1,4 +1,14 @@
 //! The kernels an LLM needs, for every Encore backend.
+//!
+//! [`Ops`] loads every kernel on a device and encodes each operation with
+//! the exact byte ranges it reads and writes; [`kernels`] holds one file per
+//! operation with its math and its implementations; [`cpu`] holds the fast
+//! CPU math (quantized dot products) the CPU implementations call.
 
+pub mod cpu;
 pub mod dtype;
+pub mod kernels;
+mod ops;
+
 pub use dtype::DType;
+pub use ops::{Ops, Weight};

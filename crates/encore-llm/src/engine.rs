@@ -1,0 +1,215 @@
+//! [`Engine`]: a loaded model with its tokenizer and chat template, and the
+//! generation loop.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use encore::Device;
+
+use crate::chat::{ChatTemplate, Message};
+use crate::error::{LlmError, Result};
+use crate::gguf::GgufFile;
+use crate::model::Model;
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::session::Session;
+use crate::tokenizer::{Tokenizer, TokenizerSpec};
+
+/// How to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    /// Use the prompt as is instead of wrapping it in the chat template.
+    pub raw: bool,
+}
+
+impl GenerateOptions {
+    /// Greedy decoding of up to `max_tokens` tokens from a raw prompt.
+    pub fn greedy(max_tokens: usize) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens,
+            sampler: SamplerConfig {
+                temperature: 0.0,
+                ..SamplerConfig::default()
+            },
+            raw: true,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    EndOfText,
+    /// `max_tokens` were generated.
+    Length,
+    /// The callback asked to stop.
+    Cancelled,
+}
+
+/// The result of a generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub prefill_time: Duration,
+    /// Time of the decode steps (every generated token after the first).
+    pub decode_time: Duration,
+    pub stop: StopReason,
+}
+
+impl Generation {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        let steps = self.tokens.len().saturating_sub(1);
+        steps as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A model ready to generate: weights on a device, tokenizer, chat template.
+pub struct Engine {
+    model: Arc<Model>,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+}
+
+impl Engine {
+    /// Loads a GGUF model file onto `device`.
+    pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Engine> {
+        let file = GgufFile::open(path)?;
+        Engine::from_gguf(&file, device)
+    }
+
+    /// Builds an engine from an opened GGUF file (weights are copied to the
+    /// device; the file may be closed afterwards).
+    pub fn from_gguf(file: &GgufFile, device: &Device) -> Result<Engine> {
+        let spec = TokenizerSpec::from_gguf(file)?;
+        let template = ChatTemplate::for_model(spec.chat_template.as_deref())?;
+        let tokenizer = Tokenizer::from_spec(spec)?;
+        let model = Model::load(file, device)?;
+        if tokenizer.vocab_size() > model.config.vocab {
+            return Err(LlmError::Model(format!(
+                "the tokenizer has {} tokens but the embedding table only {}",
+                tokenizer.vocab_size(),
+                model.config.vocab
+            )));
+        }
+        Ok(Engine {
+            model,
+            tokenizer,
+            template,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The token ids of a prompt: as is when `raw`, else as the single user
+    /// message of the chat template with the assistant's turn opened.
+    pub fn prompt_tokens(&self, prompt: &str, raw: bool) -> Result<Vec<u32>> {
+        let text = if raw {
+            prompt.to_string()
+        } else {
+            let bos = self.token_text(self.tokenizer.bos());
+            let eos = self.token_text(self.tokenizer.eos());
+            self.template
+                .render(&[Message::new("user", prompt)], true, &bos, &eos)?
+        };
+        Ok(self.tokenizer.encode(&text, true, true)?)
+    }
+
+    fn token_text(&self, id: Option<u32>) -> String {
+        id.and_then(|t| self.tokenizer.token_text(t))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// A new session with room for `max_seq` positions.
+    pub fn session(&self, max_seq: usize) -> Result<Session> {
+        Session::new(self.model.clone(), max_seq)
+    }
+
+    /// Generates a continuation of `prompt`, calling `on_text` with each
+    /// piece of text as soon as it is complete UTF-8; `on_text` returns false
+    /// to stop early.
+    pub fn generate(
+        &self,
+        prompt: &str,
+        options: &GenerateOptions,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        let prompt_ids = self.prompt_tokens(prompt, options.raw)?;
+        let limit = self.model.config.context_length;
+        if prompt_ids.len() >= limit {
+            return Err(LlmError::Request(format!(
+                "the prompt has {} tokens; the model's context holds {limit}",
+                prompt_ids.len()
+            )));
+        }
+        let max_seq = (prompt_ids.len() + options.max_tokens).min(limit);
+        let mut session = self.session(max_seq)?;
+        let mut sampler = Sampler::new(options.sampler.clone());
+        let greedy_on_device = options.sampler.is_plain_greedy();
+
+        let t0 = Instant::now();
+        let logits = session.prefill(&prompt_ids)?;
+        let prefill_time = t0.elapsed();
+
+        let mut history = prompt_ids.clone();
+        let mut generated = Vec::new();
+        let mut text = String::new();
+        let mut stream = self.tokenizer.stream_decoder();
+        let mut next = sampler.sample(&logits, &history);
+        let mut stop = StopReason::Length;
+        let t1 = Instant::now();
+        while generated.len() < options.max_tokens && session.position() < max_seq {
+            if self.tokenizer.is_eog(next) {
+                stop = StopReason::EndOfText;
+                break;
+            }
+            generated.push(next);
+            history.push(next);
+            let piece = stream.push(next)?;
+            text.push_str(&piece);
+            if !piece.is_empty() && !on_text(&piece) {
+                stop = StopReason::Cancelled;
+                break;
+            }
+            if generated.len() == options.max_tokens || session.position() >= max_seq {
+                break;
+            }
+            session.step(next)?;
+            next = if greedy_on_device {
+                session.argmax()?
+            } else {
+                sampler.sample(&session.logits()?, &history)
+            };
+        }
+        let decode_time = t1.elapsed();
+        let rest = stream.finish();
+        if !rest.is_empty() {
+            text.push_str(&rest);
+            on_text(&rest);
+        }
+        Ok(Generation {
+            text,
+            tokens: generated,
+            prompt_tokens: prompt_ids.len(),
+            prefill_time,
+            decode_time,
+            stop,
+        })
+    }
+}

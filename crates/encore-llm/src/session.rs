@@ -1,0 +1,211 @@
+//! A generation session: one KV cache and the buffers of one conversation
+//! over a shared [`Model`].
+//!
+//! The prompt is prefilled in one batched forward pass. Each decode step is
+//! recorded once as a graph whose parameters are the position and the input
+//! token, then replayed for every later token; with graphs disabled in the
+//! config, each step is encoded eagerly instead.
+
+use std::sync::Arc;
+
+use encore::{Buffer, GraphCache, GraphExec, Params};
+
+use crate::error::{LlmError, Result};
+use crate::model::{Activations, LayerCache, Model};
+
+/// One conversation's state on the device.
+pub struct Session {
+    model: Arc<Model>,
+    cache: Vec<LayerCache>,
+    max_seq: usize,
+    pos: usize,
+    params: Params,
+    decode: Activations,
+    argmax_out: Buffer,
+    graphs: GraphCache,
+    step: Option<GraphExec>,
+    use_graphs: bool,
+}
+
+impl Session {
+    /// A session with room for `max_seq` positions.
+    pub fn new(model: Arc<Model>, max_seq: usize) -> Result<Session> {
+        if max_seq == 0 {
+            return Err(LlmError::Request(
+                "the context must hold at least one token".into(),
+            ));
+        }
+        let device = model.device.clone();
+        let cache = model.new_cache(max_seq)?;
+        let params = Params::new(&device, &["pos", "token"])?;
+        let decode = Activations::new(&model, 1)?;
+        let argmax_out = device.alloc(4)?;
+        let graphs = GraphCache::new(model.ops.fusion_patterns());
+        let use_graphs = device.config().graphs;
+        Ok(Session {
+            model,
+            cache,
+            max_seq,
+            pos: 0,
+            params,
+            decode,
+            argmax_out,
+            graphs,
+            step: None,
+            use_graphs,
+        })
+    }
+
+    /// Tokens processed so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Positions the cache holds.
+    pub fn capacity(&self) -> usize {
+        self.max_seq
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Forgets the conversation (the cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.pos + n > self.max_seq {
+            return Err(LlmError::Request(format!(
+                "context full: {} + {n} tokens exceed the {} positions of this session",
+                self.pos, self.max_seq
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.model.config.vocab;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(LlmError::Request(format!(
+                "token id {t} is outside the vocabulary of {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the prompt through the model in one batched pass and returns the
+    /// logits after its last token.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(LlmError::Request("empty prompt".into()));
+        }
+        self.check_room(tokens.len())?;
+        self.check_tokens(tokens)?;
+        let device = &self.model.device;
+        let acts = Activations::new(&self.model, tokens.len())?;
+        let token_buf = device.buffer_from(tokens)?;
+        let pos = device.buffer_from(&[self.pos as u32])?;
+        let mut enc = device.encoder();
+        enc.set_label("prefill");
+        self.model
+            .encode_forward(&mut enc, &acts, &token_buf, &pos, &self.cache, self.max_seq)?;
+        enc.commit_and_wait()?;
+        self.pos += tokens.len();
+        Ok(acts.logits.download()?)
+    }
+
+    fn record_step(&mut self) -> Result<GraphExec> {
+        let device = self.model.device.clone();
+        let mut enc = device.encoder();
+        let token = self.params.slot("token")?;
+        let pos = self.params.slot("pos")?;
+        self.model.encode_forward(
+            &mut enc,
+            &self.decode,
+            &token,
+            &pos,
+            &self.cache,
+            self.max_seq,
+        )?;
+        self.model.ops.argmax(
+            &mut enc,
+            &self.decode.logits,
+            &self.argmax_out,
+            self.model.config.vocab,
+        )?;
+        let mut graph = enc.finish_graph()?;
+        graph.set_params(&self.params);
+        graph.mark_output(&self.decode.logits);
+        graph.mark_output(&self.argmax_out);
+        for lc in &self.cache {
+            graph.mark_output(&lc.k);
+            graph.mark_output(&lc.v);
+        }
+        Ok(self.graphs.get_or_instantiate(&graph)?)
+    }
+
+    /// Runs one decode step for `token` at the current position. The logits
+    /// stay on the device; read them with [`Session::logits`] or take the
+    /// device-side argmax with [`Session::argmax`].
+    pub fn step(&mut self, token: u32) -> Result<()> {
+        self.check_room(1)?;
+        self.check_tokens(&[token])?;
+        let values = [("pos", self.pos as u32), ("token", token)];
+        if self.use_graphs {
+            let exec = match &self.step {
+                Some(e) => e.clone(),
+                None => {
+                    let e = self.record_step()?;
+                    self.step = Some(e.clone());
+                    e
+                }
+            };
+            exec.replay(&values)?.wait()?;
+        } else {
+            for (name, value) in values {
+                self.params.set(name, value)?;
+            }
+            let device = self.model.device.clone();
+            let mut enc = device.encoder();
+            enc.set_label("decode");
+            let token_slot = self.params.slot("token")?;
+            let pos_slot = self.params.slot("pos")?;
+            self.model.encode_forward(
+                &mut enc,
+                &self.decode,
+                &token_slot,
+                &pos_slot,
+                &self.cache,
+                self.max_seq,
+            )?;
+            self.model.ops.argmax(
+                &mut enc,
+                &self.decode.logits,
+                &self.argmax_out,
+                self.model.config.vocab,
+            )?;
+            enc.commit_and_wait()?;
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// The logits of the last decode step.
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        Ok(self.decode.logits.download()?)
+    }
+
+    /// The device-side argmax of the last decode step's logits.
+    pub fn argmax(&self) -> Result<u32> {
+        let mut out = [0u32];
+        self.argmax_out.download_into(&mut out)?;
+        Ok(out[0])
+    }
+
+    /// Statistics of the recorded decode graph, once recorded.
+    pub fn graph_stats(&self) -> Option<encore::GraphStats> {
+        self.step.as_ref().map(|e| e.stats().clone())
+    }
+}

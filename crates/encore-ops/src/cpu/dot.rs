@@ -1,0 +1,644 @@
+//! Dot products of weight rows with activations, computed in tiles: `NW`
+//! weight rows times `NX` activation rows, so each loaded weight block serves
+//! `NX` activation rows and each activation block `NW` weight rows.
+//!
+//! Quantized weights (Q8_0, Q4_0, Q4_1) meet 8-bit [`ActivationBlock`]s; per
+//! block of 32 the products are summed in integers and scaled once:
+//!
+//! - Q8_0: `d_w * d_x * Σ q_w q_x`
+//! - Q4_0: `d_w * d_x * Σ n q_x - 8 d_w * s_x` (since `w = d_w (n - 8)`)
+//! - Q4_1: `d_w * d_x * Σ n q_x + m_w * s_x` (since `w = d_w n + m_w`)
+//!
+//! where `n` are the weight nibbles and `s_x = d_x Σ q_x`. Float weights (F32,
+//! F16, BF16) meet f32 activations.
+
+use super::quant::{blocks, ActivationBlock, BlockQ4_0, BlockQ4_1, BlockQ8_0, BLOCK};
+use super::simd::Isa;
+use super::QuantError;
+use crate::DType;
+
+/// The dot product of one row of quantized `dtype` weights with activations
+/// quantized by [`quantize_row_q8`](super::quantize_row_q8).
+///
+/// # Errors
+/// [`QuantError::ActivationKind`] for float `dtype`s, and
+/// [`QuantError::WeightBytes`] unless `w` holds as many blocks as `x`.
+pub fn dot_q8(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> Result<f32, QuantError> {
+    if !dtype.is_quantized() {
+        return Err(QuantError::ActivationKind {
+            dtype,
+            expected: "f32",
+        });
+    }
+    QuantError::check_weights(dtype, w.len(), 1, x.len() * BLOCK)?;
+    let mut dot = 0.0;
+    quant_rows::<1, 1>(
+        Isa::detect(),
+        dtype,
+        w,
+        [x],
+        [std::slice::from_mut(&mut dot)],
+    );
+    Ok(dot)
+}
+
+/// The dot product of one row of F32, F16 or BF16 weights with f32 activations.
+///
+/// # Errors
+/// [`QuantError::ActivationKind`] for quantized `dtype`s, and
+/// [`QuantError::WeightBytes`] unless `w` holds `x.len()` weights.
+pub fn dot_f32(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    if dtype.is_quantized() {
+        return Err(QuantError::ActivationKind {
+            dtype,
+            expected: "quantized (ActivationBlock)",
+        });
+    }
+    QuantError::check_weights(dtype, w.len(), 1, x.len())?;
+    let mut dot = 0.0;
+    float_rows::<1, 1>(
+        Isa::detect(),
+        dtype,
+        w,
+        [x],
+        [std::slice::from_mut(&mut dot)],
+    );
+    Ok(dot)
+}
+
+/// `out[j][r] = (row r of w) · x[j]` for quantized `dtype` weights: `w` holds
+/// `out[j].len()` rows of as many blocks as each `x[j]`, and is walked `NW`
+/// rows at a time. Callers check shapes; on a mismatch (or a float `dtype`)
+/// the scalar code runs, which writes only what both sides have.
+pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
+    isa: Isa,
+    dtype: DType,
+    w: &[u8],
+    x: [&[ActivationBlock]; NX],
+    out: [&mut [f32]; NX],
+) {
+    let nb = x.first().map_or(0, |r| r.len());
+    let row_bytes = nb * dtype.block_bytes();
+    let rows = out.first().map_or(0, |o| o.len());
+    #[cfg(target_arch = "x86_64")]
+    if let Isa::Avx2(_) = isa {
+        if x.iter().all(|r| r.len() == nb)
+            && out.iter().all(|o| o.len() == rows)
+            && w.len() == rows * row_bytes
+        {
+            let (w, x) = (w.as_ptr(), x.map(<[ActivationBlock]>::as_ptr));
+            // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C; `w`
+            // holds `rows` rows of `nb` blocks and every `x[j]` `nb` blocks
+            // (checked just above).
+            unsafe {
+                match dtype {
+                    DType::Q8_0 => avx2::quant_rows::<{ avx2::Q8_0 }, NW, NX>(w, rows, x, nb, out),
+                    DType::Q4_0 => avx2::quant_rows::<{ avx2::Q4_0 }, NW, NX>(w, rows, x, nb, out),
+                    DType::Q4_1 => avx2::quant_rows::<{ avx2::Q4_1 }, NW, NX>(w, rows, x, nb, out),
+                    DType::F32 | DType::F16 | DType::BF16 => {}
+                }
+            }
+            return;
+        }
+    }
+    let _ = isa;
+    if row_bytes == 0 {
+        out.into_iter().for_each(|o| o.fill(0.0));
+        return;
+    }
+    for (o, xj) in out.into_iter().zip(x) {
+        for (y, wr) in o.iter_mut().zip(w.chunks_exact(row_bytes)) {
+            *y = dot_q8_scalar(dtype, wr, xj);
+        }
+    }
+}
+
+/// `out[j][r] = (row r of w) · x[j]` for float `dtype` weights, under the
+/// same rules as [`quant_rows`].
+pub(crate) fn float_rows<const NW: usize, const NX: usize>(
+    isa: Isa,
+    dtype: DType,
+    w: &[u8],
+    x: [&[f32]; NX],
+    mut out: [&mut [f32]; NX],
+) {
+    let n = x.first().map_or(0, |r| r.len());
+    let row_bytes = n * dtype.block_bytes();
+    let rows = out.first().map_or(0, |o| o.len());
+    #[cfg(target_arch = "x86_64")]
+    if let Isa::Avx2(_) = isa {
+        if !dtype.is_quantized()
+            && x.iter().all(|r| r.len() == n)
+            && out.iter().all(|o| o.len() == rows)
+            && w.len() == rows * row_bytes
+        {
+            let simd_len = n - n % 8;
+            let (wp, xp) = (w.as_ptr(), x.map(<[f32]>::as_ptr));
+            let out_rows = out.each_mut().map(|o| &mut **o);
+            // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C; `w`
+            // holds `rows` rows of `n >= simd_len` elements and every `x[j]`
+            // `n` floats (checked just above).
+            unsafe {
+                match dtype {
+                    DType::F32 => avx2::float_rows::<{ avx2::F32 }, NW, NX>(
+                        wp, rows, n, xp, simd_len, out_rows,
+                    ),
+                    DType::F16 => avx2::float_rows::<{ avx2::F16 }, NW, NX>(
+                        wp, rows, n, xp, simd_len, out_rows,
+                    ),
+                    DType::BF16 => avx2::float_rows::<{ avx2::BF16 }, NW, NX>(
+                        wp, rows, n, xp, simd_len, out_rows,
+                    ),
+                    DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {}
+                }
+            }
+            if simd_len < n {
+                let tail = simd_len * dtype.block_bytes();
+                for (o, xj) in out.iter_mut().zip(x) {
+                    for (y, wr) in o.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                        *y += dot_f32_scalar(dtype, &wr[tail..], &xj[simd_len..]);
+                    }
+                }
+            }
+            return;
+        }
+    }
+    let _ = isa;
+    if row_bytes == 0 {
+        out.into_iter().for_each(|o| o.fill(0.0));
+        return;
+    }
+    for (o, xj) in out.into_iter().zip(x) {
+        for (y, wr) in o.iter_mut().zip(w.chunks_exact(row_bytes)) {
+            *y = dot_f32_scalar(dtype, wr, xj);
+        }
+    }
+}
+
+/// Portable [`quant_rows`] for one pair of rows; 0 for float types.
+fn dot_q8_scalar(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> f32 {
+    fn nibble_dot(qs: &[u8; 16], a: &ActivationBlock) -> i32 {
+        let (lo, hi) = a.qs.split_at(BLOCK / 2);
+        qs.iter()
+            .zip(lo.iter().zip(hi))
+            .map(|(&q, (&l, &h))| {
+                i32::from(q & 0x0F) * i32::from(l) + i32::from(q >> 4) * i32::from(h)
+            })
+            .sum()
+    }
+    match dtype {
+        DType::Q8_0 => blocks::<BlockQ8_0>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, a)| {
+                let sum: i32 =
+                    b.qs.iter()
+                        .zip(&a.qs)
+                        .map(|(&p, &q)| i32::from(p) * i32::from(q))
+                        .sum();
+                b.scale() * a.d * sum as f32
+            })
+            .sum(),
+        DType::Q4_0 => blocks::<BlockQ4_0>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, a)| b.scale() * (a.d * nibble_dot(&b.qs, a) as f32 - 8.0 * a.s))
+            .sum(),
+        DType::Q4_1 => blocks::<BlockQ4_1>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, a)| b.scale() * a.d * nibble_dot(&b.qs, a) as f32 + b.min() * a.s)
+            .sum(),
+        DType::F32 | DType::F16 | DType::BF16 => 0.0,
+    }
+}
+
+/// Portable [`float_rows`] for one pair of rows; 0 for quantized types.
+fn dot_f32_scalar(dtype: DType, w: &[u8], x: &[f32]) -> f32 {
+    use half::{bf16, f16};
+    match dtype {
+        DType::F32 => blocks::<[u8; 4]>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, v)| f32::from_le_bytes(*b) * v)
+            .sum(),
+        DType::F16 => blocks::<[u8; 2]>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, v)| f16::from_le_bytes(*b).to_f32() * v)
+            .sum(),
+        DType::BF16 => blocks::<[u8; 2]>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, v)| bf16::from_le_bytes(*b).to_f32() * v)
+            .sum(),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 0.0,
+    }
+}
+
+/// The AVX2 tile kernels. The loops over `NW` and `NX` have constant bounds,
+/// so they unroll and the accumulator arrays live in registers.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // tiles index several arrays by the same row numbers
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::super::simd::avx2::{hsum, lane1, load_f16, load_f16_pair, nibbles};
+    use super::ActivationBlock;
+
+    /// Quantized weight formats, as const parameters.
+    pub(super) const Q8_0: u8 = 0;
+    pub(super) const Q4_0: u8 = 1;
+    pub(super) const Q4_1: u8 = 2;
+    /// Float weight formats, as const parameters.
+    pub(super) const F32: u8 = 0;
+    pub(super) const F16: u8 = 1;
+    pub(super) const BF16: u8 = 2;
+
+    /// `out[j][r] = (row r of w) · x[j]` for `rows` rows of `nb` blocks,
+    /// `NW` rows per tile.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `w` must point at `rows`
+    /// readable rows of `nb` blocks of format `KIND`, each `x[j]` at `nb`
+    /// activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quant_rows<const KIND: u8, const NW: usize, const NX: usize>(
+        w: *const u8,
+        rows: usize,
+        x: [*const ActivationBlock; NX],
+        nb: usize,
+        mut out: [&mut [f32]; NX],
+    ) {
+        let row_bytes = nb * block_bytes(KIND);
+        let mut r = 0;
+        while r + NW <= rows {
+            let mut tile = [w; NW];
+            for i in 0..NW {
+                // SAFETY: row r + i < rows is within `w`.
+                tile[i] = unsafe { w.add((r + i) * row_bytes) };
+            }
+            // SAFETY: as this function's, for the NW rows of `tile`.
+            let dots = unsafe { quant_tile::<KIND, NW, NX>(tile, x, nb) };
+            store(&mut out, r, &dots);
+            r += NW;
+        }
+        while r < rows {
+            // SAFETY: as this function's, for row r < rows.
+            let dots = unsafe { quant_tile::<KIND, 1, NX>([w.add(r * row_bytes)], x, nb) };
+            store(&mut out, r, &dots);
+            r += 1;
+        }
+    }
+
+    /// Writes a tile's `dots[i][j]` to `out[j][first + i]`.
+    #[inline]
+    fn store<const NW: usize, const NX: usize>(
+        out: &mut [&mut [f32]; NX],
+        first: usize,
+        dots: &[[f32; NX]; NW],
+    ) {
+        for (j, o) in out.iter_mut().enumerate() {
+            for (i, d) in dots.iter().enumerate() {
+                if let Some(y) = o.get_mut(first + i) {
+                    *y = d[j];
+                }
+            }
+        }
+    }
+
+    const fn block_bytes(kind: u8) -> usize {
+        match kind {
+            Q8_0 => 34,
+            Q4_0 => 18,
+            _ => 20,
+        }
+    }
+
+    /// Per block: the weight bytes as unsigned values for `maddubs` (nibbles,
+    /// or |q| for Q8_0, whose signs move onto the activations), and the scale
+    /// pair `[d_w, m_w]` (`m_w = -8 d_w` for Q4_0, 0 for Q8_0). Multiplied by
+    /// the activation's `[d_x, s_x]`, lane 0 scales the integer sum and lane 1
+    /// is the block's offset term.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; each `w[i]` must point at `nb`
+    /// readable blocks of format `KIND` and each `x[j]` at `nb` activation blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quant_tile<const KIND: u8, const NW: usize, const NX: usize>(
+        w: [*const u8; NW],
+        x: [*const ActivationBlock; NX],
+        nb: usize,
+    ) -> [[f32; NX]; NW] {
+        let block_bytes = block_bytes(KIND);
+        let ones = _mm256_set1_epi16(1);
+        let q4_0_offset = _mm_setr_ps(1.0, -8.0, 0.0, 0.0);
+        let mut acc = [[_mm256_setzero_ps(); NX]; NW];
+        let mut offsets = [[_mm_setzero_ps(); NX]; NW];
+        for b in 0..nb {
+            let mut scales = [_mm_setzero_ps(); NW];
+            let mut bytes = [_mm256_setzero_si256(); NW];
+            let mut signs = [_mm256_setzero_si256(); NW];
+            for i in 0..NW {
+                // SAFETY: b < nb and row i holds nb blocks, so the block and
+                // the fields read below are in bounds.
+                unsafe {
+                    let block = w[i].add(b * block_bytes);
+                    match KIND {
+                        Q8_0 => {
+                            let q = _mm256_loadu_si256(block.add(2).cast());
+                            scales[i] = load_f16(block);
+                            bytes[i] = _mm256_sign_epi8(q, q);
+                            signs[i] = q;
+                        }
+                        Q4_0 => {
+                            scales[i] =
+                                _mm_mul_ps(_mm_broadcastss_ps(load_f16(block)), q4_0_offset);
+                            bytes[i] = nibbles(block.add(2));
+                        }
+                        _ => {
+                            scales[i] = load_f16_pair(block);
+                            bytes[i] = nibbles(block.add(4));
+                        }
+                    }
+                }
+            }
+            for j in 0..NX {
+                // SAFETY: b < nb and activation row j holds nb blocks; `d` and
+                // `s` are the block's first 8 bytes and `qs` the next 32.
+                let (xs, xq) = unsafe {
+                    let a = x[j].add(b);
+                    (
+                        _mm_castpd_ps(_mm_load_sd(a.cast())),
+                        _mm256_loadu_si256(a.cast::<u8>().add(8).cast()),
+                    )
+                };
+                for i in 0..NW {
+                    let xq = if KIND == Q8_0 {
+                        _mm256_sign_epi8(xq, signs[i])
+                    } else {
+                        xq
+                    };
+                    let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(
+                        _mm256_maddubs_epi16(bytes[i], xq),
+                        ones,
+                    ));
+                    let scale = _mm_mul_ps(scales[i], xs);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scale), sum, acc[i][j]);
+                    if KIND != Q8_0 {
+                        offsets[i][j] = _mm_add_ps(offsets[i][j], scale);
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0; NX]; NW];
+        for i in 0..NW {
+            for j in 0..NX {
+                out[i][j] = hsum(acc[i][j]) + lane1(offsets[i][j]);
+            }
+        }
+        out
+    }
+
+    /// Eight weights of format `KIND` from element `k` on, as f32.
+    ///
+    /// # Safety
+    /// `w` must point at at least `k + 8` readable elements of format `KIND`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8<const KIND: u8>(w: *const u8, k: usize) -> __m256 {
+        // SAFETY: the caller guarantees elements k..k + 8 are readable; all loads are unaligned.
+        unsafe {
+            match KIND {
+                F32 => _mm256_loadu_ps(w.add(4 * k).cast()),
+                F16 => _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * k).cast())),
+                _ => {
+                    // bf16 is the top half of an f32.
+                    let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * k).cast()));
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
+                }
+            }
+        }
+    }
+
+    /// `out[j][r] = (row r of w) · x[j]` over the first `simd_len` (a
+    /// multiple of 8) of the `n` elements of each row, `NW` rows per tile.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `w` must point at `rows`
+    /// readable rows of `n >= simd_len` elements of format `KIND`, each
+    /// `x[j]` at `simd_len` floats.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn float_rows<const KIND: u8, const NW: usize, const NX: usize>(
+        w: *const u8,
+        rows: usize,
+        n: usize,
+        x: [*const f32; NX],
+        simd_len: usize,
+        mut out: [&mut [f32]; NX],
+    ) {
+        let row_bytes = n * if KIND == F32 { 4 } else { 2 };
+        let mut r = 0;
+        while r + NW <= rows {
+            let mut tile = [w; NW];
+            for i in 0..NW {
+                // SAFETY: row r + i < rows is within `w`.
+                tile[i] = unsafe { w.add((r + i) * row_bytes) };
+            }
+            // SAFETY: as this function's, for the NW rows of `tile`.
+            let dots = unsafe { float_tile::<KIND, NW, NX>(tile, x, simd_len) };
+            store(&mut out, r, &dots);
+            r += NW;
+        }
+        while r < rows {
+            // SAFETY: as this function's, for row r < rows.
+            let dots = unsafe { float_tile::<KIND, 1, NX>([w.add(r * row_bytes)], x, simd_len) };
+            store(&mut out, r, &dots);
+            r += 1;
+        }
+    }
+
+    /// Float weights times f32 activations over the first `n` elements (a
+    /// multiple of 8).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; each `w[i]` must point at `n`
+    /// readable elements of format `KIND` and each `x[j]` at `n` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn float_tile<const KIND: u8, const NW: usize, const NX: usize>(
+        w: [*const u8; NW],
+        x: [*const f32; NX],
+        n: usize,
+    ) -> [[f32; NX]; NW] {
+        let mut acc = [[_mm256_setzero_ps(); NX]; NW];
+        for k in (0..n).step_by(8) {
+            let mut wv = [_mm256_setzero_ps(); NW];
+            for i in 0..NW {
+                // SAFETY: k + 8 <= n, and row i holds n elements.
+                wv[i] = unsafe { load8::<KIND>(w[i], k) };
+            }
+            for j in 0..NX {
+                // SAFETY: k + 8 <= n, and activation row j holds n floats.
+                let xv = unsafe { _mm256_loadu_ps(x[j].add(k)) };
+                for i in 0..NW {
+                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+                }
+            }
+        }
+        let mut out = [[0.0; NX]; NW];
+        for i in 0..NW {
+            for j in 0..NX {
+                out[i][j] = hsum(acc[i][j]);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::quant::quantize_row_on;
+    use crate::cpu::testing::{random_activations, random_weights, reference};
+    use rand::{rngs::StdRng, SeedableRng};
+
+    fn quantize(x: &[f32]) -> Vec<ActivationBlock> {
+        let mut blocks = vec![ActivationBlock::default(); x.len() / BLOCK];
+        quantize_row_on(Isa::Scalar, x, &mut blocks).unwrap();
+        blocks
+    }
+
+    fn lengths(dtype: DType) -> &'static [usize] {
+        if dtype.is_quantized() {
+            &[32, 96, 576, 1536]
+        } else {
+            &[1, 7, 37, 576, 1536]
+        }
+    }
+
+    #[test]
+    fn dot_products_match_f64_reference() {
+        let mut rng = StdRng::seed_from_u64(10);
+        for dtype in DType::ALL {
+            for &n in lengths(dtype) {
+                let w = random_weights(&mut rng, dtype, 1, n);
+                let x = random_activations(&mut rng, n);
+                let (exact, tol) = reference(dtype, &w, 1, n, &x);
+                let got = if dtype.is_quantized() {
+                    dot_q8(dtype, &w, &quantize(&x)).unwrap()
+                } else {
+                    dot_f32(dtype, &w, &x).unwrap()
+                };
+                let err = (f64::from(got) - exact[0]).abs();
+                assert!(
+                    err <= tol[0],
+                    "{dtype} n={n}: {got} vs {} (error {err} > {})",
+                    exact[0],
+                    tol[0]
+                );
+            }
+        }
+    }
+
+    /// `rows` random weight rows against `NX` activation rows, tiled `NW`
+    /// rows at a time, on every instruction set, against the reference.
+    fn check_rows<const NW: usize, const NX: usize>(rng: &mut StdRng, dtype: DType, n: usize) {
+        let rows = 7; // not a multiple of any tile height
+        let w = random_weights(rng, dtype, rows, n);
+        let x: Vec<Vec<f32>> = (0..NX).map(|_| random_activations(rng, n)).collect();
+        let q: Vec<Vec<ActivationBlock>> = match dtype.is_quantized() {
+            true => x.iter().map(|r| quantize(r)).collect(),
+            false => Vec::new(),
+        };
+        for isa in [Isa::detect(), Isa::Scalar] {
+            let mut out = vec![vec![f32::NAN; rows]; NX];
+            let mut outs = out.iter_mut();
+            let out_rows = std::array::from_fn(|_| outs.next().unwrap().as_mut_slice());
+            if dtype.is_quantized() {
+                quant_rows::<NW, NX>(isa, dtype, &w, std::array::from_fn(|j| &q[j][..]), out_rows);
+            } else {
+                float_rows::<NW, NX>(isa, dtype, &w, std::array::from_fn(|j| &x[j][..]), out_rows);
+            }
+            for (j, xj) in x.iter().enumerate() {
+                let (exact, tol) = reference(dtype, &w, rows, n, xj);
+                for r in 0..rows {
+                    let err = (f64::from(out[j][r]) - exact[r]).abs();
+                    assert!(
+                        err <= tol[r],
+                        "{dtype} n={n} {NW}x{NX} {isa:?} ({r},{j}): error {err} > {}",
+                        tol[r]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_rows_match_reference_on_every_isa() {
+        let mut rng = StdRng::seed_from_u64(11);
+        for dtype in DType::ALL {
+            for &n in lengths(dtype) {
+                check_rows::<1, 1>(&mut rng, dtype, n);
+                check_rows::<2, 1>(&mut rng, dtype, n);
+                check_rows::<4, 1>(&mut rng, dtype, n);
+                check_rows::<1, 4>(&mut rng, dtype, n);
+                check_rows::<2, 3>(&mut rng, dtype, n);
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_and_simd_agree() {
+        let mut rng = StdRng::seed_from_u64(12);
+        for dtype in DType::ALL {
+            let (rows, n) = (5, 1536);
+            let w = random_weights(&mut rng, dtype, rows, n);
+            let x = random_activations(&mut rng, n);
+            let q = quantize(&x);
+            let run = |isa| {
+                let mut out = vec![0.0; rows];
+                if dtype.is_quantized() {
+                    quant_rows::<2, 1>(isa, dtype, &w, [&q[..]], [&mut out[..]]);
+                } else {
+                    float_rows::<2, 1>(isa, dtype, &w, [&x[..]], [&mut out[..]]);
+                }
+                out
+            };
+            let (simd, scalar) = (run(Isa::detect()), run(Isa::Scalar));
+            let (_, tol) = reference(dtype, &w, rows, n, &x);
+            // Same (quantized) inputs; only the float summation order differs,
+            // so quantized types agree far closer than their tolerance.
+            let share = if dtype.is_quantized() { 0.01 } else { 1.0 };
+            for ((a, b), t) in simd.iter().zip(&scalar).zip(&tol) {
+                assert!(f64::from((a - b).abs()) <= t * share, "{dtype}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn dots_reject_bad_operands() {
+        let x = vec![ActivationBlock::default(); 2];
+        assert!(matches!(
+            dot_q8(DType::F16, &[0; 128], &x),
+            Err(QuantError::ActivationKind { .. })
+        ));
+        assert!(matches!(
+            dot_q8(DType::Q4_1, &[0; 20], &x),
+            Err(QuantError::WeightBytes {
+                expected: 40,
+                actual: 20,
+                ..
+            })
+        ));
+        assert!(matches!(
+            dot_f32(DType::Q8_0, &[0; 34], &[0.0; 32]),
+            Err(QuantError::ActivationKind { .. })
+        ));
+        assert!(matches!(
+            dot_f32(DType::BF16, &[0; 6], &[1.0; 4]),
+            Err(QuantError::WeightBytes { .. })
+        ));
+    }
+}

@@ -1,0 +1,508 @@
+//! Block layouts, dequantization of weight rows, and the 8-bit quantization of
+//! activations that the integer dot products consume.
+
+use bytemuck::{Pod, Zeroable};
+use half::{bf16, f16};
+
+use super::simd::Isa;
+use super::QuantError;
+use crate::DType;
+
+/// A Q8_0 weight block: weight `i` is `d * qs[i]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ8_0 {
+    /// The scale, a little-endian f16.
+    pub d: [u8; 2],
+    pub qs: [i8; 32],
+}
+
+/// A Q4_0 weight block: weight `j` is `d * (low nibble of qs[j] - 8)` and
+/// weight `j + 16` is `d * (high nibble of qs[j] - 8)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ4_0 {
+    /// The scale, a little-endian f16.
+    pub d: [u8; 2],
+    pub qs: [u8; 16],
+}
+
+/// A Q4_1 weight block: weight `j` is `d * (low nibble of qs[j]) + m` and
+/// weight `j + 16` is `d * (high nibble of qs[j]) + m`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ4_1 {
+    /// The scale, a little-endian f16.
+    pub d: [u8; 2],
+    /// The minimum, a little-endian f16.
+    pub m: [u8; 2],
+    pub qs: [u8; 16],
+}
+
+/// 32 activations quantized for the integer dot products: `x[i] ≈ d * qs[i]`,
+/// and `s = d * sum(qs)`, which Q4_1's offset `m` (and Q4_0's `-8`) multiplies.
+///
+/// ggml's Q8_1 idea, with f32 rather than f16 scales since activations are
+/// small and accuracy is cheap here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct ActivationBlock {
+    pub d: f32,
+    pub s: f32,
+    pub qs: [i8; 32],
+}
+
+/// Weights per quantized block, and activations per [`ActivationBlock`].
+pub(crate) const BLOCK: usize = 32;
+
+fn f16_le(bytes: [u8; 2]) -> f32 {
+    f16::from_le_bytes(bytes).to_f32()
+}
+
+impl BlockQ8_0 {
+    /// The block's scale `d`.
+    pub fn scale(&self) -> f32 {
+        f16_le(self.d)
+    }
+}
+
+impl BlockQ4_0 {
+    /// The block's scale `d`.
+    pub fn scale(&self) -> f32 {
+        f16_le(self.d)
+    }
+}
+
+impl BlockQ4_1 {
+    /// The block's scale `d`.
+    pub fn scale(&self) -> f32 {
+        f16_le(self.d)
+    }
+
+    /// The block's minimum `m`.
+    pub fn min(&self) -> f32 {
+        f16_le(self.m)
+    }
+}
+
+/// Views `bytes` as blocks of `T`; every `T` here has alignment 1, so only the
+/// length can be wrong, and the callers have checked it.
+pub(crate) fn blocks<T: Pod>(bytes: &[u8]) -> &[T] {
+    bytemuck::try_cast_slice(bytes).unwrap_or(&[])
+}
+
+/// Decodes one row of `dtype` weights into `dst`, whose length is the row's
+/// element count.
+///
+/// # Errors
+/// [`QuantError::PartialBlock`] if `dst.len()` is not a whole number of
+/// blocks, [`QuantError::WeightBytes`] if `src` is not exactly that many blocks.
+pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    QuantError::check_weights(dtype, src.len(), 1, dst.len())?;
+    match dtype {
+        DType::F32 => {
+            for (out, b) in dst.iter_mut().zip(blocks::<[u8; 4]>(src)) {
+                *out = f32::from_le_bytes(*b);
+            }
+        }
+        DType::F16 => {
+            for (out, b) in dst.iter_mut().zip(blocks::<[u8; 2]>(src)) {
+                *out = f16::from_le_bytes(*b).to_f32();
+            }
+        }
+        DType::BF16 => {
+            for (out, b) in dst.iter_mut().zip(blocks::<[u8; 2]>(src)) {
+                *out = bf16::from_le_bytes(*b).to_f32();
+            }
+        }
+        DType::Q8_0 => {
+            for (out, b) in dst.chunks_exact_mut(BLOCK).zip(blocks::<BlockQ8_0>(src)) {
+                let d = b.scale();
+                for (o, &q) in out.iter_mut().zip(&b.qs) {
+                    *o = d * f32::from(q);
+                }
+            }
+        }
+        DType::Q4_0 => {
+            for (out, b) in dst.chunks_exact_mut(BLOCK).zip(blocks::<BlockQ4_0>(src)) {
+                let d = b.scale();
+                let (lo, hi) = out.split_at_mut(BLOCK / 2);
+                for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b.qs) {
+                    *l = d * (f32::from(q & 0x0F) - 8.0);
+                    *h = d * (f32::from(q >> 4) - 8.0);
+                }
+            }
+        }
+        DType::Q4_1 => {
+            for (out, b) in dst.chunks_exact_mut(BLOCK).zip(blocks::<BlockQ4_1>(src)) {
+                let (d, m) = (b.scale(), b.min());
+                let (lo, hi) = out.split_at_mut(BLOCK / 2);
+                for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b.qs) {
+                    *l = d * f32::from(q & 0x0F) + m;
+                    *h = d * f32::from(q >> 4) + m;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes `src` to 8-bit activation blocks, 32 values per block: with
+/// `amax` the block's largest magnitude, `d = amax / 127` and
+/// `qs[i] = round(src[i] / d)`, ties to even.
+///
+/// # Errors
+/// [`QuantError::Length`] unless `src.len() == 32 * dst.len()`.
+pub fn quantize_row_q8(src: &[f32], dst: &mut [ActivationBlock]) -> Result<(), QuantError> {
+    quantize_row_on(Isa::detect(), src, dst)
+}
+
+pub(crate) fn quantize_row_on(
+    isa: Isa,
+    src: &[f32],
+    dst: &mut [ActivationBlock],
+) -> Result<(), QuantError> {
+    if src.len() != dst.len() * BLOCK {
+        return Err(QuantError::Length {
+            what: "activations to quantize",
+            expected: dst.len() * BLOCK,
+            actual: src.len(),
+        });
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2(_) => {
+            for (x, out) in src.chunks_exact(BLOCK).zip(dst) {
+                // SAFETY: the Isa::Avx2 proof says the CPU has AVX2, FMA and
+                // F16C; `x` is a chunk of exactly 32 floats.
+                unsafe { avx2::quantize_block(x.as_ptr(), out) };
+            }
+        }
+        Isa::Scalar => {
+            for (x, out) in src.chunks_exact(BLOCK).zip(dst) {
+                quantize_block_scalar(x, out);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn quantize_block_scalar(x: &[f32], out: &mut ActivationBlock) {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in out.qs.iter_mut().zip(x) {
+        // In range: |v * id| <= 127 up to rounding, and `as` saturates anyway.
+        *q = (v * id).round_ties_even() as i8;
+        sum += i32::from(*q);
+    }
+    out.d = d;
+    out.s = d * sum as f32;
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::ActivationBlock;
+
+    /// The same arithmetic as `quantize_block_scalar`, eight lanes at a time,
+    /// so both give bit-identical blocks.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `x` must point at 32
+    /// readable floats.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_block(x: *const f32, out: &mut ActivationBlock) {
+        // SAFETY: the caller guarantees 32 readable floats; loads are unaligned.
+        let v = unsafe {
+            [
+                _mm256_loadu_ps(x),
+                _mm256_loadu_ps(x.add(8)),
+                _mm256_loadu_ps(x.add(16)),
+                _mm256_loadu_ps(x.add(24)),
+            ]
+        };
+        let sign = _mm256_set1_ps(-0.0);
+        let abs = |a: __m256| _mm256_andnot_ps(sign, a);
+        let max8 = _mm256_max_ps(
+            _mm256_max_ps(abs(v[0]), abs(v[1])),
+            _mm256_max_ps(abs(v[2]), abs(v[3])),
+        );
+        let max4 = _mm_max_ps(
+            _mm256_castps256_ps128(max8),
+            _mm256_extractf128_ps::<1>(max8),
+        );
+        let max2 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(max2, _mm_movehdup_ps(max2)));
+
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let round = |a: __m256| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(_mm256_mul_ps(a, id)))
+        };
+        let q = [round(v[0]), round(v[1]), round(v[2]), round(v[3])];
+
+        let sum8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let sum4 = _mm_add_epi32(
+            _mm256_castsi256_si128(sum8),
+            _mm256_extracti128_si256::<1>(sum8),
+        );
+        let sum2 = _mm_add_epi32(sum4, _mm_unpackhi_epi64(sum4, sum4));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum2, _mm_shuffle_epi32::<0b01>(sum2)));
+
+        // Packing works within 128-bit lanes, leaving the 32-bit groups in the
+        // order 0 4 1 5 2 6 3 7; the permute restores 0..8.
+        let packed = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let ordered =
+            _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: `qs` is 32 writable bytes; the store is unaligned.
+        unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().cast(), ordered) };
+        out.d = d;
+        out.s = d * sum as f32;
+    }
+}
+
+/// Activations quantized once and reused by several matrix products (such as
+/// the q, k and v projections of one input), or kept between calls so that
+/// quantizing allocates nothing once the buffer has grown.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizedActivations {
+    blocks: Vec<ActivationBlock>,
+    rows: usize,
+    cols: usize,
+}
+
+impl QuantizedActivations {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantizes `x`, rows of `cols` values, replacing the contents. Reuses
+    /// the buffer's allocation when it is large enough.
+    ///
+    /// # Errors
+    /// [`QuantError::Ragged`] if `x` is not whole rows of `cols` (or `cols` is
+    /// 0), [`QuantError::PartialBlock`] if `cols` is not a multiple of 32.
+    pub fn quantize(&mut self, x: &[f32], cols: usize) -> Result<(), QuantError> {
+        self.quantize_on(Isa::detect(), x, cols)
+    }
+
+    pub(crate) fn quantize_on(
+        &mut self,
+        isa: Isa,
+        x: &[f32],
+        cols: usize,
+    ) -> Result<(), QuantError> {
+        if cols == 0 || x.len() % cols != 0 {
+            return Err(QuantError::Ragged {
+                what: "activations",
+                len: x.len(),
+                cols,
+            });
+        }
+        if cols % BLOCK != 0 {
+            return Err(QuantError::partial_block(DType::Q8_0, cols));
+        }
+        self.blocks.clear();
+        self.blocks
+            .resize(x.len() / BLOCK, ActivationBlock::zeroed());
+        self.rows = x.len() / cols;
+        self.cols = cols;
+        quantize_row_on(isa, x, &mut self.blocks)
+    }
+
+    /// Rows of activations held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// All rows' blocks, row after row (`cols / 32` blocks per row).
+    pub fn blocks(&self) -> &[ActivationBlock] {
+        &self.blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    fn f16_bytes(v: f32) -> [u8; 2] {
+        f16::from_f32(v).to_le_bytes()
+    }
+
+    /// A random non-zero f16 value in `±[lo, hi)`.
+    fn scale(rng: &mut StdRng, lo: f32, hi: f32) -> f32 {
+        let v = f16::from_f32(rng.gen_range(lo..hi)).to_f32();
+        if rng.gen() {
+            v
+        } else {
+            -v
+        }
+    }
+
+    #[test]
+    fn dequantize_q4_1_blocks_built_by_hand() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let (mut bytes, mut expected) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let (d, m) = (scale(&mut rng, 0.001, 0.1), scale(&mut rng, 0.01, 1.0));
+            let nibbles: [u8; 32] = std::array::from_fn(|_| rng.gen_range(0..16));
+            bytes.extend(f16_bytes(d));
+            bytes.extend(f16_bytes(m));
+            bytes.extend((0..16).map(|j| nibbles[j] | nibbles[j + 16] << 4));
+            expected.extend(nibbles.iter().map(|&q| d * f32::from(q) + m));
+        }
+        let mut out = vec![0.0; expected.len()];
+        dequantize_row(DType::Q4_1, &bytes, &mut out).unwrap();
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn dequantize_q4_0_blocks_built_by_hand() {
+        let mut rng = StdRng::seed_from_u64(2);
+        let (mut bytes, mut expected) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let d = scale(&mut rng, 0.001, 0.1);
+            let nibbles: [u8; 32] = std::array::from_fn(|_| rng.gen_range(0..16));
+            bytes.extend(f16_bytes(d));
+            bytes.extend((0..16).map(|j| nibbles[j] | nibbles[j + 16] << 4));
+            expected.extend(nibbles.iter().map(|&q| d * (f32::from(q) - 8.0)));
+        }
+        let mut out = vec![0.0; expected.len()];
+        dequantize_row(DType::Q4_0, &bytes, &mut out).unwrap();
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn dequantize_q8_0_blocks_built_by_hand() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let (mut bytes, mut expected) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let d = scale(&mut rng, 0.001, 0.1);
+            let qs: [i8; 32] = std::array::from_fn(|_| rng.gen_range(-128..=127));
+            bytes.extend(f16_bytes(d));
+            bytes.extend(qs.iter().map(|&q| q as u8));
+            expected.extend(qs.iter().map(|&q| d * f32::from(q)));
+        }
+        let mut out = vec![0.0; expected.len()];
+        dequantize_row(DType::Q8_0, &bytes, &mut out).unwrap();
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn dequantize_floats() {
+        let mut rng = StdRng::seed_from_u64(4);
+        let values: Vec<f32> = (0..37).map(|_| rng.gen_range(-4.0..4.0)).collect();
+        let mut out = vec![0.0; values.len()];
+
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        dequantize_row(DType::F32, &bytes, &mut out).unwrap();
+        assert_eq!(out, values);
+
+        let bytes: Vec<u8> = values.iter().flat_map(|&v| f16_bytes(v)).collect();
+        dequantize_row(DType::F16, &bytes, &mut out).unwrap();
+        let expected: Vec<f32> = values.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        assert_eq!(out, expected);
+
+        // bf16 is the top half of an f32: build it by truncating the bits.
+        let bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        dequantize_row(DType::BF16, &bytes, &mut out).unwrap();
+        let expected: Vec<f32> = values
+            .iter()
+            .map(|v| f32::from_bits(v.to_bits() & 0xFFFF_0000))
+            .collect();
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn dequantize_rejects_wrong_lengths() {
+        let mut out = vec![0.0; 64];
+        assert_eq!(
+            dequantize_row(DType::Q4_1, &[0; 39], &mut out),
+            Err(QuantError::WeightBytes {
+                dtype: DType::Q4_1,
+                rows: 1,
+                cols: 64,
+                expected: 40,
+                actual: 39
+            })
+        );
+        assert!(matches!(
+            dequantize_row(DType::Q8_0, &[0; 34], &mut out[..33]),
+            Err(QuantError::PartialBlock { len: 33, .. })
+        ));
+        assert!(dequantize_row(DType::F16, &[0; 127], &mut out).is_err());
+    }
+
+    fn random_row(rng: &mut StdRng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect()
+    }
+
+    #[test]
+    fn quantized_activations_round_trip() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let x = random_row(&mut rng, 32 * 9);
+        let mut blocks = vec![ActivationBlock::default(); 9];
+        quantize_row_q8(&x, &mut blocks).unwrap();
+        for (chunk, b) in x.chunks(32).zip(&blocks) {
+            let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            assert_eq!(b.d, amax / 127.0);
+            assert!(b.qs.iter().any(|&q| q.abs() == 127));
+            let sum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+            assert_eq!(b.s, b.d * sum as f32);
+            for (&v, &q) in chunk.iter().zip(&b.qs) {
+                assert!((v - b.d * f32::from(q)).abs() <= 0.5 * b.d * 1.0001);
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_scalar_and_simd_agree_exactly() {
+        let mut rng = StdRng::seed_from_u64(6);
+        let mut x = random_row(&mut rng, 32 * 40);
+        x[32..64].fill(0.0); // an all-zero block quantizes to d = 0
+        x[64..96].iter_mut().for_each(|v| *v = v.round()); // exact ties at 0.5 steps
+        let mut simd = vec![ActivationBlock::default(); 40];
+        let mut scalar = simd.clone();
+        quantize_row_on(Isa::detect(), &x, &mut simd).unwrap();
+        quantize_row_on(Isa::Scalar, &x, &mut scalar).unwrap();
+        assert_eq!(simd, scalar);
+        assert_eq!(scalar[1].d, 0.0);
+    }
+
+    #[test]
+    fn quantized_activations_reuse_and_check() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut qa = QuantizedActivations::new();
+        qa.quantize(&random_row(&mut rng, 3 * 64), 64).unwrap();
+        assert_eq!((qa.rows(), qa.cols(), qa.blocks().len()), (3, 64, 6));
+        qa.quantize(&random_row(&mut rng, 64), 64).unwrap();
+        assert_eq!((qa.rows(), qa.blocks().len()), (1, 2));
+        assert!(matches!(
+            qa.quantize(&[1.0; 65], 64),
+            Err(QuantError::Ragged { .. })
+        ));
+        assert!(matches!(
+            qa.quantize(&[1.0; 48], 48),
+            Err(QuantError::PartialBlock { .. })
+        ));
+        assert!(qa.quantize(&[], 0).is_err());
+    }
+}

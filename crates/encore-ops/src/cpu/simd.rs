@@ -1,0 +1,98 @@
+//! Which instruction set the kernels run on, and the AVX2 building blocks they share.
+
+/// The instruction set a kernel call uses. The public functions take
+/// [`Isa::detect`]; tests pass [`Isa::Scalar`] to compare the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// Portable Rust, on every target.
+    Scalar,
+    /// AVX2 + FMA + F16C, holding the proof that the CPU has them.
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2Proof),
+}
+
+/// Evidence that the running CPU supports AVX2, FMA and F16C. Its private field
+/// means only [`Isa::detect`] can make one, so code holding it may call the
+/// `#[target_feature(enable = "avx2,fma,f16c")]` kernels.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Avx2Proof(());
+
+impl Isa {
+    /// The fastest instruction set this CPU supports.
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Isa::Avx2(Avx2Proof(()));
+        }
+        Isa::Scalar
+    }
+}
+
+/// AVX2 helpers shared by the kernels. Callers must have AVX2, FMA and F16C,
+/// which every `#[target_feature]` function here requires.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// The sum of the eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn hsum(v: __m256) -> f32 {
+        let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
+    }
+
+    /// Lane 1 of `v`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn lane1(v: __m128) -> f32 {
+        _mm_cvtss_f32(_mm_movehdup_ps(v))
+    }
+
+    /// The 16 bytes at `qs` split into 32 nibbles, one per byte: the low
+    /// nibbles of bytes 0..16 then their high nibbles (ggml's Q4 order).
+    ///
+    /// # Safety
+    /// `qs` must point at 16 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn nibbles(qs: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees 16 readable bytes; the load is unaligned.
+        let packed = unsafe { _mm_loadu_si128(qs.cast()) };
+        // Both halves hold the 16 bytes; shift the upper half's right by 4.
+        let both = _mm256_srlv_epi64(
+            _mm256_broadcastsi128_si256(packed),
+            _mm256_setr_epi64x(0, 0, 4, 4),
+        );
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    }
+
+    /// The little-endian f16 at `p` in lane 0, zero in the other lanes.
+    ///
+    /// # Safety
+    /// `p` must point at 2 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn load_f16(p: *const u8) -> __m128 {
+        // SAFETY: the caller guarantees 2 readable bytes; read_unaligned has no alignment needs.
+        let bits = unsafe { p.cast::<u16>().read_unaligned() };
+        _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))
+    }
+
+    /// The two little-endian f16s at `p` in lanes 0 and 1, zero in lanes 2 and 3.
+    ///
+    /// # Safety
+    /// `p` must point at 4 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn load_f16_pair(p: *const u8) -> __m128 {
+        // SAFETY: the caller guarantees 4 readable bytes; read_unaligned has no alignment needs.
+        let bits = unsafe { p.cast::<i32>().read_unaligned() };
+        _mm_cvtph_ps(_mm_cvtsi32_si128(bits))
+    }
+}

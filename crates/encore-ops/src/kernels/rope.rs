@@ -1,0 +1,67 @@
+//! Rotary position embedding, in place, for `rows` consecutive positions
+//! starting at the position parameter.
+//!
+//! For head element pair `i` (of `rope_dim / 2`), at position `p`:
+//! `theta = p * base^(-2i / rope_dim)`, and the pair `(a, b)` becomes
+//! `(a cos - b sin, a sin + b cos)`. The pair is `(x[2i], x[2i+1])` in the
+//! normal layout (Llama as stored in GGUF) and `(x[i], x[i + rope_dim/2])` in
+//! the NeoX layout (Qwen2). Elements past `rope_dim` are left alone.
+//!
+//! Arguments: `x: f32[rows, heads, head_dim]` (read-write), `pos: u32[1]`
+//! (read, a graph parameter), [`RopeShape`] (value).
+
+use encore::KernelDef;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RopeShape {
+    pub rows: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub rope_dim: u32,
+    pub base: f32,
+    /// 1 for the NeoX layout, 0 for the normal one.
+    pub neox: u32,
+}
+
+/// Rotates one head vector at position `pos`. Angles advance by repeated
+/// multiplication in f32, as ggml computes them, so results match llama.cpp.
+pub fn rope_head(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
+    let theta_scale = base.powf(-2.0 / rope_dim as f32);
+    let mut theta = pos as f32;
+    let half = rope_dim / 2;
+    for i in 0..half {
+        let (s, c) = theta.sin_cos();
+        let (ia, ib) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        let (a, b) = (x[ia], x[ib]);
+        x[ia] = a * c - b * s;
+        x[ib] = a * s + b * c;
+        theta *= theta_scale;
+    }
+}
+
+pub fn def() -> KernelDef {
+    KernelDef::new("rope").op("rope").cpu("rope f32 v1", |a| {
+        let s: RopeShape = a.scalar(2)?;
+        let pos = super::param(a, 1)?;
+        let (hd, rd) = (s.head_dim as usize, s.rope_dim as usize);
+        if rd > hd || rd % 2 != 0 {
+            return Err(format!(
+                "rope_dim {rd} must be even and at most head_dim {hd}"
+            ));
+        }
+        let x = a.write::<f32>(0)?;
+        let n = s.rows as usize * s.heads as usize * hd;
+        super::need("x", x, n)?;
+        for (r, row) in x[..n].chunks_exact_mut(s.heads as usize * hd).enumerate() {
+            for head in row.chunks_exact_mut(hd) {
+                rope_head(head, pos + r as u32, rd, s.base, s.neox != 0);
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,322 @@
+//! [`Ops`]: the kernels loaded on one device, and one method per operation
+//! that encodes a dispatch with exactly the byte ranges it reads and writes.
+
+use encore::graph::passes::FusionPattern;
+use encore::{Arg, Buffer, Device, Encoder, Kernel, Launch, Result};
+
+use crate::kernels::{argmax, attention, elementwise, embed, matmul, norm, rope};
+use crate::DType;
+
+/// A weight matrix of `n` rows of `k` inputs in GGUF block layout.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    pub buffer: Buffer,
+    pub dtype: DType,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// The first `n` f32 elements of a buffer, as the exact range a kernel touches.
+fn f32s(b: &Buffer, n: usize) -> Result<Buffer> {
+    b.view(0, n * 4)
+}
+
+fn launch(rows: usize) -> Launch {
+    Launch::new(rows.max(1) as u32, 1)
+}
+
+/// Every operation's kernel, loaded on one device.
+pub struct Ops {
+    device: Device,
+    rms_norm: Kernel,
+    matmul: Kernel,
+    rope: Kernel,
+    kv_store: Kernel,
+    attention: Kernel,
+    add: Kernel,
+    add_rows: Kernel,
+    silu_mul: Kernel,
+    embed: Kernel,
+    argmax: Kernel,
+}
+
+impl Ops {
+    /// Loads (compiling where needed) every kernel on `device`.
+    pub fn new(device: &Device) -> Result<Ops> {
+        let load = |def| device.load_kernel(&def);
+        Ok(Ops {
+            device: device.clone(),
+            rms_norm: load(norm::def())?,
+            matmul: load(matmul::def())?,
+            rope: load(rope::def())?,
+            kv_store: load(attention::kv_store_def())?,
+            attention: load(attention::attention_def())?,
+            add: load(elementwise::add_def())?,
+            add_rows: load(elementwise::add_rows_def())?,
+            silu_mul: load(elementwise::silu_mul_def())?,
+            embed: load(embed::def())?,
+            argmax: load(argmax::def())?,
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Fusion patterns for this device's kernels, for graph instantiation.
+    pub fn fusion_patterns(&self) -> Vec<FusionPattern> {
+        Vec::new()
+    }
+
+    /// `y = rms_norm(x) * w` over `rows` rows of `dim`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        enc: &mut Encoder,
+        x: &Buffer,
+        w: &Buffer,
+        y: &Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let shape = norm::NormShape {
+            rows: rows as u32,
+            dim: dim as u32,
+            eps,
+        };
+        enc.dispatch(
+            &self.rms_norm,
+            &[
+                Arg::read(&f32s(x, rows * dim)?),
+                Arg::read(&f32s(w, dim)?),
+                Arg::write(&f32s(y, rows * dim)?),
+                Arg::value(&shape),
+            ],
+            launch(rows),
+            "rms_norm",
+        )
+    }
+
+    /// `y[rows, n] = x[rows, k] · wᵀ`.
+    pub fn matmul(
+        &self,
+        enc: &mut Encoder,
+        w: &Weight,
+        x: &Buffer,
+        y: &Buffer,
+        rows: usize,
+        label: &'static str,
+    ) -> Result<()> {
+        let shape = matmul::MatmulShape {
+            rows: rows as u32,
+            n: w.n as u32,
+            k: w.k as u32,
+            dtype: w.dtype.ggml_id(),
+        };
+        enc.dispatch(
+            &self.matmul,
+            &[
+                Arg::read(&w.buffer),
+                Arg::read(&f32s(x, rows * w.k)?),
+                Arg::write(&f32s(y, rows * w.n)?),
+                Arg::value(&shape),
+            ],
+            Launch::new(w.n as u32, 1),
+            label,
+        )
+    }
+
+    /// Rotates `rows` rows of `heads` heads in place, positions from `pos`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        enc: &mut Encoder,
+        x: &Buffer,
+        pos: &Buffer,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        rope_dim: usize,
+        base: f32,
+        neox: bool,
+        label: &'static str,
+    ) -> Result<()> {
+        let shape = rope::RopeShape {
+            rows: rows as u32,
+            heads: heads as u32,
+            head_dim: head_dim as u32,
+            rope_dim: rope_dim as u32,
+            base,
+            neox: neox as u32,
+        };
+        enc.dispatch(
+            &self.rope,
+            &[
+                Arg::read_write(&f32s(x, rows * heads * head_dim)?),
+                Arg::read(pos),
+                Arg::value(&shape),
+            ],
+            launch(rows),
+            label,
+        )
+    }
+
+    /// Stores `rows` rows of `src` into an f16 cache at the position parameter.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_store(
+        &self,
+        enc: &mut Encoder,
+        src: &Buffer,
+        cache: &Buffer,
+        pos: &Buffer,
+        rows: usize,
+        kv_dim: usize,
+        max_seq: usize,
+        label: &'static str,
+    ) -> Result<()> {
+        let shape = attention::KvShape {
+            rows: rows as u32,
+            kv_dim: kv_dim as u32,
+            max_seq: max_seq as u32,
+        };
+        enc.dispatch(
+            &self.kv_store,
+            &[
+                Arg::read(&f32s(src, rows * kv_dim)?),
+                Arg::write(cache),
+                Arg::read(pos),
+                Arg::value(&shape),
+            ],
+            launch(rows),
+            label,
+        )
+    }
+
+    /// Causal grouped-query attention of `rows` queries over the cache.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        enc: &mut Encoder,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        pos: &Buffer,
+        out: &Buffer,
+        shape: attention::AttnShape,
+    ) -> Result<()> {
+        let n = (shape.rows * shape.heads * shape.head_dim) as usize;
+        enc.dispatch(
+            &self.attention,
+            &[
+                Arg::read(&f32s(q, n)?),
+                Arg::read(k),
+                Arg::read(v),
+                Arg::read(pos),
+                Arg::write(&f32s(out, n)?),
+                Arg::value(&shape),
+            ],
+            Launch::new(shape.heads, shape.rows),
+            "attention",
+        )
+    }
+
+    /// `y += x` over `n` elements.
+    pub fn add(&self, enc: &mut Encoder, y: &Buffer, x: &Buffer, n: usize) -> Result<()> {
+        enc.dispatch(
+            &self.add,
+            &[
+                Arg::read_write(&f32s(y, n)?),
+                Arg::read(&f32s(x, n)?),
+                Arg::value(&(n as u32)),
+            ],
+            launch(n),
+            "add",
+        )
+    }
+
+    /// `y[r, :] += b` for `rows` rows of `n` (a bias).
+    pub fn add_rows(
+        &self,
+        enc: &mut Encoder,
+        y: &Buffer,
+        b: &Buffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<()> {
+        enc.dispatch(
+            &self.add_rows,
+            &[
+                Arg::read_write(&f32s(y, rows * n)?),
+                Arg::read(&f32s(b, n)?),
+                Arg::value(&[rows as u32, n as u32]),
+            ],
+            launch(rows),
+            "add_rows",
+        )
+    }
+
+    /// `y = silu(g) * u` over `n` elements.
+    pub fn silu_mul(
+        &self,
+        enc: &mut Encoder,
+        g: &Buffer,
+        u: &Buffer,
+        y: &Buffer,
+        n: usize,
+    ) -> Result<()> {
+        enc.dispatch(
+            &self.silu_mul,
+            &[
+                Arg::read(&f32s(g, n)?),
+                Arg::read(&f32s(u, n)?),
+                Arg::write(&f32s(y, n)?),
+                Arg::value(&(n as u32)),
+            ],
+            launch(n),
+            "silu_mul",
+        )
+    }
+
+    /// `y[r] = table[tokens[r]]`, dequantized, for `rows` tokens.
+    pub fn embed(
+        &self,
+        enc: &mut Encoder,
+        table: &Weight,
+        tokens: &Buffer,
+        y: &Buffer,
+        rows: usize,
+    ) -> Result<()> {
+        let shape = embed::EmbedShape {
+            rows: rows as u32,
+            dim: table.k as u32,
+            vocab: table.n as u32,
+            dtype: table.dtype.ggml_id(),
+        };
+        enc.dispatch(
+            &self.embed,
+            &[
+                Arg::read(&table.buffer),
+                Arg::read(&tokens.view(0, rows * 4)?),
+                Arg::write(&f32s(y, rows * table.k)?),
+                Arg::value(&shape),
+            ],
+            launch(rows),
+            "embed",
+        )
+    }
+
+    /// `out[0] = argmax(x[..n])`.
+    pub fn argmax(&self, enc: &mut Encoder, x: &Buffer, out: &Buffer, n: usize) -> Result<()> {
+        enc.dispatch(
+            &self.argmax,
+            &[
+                Arg::read(&f32s(x, n)?),
+                Arg::write(&out.view(0, 4)?),
+                Arg::value(&(n as u32)),
+            ],
+            Launch::new(1, 1),
+            "argmax",
+        )
+    }
+}
