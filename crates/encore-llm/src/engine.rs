@@ -83,6 +83,7 @@ pub struct Engine {
 impl Engine {
     /// Loads a GGUF model file onto `device`.
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Engine> {
+        let _span = device.trace_span("load");
         let file = GgufFile::open(path)?;
         Engine::from_gguf(&file, device)
     }
@@ -150,7 +151,12 @@ impl Engine {
         options: &GenerateOptions,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
-        let prompt_ids = self.prompt_tokens(prompt, options.raw)?;
+        let device = &self.model.device;
+        let _span = device.trace_span("generate");
+        let prompt_ids = {
+            let _span = device.trace_span("tokenize");
+            self.prompt_tokens(prompt, options.raw)?
+        };
         let limit = self.model.config.context_length;
         if prompt_ids.len() >= limit {
             return Err(LlmError::Request(format!(
@@ -171,7 +177,10 @@ impl Engine {
         let mut generated = Vec::new();
         let mut text = String::new();
         let mut stream = self.tokenizer.stream_decoder();
-        let mut next = sampler.sample(&logits, &history);
+        let mut next = {
+            let _span = device.trace_span("sampling");
+            sampler.sample(&logits, &history)
+        };
         let mut stop = StopReason::Length;
         let t1 = Instant::now();
         while generated.len() < options.max_tokens && session.position() < max_seq {
@@ -191,6 +200,7 @@ impl Engine {
                 break;
             }
             session.step(next)?;
+            let _span = device.trace_span("sampling");
             next = if greedy_on_device {
                 session.argmax()?
             } else {

@@ -104,6 +104,9 @@ impl Session {
         self.check_room(tokens.len())?;
         self.check_tokens(tokens)?;
         let device = &self.model.device;
+        let _span = device
+            .trace_span("prefill")
+            .arg("tokens", tokens.len() as u64);
         let acts = Activations::new(&self.model, tokens.len())?;
         let token_buf = device.buffer_from(tokens)?;
         let pos = device.buffer_from(&[self.pos as u32])?;
@@ -152,6 +155,11 @@ impl Session {
     pub fn step(&mut self, token: u32) -> Result<()> {
         self.check_room(1)?;
         self.check_tokens(&[token])?;
+        let _span = self
+            .model
+            .device
+            .trace_span("decode step")
+            .arg("pos", self.pos as u64);
         let values = [("pos", self.pos as u32), ("token", token)];
         if self.use_graphs {
             let exec = match &self.step {

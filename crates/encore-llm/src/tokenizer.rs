@@ -23,13 +23,35 @@
 //! in the text before either model runs, exactly as llama.cpp does it: the
 //! longest special token is split out of the text first, control tokens are
 //! recognized only when `parse_special` is set, user-defined tokens always.
+//! (The `tokenizers` crate's added tokens would match leftmost-first and
+//! always match control tokens, so special tokens are not given to it.)
+//! The one known difference from llama.cpp: its splitter makes each
+//! unassigned code point (Unicode category Cn) a word of its own, while the
+//! regexes here group a run of them with neighbouring punctuation.
 //!
-//! ```
+//! Loading a model's tokenizer:
+//!
+//! ```no_run
+//! use encore_llm::gguf::GgufFile;
 //! use encore_llm::tokenizer::{Tokenizer, TokenizerSpec};
 //!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&file)?)?;
+//! let ids = tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n", true, true)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Building one by hand:
+//!
+//! ```
+//! use encore_llm::tokenizer::{byte_symbol, Tokenizer, TokenizerSpec};
+//!
 //! # fn main() -> Result<(), encore_llm::tokenizer::TokenizerError> {
-//! // A byte-level vocabulary: the 256 byte symbols, one merge, one control token.
-//! let mut tokens: Vec<String> = (0..=255u8).map(|b| encore_llm::tokenizer::byte_symbol(b).to_string()).collect();
+//! // A byte-level vocabulary: the 256 byte symbols (byte b has id b), one
+//! // merged token, one control token.
+//! let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_symbol(b).to_string()).collect();
 //! tokens.push("hi".into());
 //! tokens.push("<|end|>".into());
 //! let mut token_types = vec![1; tokens.len()];
@@ -167,30 +189,47 @@ pub enum TokenizerError {
 /// The GPT-2 byte-level alphabet: the printable character that stands for
 /// `byte` inside byte-level BPE tokens (`Ġ` for a space, `Ċ` for a newline).
 pub fn byte_symbol(byte: u8) -> char {
-    BYTE_SYMBOLS.with(|symbols| symbols[usize::from(byte)])
+    let code = u32::from(BYTE_SYMBOLS[usize::from(byte)]);
+    // Every symbol is below U+0144, so always a valid `char`.
+    char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER)
 }
 
-thread_local! {
-    static BYTE_SYMBOLS: [char; 256] = byte_symbols();
+/// The byte a GPT-2 byte-level symbol stands for.
+fn symbol_byte(symbol: char) -> Option<u8> {
+    let byte = *SYMBOL_BYTES.get(symbol as usize)?;
+    u8::try_from(byte).ok()
 }
 
-/// Bytes that are printable Latin-1 stand for themselves; the others are
+/// Printable Latin-1 bytes stand for themselves; the other 68 bytes are
 /// numbered from U+0100 upward in byte order.
-fn byte_symbols() -> [char; 256] {
-    let mut symbols = ['\0'; 256];
-    let mut next_unprintable = 256u32;
-    for byte in 0..=255u8 {
+const BYTE_SYMBOLS: [u16; 256] = {
+    let mut symbols = [0u16; 256];
+    let mut next_unprintable = 256u16;
+    let mut byte = 0;
+    while byte < 256 {
         let printable = matches!(byte, 0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff);
-        let code = if printable {
-            u32::from(byte)
+        symbols[byte] = if printable {
+            byte as u16
         } else {
             next_unprintable += 1;
             next_unprintable - 1
         };
-        symbols[usize::from(byte)] = char::from_u32(code).unwrap_or('\0');
+        byte += 1;
     }
     symbols
-}
+};
+
+/// The inverse of [`BYTE_SYMBOLS`], indexed by code point; `u16::MAX` where
+/// a code point is not a symbol.
+const SYMBOL_BYTES: [u16; 256 + 68] = {
+    let mut bytes = [u16::MAX; 256 + 68];
+    let mut byte = 0;
+    while byte < 256 {
+        bytes[BYTE_SYMBOLS[byte] as usize] = byte as u16;
+        byte += 1;
+    }
+    bytes
+};
 
 /// llama.cpp's token attributes (`LLAMA_TOKEN_ATTR_*`), as bit flags: a
 /// control-looking token can be both user-defined and control.
@@ -412,6 +451,7 @@ impl Tokenizer {
         if n_vocab == 0 {
             return Err(TokenizerError::EmptyVocabulary);
         }
+        // An empty token could match anywhere; llama.cpp renames it.
         for (i, token) in tokens.iter_mut().enumerate() {
             if token.is_empty() {
                 *token = format!("[EMPTY_{i}]");
@@ -954,16 +994,14 @@ fn token_piece(text: &str, a: u8, model: &TextModel) -> Vec<u8> {
 /// Maps GPT-2 byte symbols back to bytes; a character outside the alphabet
 /// stands for itself.
 fn decode_byte_symbols(text: &str) -> Vec<u8> {
-    BYTE_SYMBOLS.with(|symbols| {
-        let mut bytes = Vec::with_capacity(text.len());
-        for ch in text.chars() {
-            match symbols.iter().position(|&s| s == ch) {
-                Some(byte) => bytes.push(byte as u8),
-                None => bytes.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes()),
-            }
+    let mut bytes = Vec::with_capacity(text.len());
+    for ch in text.chars() {
+        match symbol_byte(ch) {
+            Some(byte) => bytes.push(byte),
+            None => bytes.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes()),
         }
-        bytes
-    })
+    }
+    bytes
 }
 
 /// llama.cpp's `clean_up_tokenization_spaces`: drops the space before
@@ -1290,6 +1328,17 @@ mod tests {
         assert_eq!(byte_symbol(0xad), 'Ń');
         let distinct: std::collections::HashSet<char> = (0..=255u8).map(byte_symbol).collect();
         assert_eq!(distinct.len(), 256);
+        for b in 0..=255u8 {
+            assert_eq!(symbol_byte(byte_symbol(b)), Some(b));
+        }
+        assert_eq!(symbol_byte('€'), None);
+    }
+
+    #[test]
+    fn tokenizer_is_shareable_across_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Tokenizer>();
+        shareable::<crate::chat::ChatTemplate>();
     }
 
     #[test]

@@ -18,6 +18,11 @@ pub struct MatmulShape {
     pub dtype: u32,
 }
 
+thread_local! {
+    static SCRATCH: std::cell::RefCell<crate::cpu::QuantizedActivations> =
+        std::cell::RefCell::new(crate::cpu::QuantizedActivations::new());
+}
+
 pub fn def() -> KernelDef {
     KernelDef::new("matmul").op("matmul").cpu("matmul v1", |a| {
         let s: MatmulShape = a.scalar(3)?;
