@@ -1,17 +1,23 @@
 //! `encore`: generate text, benchmark and list devices.
 
+mod report;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use encore::{Config, Device};
+use encore::{Config, Device, ProfileMode};
 use encore_llm::fetch::{self, Progress};
 use encore_llm::{Engine, GenerateOptions, SamplerConfig};
 
 #[derive(Parser)]
-#[command(name = "encore", version, about = "LLM inference on the Encore GPU command runtime")]
+#[command(
+    name = "encore",
+    version,
+    about = "LLM inference on the Encore GPU command runtime"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,9 +44,28 @@ struct ModelArgs {
 }
 
 #[derive(Args)]
+struct ProfileArgs {
+    /// Print a profile to stderr at exit: counters, submissions, or
+    /// dispatches (the default when no value is given). Overrides ENCORE_PROFILE.
+    #[arg(long, value_name = "WHAT", num_args = 0..=1, default_missing_value = "dispatches", value_parser = parse_profile)]
+    profile: Option<ProfileMode>,
+    /// Write a Chrome trace of the run (host phases, submissions, every
+    /// dispatch) to FILE; open it in Perfetto.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+fn parse_profile(s: &str) -> Result<ProfileMode, String> {
+    ProfileMode::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected off, counters, submissions or dispatches"))
+}
+
+#[derive(Args)]
 struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    profile: ProfileArgs,
     /// Most tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n: usize,
@@ -73,6 +98,8 @@ struct GenerateArgs {
 struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    profile: ProfileArgs,
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
@@ -126,8 +153,10 @@ fn model_path(arg: &Option<PathBuf>) -> Result<PathBuf, String> {
             let b = bar.get_or_insert_with(|| {
                 let b = indicatif::ProgressBar::new(total);
                 b.set_style(
-                    indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
-                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                    indicatif::ProgressStyle::with_template(
+                        "{bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
                 );
                 b
             });
@@ -141,16 +170,54 @@ fn model_path(arg: &Option<PathBuf>) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-fn load(args: &ModelArgs) -> Result<(Engine, Device), String> {
-    let config = Config::from_env().map_err(|e| e.to_string())?;
+/// Opens the device (tracing from the start when asked) and loads the model.
+fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
+    let mut config = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(mode) = profile.profile {
+        config.profile = mode;
+    }
     let device = Device::open(&args.device, &config).map_err(|e| e.to_string())?;
+    if profile.trace.is_some() {
+        device.start_trace();
+    }
+    Ok(device)
+}
+
+fn load(args: &ModelArgs, device: &Device) -> Result<Engine, String> {
     let path = model_path(&args.model)?;
-    let engine = Engine::load(&path, &device).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((engine, device))
+    Engine::load(&path, device).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Runs a command on a freshly opened device, then prints the profile and
+/// writes the trace, also when the command failed.
+fn with_device(
+    model: &ModelArgs,
+    profile: &ProfileArgs,
+    command: impl FnOnce(&Device) -> CliResult,
+) -> CliResult {
+    let device = open(model, profile)?;
+    let result = command(&device);
+    let _ = std::io::stdout().flush();
+    let _ = device.synchronize();
+    let mode = device.config().profile;
+    if mode > ProfileMode::Off {
+        eprint!("{}", report::profile(&device, mode));
+    }
+    let saved = match (&profile.trace, device.trace()) {
+        (Some(path), Some(trace)) => trace
+            .save(path)
+            .map_err(|e| format!("trace not written: {e}")),
+        _ => Ok(()),
+    };
+    result.and(saved)
 }
 
 fn generate(a: GenerateArgs) -> CliResult {
-    let (engine, _device) = load(&a.model)?;
+    with_device(&a.model, &a.profile, |device| generate_on(&a, device))
+}
+
+fn generate_on(a: &GenerateArgs, device: &Device) -> CliResult {
+    let engine = load(&a.model, device)?;
     let options = GenerateOptions {
         max_tokens: a.n,
         sampler: SamplerConfig {
@@ -187,19 +254,27 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn bench(a: BenchArgs) -> CliResult {
-    let (engine, device) = load(&a.model)?;
+    with_device(&a.model, &a.profile, |device| bench_on(&a, device))
+}
+
+fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
+    let engine = load(&a.model, device)?;
     let e = |e: encore_llm::LlmError| e.to_string();
     let vocab = engine.model().config.vocab as u32;
     // A deterministic prompt of ordinary token ids.
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 1000 + (i * 7919) % (vocab - 2000)).collect();
+    let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
+        .map(|i| i.wrapping_mul(7919) % vocab.max(1))
+        .collect();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..a.repeats.max(1) + 1 {
-        let mut s = engine.session(a.prompt_tokens + a.gen_tokens + 1).map_err(e)?;
+        let mut s = engine
+            .session(a.prompt_tokens + a.gen_tokens + 1)
+            .map_err(e)?;
         let t = Instant::now();
         s.prefill(&prompt).map_err(e)?;
         prefill.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
-        let mut token = 1000u32;
+        let mut token = prompt.last().copied().unwrap_or(0);
         let t = Instant::now();
         for _ in 0..a.gen_tokens {
             s.step(token).map_err(e)?;
@@ -226,7 +301,15 @@ fn bench(a: BenchArgs) -> CliResult {
             })
         );
     } else {
-        println!("device {}  prefill pp{} {:.1} tok/s  decode tg{} {:.1} tok/s (median of {})", device.name(), a.prompt_tokens, p, a.gen_tokens, d, a.repeats);
+        println!(
+            "device {}  prefill pp{} {:.1} tok/s  decode tg{} {:.1} tok/s (median of {})",
+            device.name(),
+            a.prompt_tokens,
+            p,
+            a.gen_tokens,
+            d,
+            a.repeats
+        );
     }
     Ok(())
 }

@@ -30,6 +30,20 @@ pub struct ModelConfig {
     pub vocab: usize,
 }
 
+/// A size read from `what` (a metadata key or tensor dimension), checked to
+/// lie in `1..=max`.
+fn in_range(what: &str, value: usize, max: usize) -> Result<usize> {
+    if value == 0 {
+        return Err(LlmError::Model(format!("{what} is zero")));
+    }
+    if value > max {
+        return Err(LlmError::Model(format!(
+            "{what} = {value} exceeds the limit {max}"
+        )));
+    }
+    Ok(value)
+}
+
 /// A metadata value that may be absent, falling back to a default.
 fn optional<T>(r: std::result::Result<T, GgufError>, default: T) -> Result<T> {
     match r {
@@ -53,36 +67,59 @@ impl ModelConfig {
             }
         };
         let key = |k: &str| format!("{arch}.{k}");
-        let n_embd = f.get_u32(&key("embedding_length"))? as usize;
-        let n_head = f.get_u32(&key("attention.head_count"))? as usize;
-        let n_head_kv =
-            optional(f.get_u32(&key("attention.head_count_kv")), n_head as u32)? as usize;
-        if n_head == 0 || n_head_kv == 0 || n_embd % n_head != 0 || n_head % n_head_kv != 0 {
+        let size = |k: &str, max: usize| -> Result<usize> {
+            let k = key(k);
+            in_range(&format!("metadata `{k}`"), f.get_u32(&k)? as usize, max)
+        };
+        let n_embd = size("embedding_length", 1 << 16)?;
+        let n_head = size("attention.head_count", n_embd)?;
+        let n_head_kv = match f.get_u32(&key("attention.head_count_kv")) {
+            Ok(v) => in_range(
+                &format!("metadata `{}`", key("attention.head_count_kv")),
+                v as usize,
+                n_head,
+            )?,
+            Err(GgufError::MissingKey(_)) => n_head,
+            Err(e) => return Err(e.into()),
+        };
+        if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
             return Err(LlmError::Model(format!(
-                "inconsistent heads: embedding {n_embd}, {n_head} heads, {n_head_kv} KV heads"
+                "inconsistent heads: metadata `{}` = {n_head} must divide `{}` = {n_embd}, \
+                 and `{}` = {n_head_kv} must divide the head count",
+                key("attention.head_count"),
+                key("embedding_length"),
+                key("attention.head_count_kv"),
             )));
         }
         let head_dim = n_embd / n_head;
         let rope_dim = optional(f.get_u32(&key("rope.dimension_count")), head_dim as u32)? as usize;
-        if rope_dim > head_dim || rope_dim % 2 != 0 {
+        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
             return Err(LlmError::Model(format!(
-                "rope dimension {rope_dim} must be even and at most the head size {head_dim}"
+                "metadata `{}` = {rope_dim} must be even and at most the head size {head_dim}",
+                key("rope.dimension_count")
             )));
         }
         let vocab = match f.get_u32(&key("vocab_size")) {
-            Ok(v) => v as usize,
-            Err(GgufError::MissingKey(_)) => f
-                .tensor("token_embd.weight")?
-                .dims
-                .get(1)
-                .copied()
-                .unwrap_or(0) as usize,
+            Ok(v) => in_range(
+                &format!("metadata `{}`", key("vocab_size")),
+                v as usize,
+                usize::MAX,
+            )?,
+            Err(GgufError::MissingKey(_)) => {
+                let embd = f.tensor("token_embd.weight")?;
+                let rows = embd.dims.get(1).copied().unwrap_or(0) as usize;
+                in_range(
+                    "the row count of tensor `token_embd.weight`",
+                    rows,
+                    usize::MAX,
+                )?
+            }
             Err(e) => return Err(e.into()),
         };
         let config = ModelConfig {
-            n_layer: f.get_u32(&key("block_count"))? as usize,
+            n_layer: size("block_count", 1024)?,
             n_embd,
-            n_ff: f.get_u32(&key("feed_forward_length"))? as usize,
+            n_ff: size("feed_forward_length", 1 << 18)?,
             n_head,
             n_head_kv,
             head_dim,
@@ -94,16 +131,6 @@ impl ModelConfig {
             vocab,
             arch,
         };
-        if config.n_layer == 0 || config.n_ff == 0 || config.vocab == 0 {
-            return Err(LlmError::Model(format!(
-                "empty model dimensions: {config:?}"
-            )));
-        }
-        if config.n_layer > 1024 || config.n_embd > 1 << 16 || config.n_ff > 1 << 18 {
-            return Err(LlmError::Model(format!(
-                "implausible model dimensions: {config:?}"
-            )));
-        }
         Ok(config)
     }
 

@@ -52,7 +52,7 @@ fn upload_weight(device: &Device, f: &GgufFile, name: &str, n: usize, k: usize) 
     let t = f.tensor(name)?;
     if t.dims.len() != 2 || t.dims[0] as usize != k || t.dims[1] as usize != n {
         return Err(LlmError::Model(format!(
-            "tensor {name} has shape {:?}, expected [{k}, {n}]",
+            "tensor `{name}` has shape {:?}, expected [{k}, {n}]",
             t.dims
         )));
     }
@@ -69,7 +69,7 @@ fn upload_vector(device: &Device, f: &GgufFile, name: &str, len: usize) -> Resul
     let t = f.tensor(name)?;
     if t.n_elements as usize != len || t.dims.len() != 1 {
         return Err(LlmError::Model(format!(
-            "tensor {name} has shape {:?}, expected [{len}]",
+            "tensor `{name}` has shape {:?}, expected [{len}]",
             t.dims
         )));
     }

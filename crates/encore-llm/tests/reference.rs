@@ -8,6 +8,8 @@
 //! logit magnitude; the greedy token must agree wherever the reference's top
 //! two logits are further apart than that.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use encore::{Config, Device};
 use encore_llm::gguf::GgufFile;
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};

@@ -187,7 +187,7 @@ fn forward(model: &Model, work: &mut Work) {
         logits,
         xq,
     } = work;
-    let mut run = |r: Result<(), encore_ops::cpu::QuantError>| assert!(r.is_ok(), "{r:?}");
+    let run = |r: Result<(), encore_ops::cpu::QuantError>| assert!(r.is_ok(), "{r:?}");
     for l in &model.layers {
         run(xq.quantize(x, HIDDEN));
         run(matmul_quantized(q4, &l.q, HIDDEN, xq, q));

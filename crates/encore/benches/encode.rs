@@ -3,6 +3,8 @@
 //! mode (a barrier after every dispatch, no range checks), for concurrent
 //! groups of 1 to 64 dispatches. Only encoding is timed; nothing is submitted.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use encore::{Arg, Device, KernelDef, Launch};
 

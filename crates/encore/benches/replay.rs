@@ -3,14 +3,21 @@
 //! every step, or recorded once and replayed. Reports time per step; divide
 //! by N for the per-node cost.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use encore::{Arg, Buffer, Device, Encoder, Kernel, KernelDef, Launch, Params};
 
 fn record(enc: &mut Encoder, k: &Kernel, x: &Buffer, p: &Buffer, views: &[Buffer], n: usize) {
     for i in 0..n {
         // A chain through 8 rotating views: groups of up to 8 dispatches.
-        enc.dispatch(k, &[Arg::read(x), Arg::read(p), Arg::write(&views[i % 8])], Launch::new(1, 1), "empty")
-            .expect("dispatch");
+        enc.dispatch(
+            k,
+            &[Arg::read(x), Arg::read(p), Arg::write(&views[i % 8])],
+            Launch::new(1, 1),
+            "empty",
+        )
+        .expect("dispatch");
     }
 }
 
@@ -23,7 +30,9 @@ fn replay_vs_eager(c: &mut Criterion) {
     let params = Params::new(&device, &["pos"]).expect("params");
     let p = params.slot("pos").expect("slot");
     let out = device.alloc(8 * 256).expect("alloc");
-    let views: Vec<Buffer> = (0..8).map(|i| out.view(i * 256, 256).expect("view")).collect();
+    let views: Vec<Buffer> = (0..8)
+        .map(|i| out.view(i * 256, 256).expect("view"))
+        .collect();
 
     let mut group = c.benchmark_group("step");
     for n in [64usize, 512] {
@@ -43,7 +52,12 @@ fn replay_vs_eager(c: &mut Criterion) {
         graph.mark_output(&out);
         let exec = graph.instantiate(&[]).expect("instantiate");
         group.bench_with_input(BenchmarkId::new("replay", n), &n, |b, _| {
-            b.iter(|| exec.replay(&[("pos", 7)]).expect("replay").wait().expect("wait"));
+            b.iter(|| {
+                exec.replay(&[("pos", 7)])
+                    .expect("replay")
+                    .wait()
+                    .expect("wait")
+            });
         });
     }
     group.finish();

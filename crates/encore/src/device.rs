@@ -1,7 +1,7 @@
 //! Devices: the entry point of the runtime.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -15,7 +15,17 @@ use crate::kernel::{Kernel, KernelCache, KernelDef, Loaded};
 use crate::pool::{Pool, PoolStats};
 use crate::profile::Profile;
 use crate::submission::{InFlight, Submission};
+use crate::trace::{Span, Trace};
 use crate::Label;
+
+/// Which graph replay a submission is, and whether the one-shot capture
+/// records it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Replay {
+    /// 1-based, counted per device.
+    pub(crate) number: u64,
+    pub(crate) captured: bool,
+}
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -36,6 +46,10 @@ struct Shared {
     orphans: Mutex<Vec<(Label, InFlight)>>,
     /// An error from an orphaned submission, reported at the next commit or sync.
     deferred: Mutex<Option<Error>>,
+    /// The trace being recorded, once [`Device::start_trace`] was called.
+    trace: OnceLock<Arc<Trace>>,
+    /// Graph replays launched (numbers them for traces and the capture).
+    replays: AtomicU64,
 }
 
 impl std::fmt::Debug for Device {
@@ -55,13 +69,16 @@ pub struct DeviceInfo {
 
 /// The devices available on this machine.
 pub fn list_devices() -> Vec<DeviceInfo> {
-    let mut out = vec![DeviceInfo {
+    let cpu = DeviceInfo {
         name: "cpu".into(),
         description: crate::backend::cpu::describe(),
-    }];
+    };
     #[cfg(feature = "cuda")]
-    out.extend(crate::backend::cuda::list());
-    out
+    return std::iter::once(cpu)
+        .chain(crate::backend::cuda::list())
+        .collect();
+    #[cfg(not(feature = "cuda"))]
+    vec![cpu]
 }
 
 impl Device {
@@ -111,6 +128,8 @@ impl Device {
             config,
             orphans: Mutex::new(Vec::new()),
             deferred: Mutex::new(None),
+            trace: OnceLock::new(),
+            replays: AtomicU64::new(0),
         }))
     }
 
@@ -183,6 +202,7 @@ impl Device {
             Loaded::Compiled(k) => {
                 self.0.counters.add(&Counters {
                     kernel_compiles: 1,
+                    kernel_disk_hits: self.0.backend.take_disk_hits(),
                     ..Counters::default()
                 });
                 Ok(k)
@@ -229,6 +249,32 @@ impl Device {
     /// The device's profile (per-label submission and dispatch times).
     pub fn profile(&self) -> &Profile {
         &self.0.profile
+    }
+
+    /// Starts recording a [`Trace`] of this device's work: host spans, and
+    /// every submission and dispatch whose completion is observed from now
+    /// on (dispatches are timed while tracing). Later calls return the same
+    /// trace.
+    pub fn start_trace(&self) -> Arc<Trace> {
+        self.0
+            .trace
+            .get_or_init(|| Arc::new(Trace::new(self.name())))
+            .clone()
+    }
+
+    /// The trace being recorded, if [`Device::start_trace`] was called.
+    pub fn trace(&self) -> Option<&Arc<Trace>> {
+        self.0.trace.get()
+    }
+
+    /// Marks a host phase (`"prefill"`) in the trace from now until the
+    /// returned guard is dropped. Without a trace it records nothing and
+    /// costs next to nothing.
+    pub fn trace_span(&self, name: impl Into<Label>) -> Span {
+        match self.0.trace.get() {
+            Some(trace) => trace.span(name.into()),
+            None => Span::inactive(),
+        }
     }
 
     /// Memory pool statistics.
@@ -299,16 +345,77 @@ impl Device {
                 backend,
                 retained,
                 program,
+                replay: None,
             },
         ))
     }
 
+    /// Whether submissions time each dispatch: when profiling dispatches or
+    /// tracing.
     pub(crate) fn profiles_dispatches(&self) -> bool {
         self.0.config.profile >= crate::config::ProfileMode::Dispatches
+            || self.0.trace.get().is_some()
     }
 
-    pub(crate) fn record_submission(&self, label: &Label, program: &Program, timing: &Timing) {
-        self.0.profile.record(label, program, timing);
+    /// Numbers a graph replay about to launch and decides whether the
+    /// one-shot capture (`ENCORE_CAPTURE`) records it; if so, opens the
+    /// backend's capture range.
+    pub(crate) fn next_replay(&self) -> Replay {
+        let number = self.0.replays.fetch_add(1, Ordering::Relaxed) + 1;
+        let captured = self.0.config.capture.is_some() && number == self.0.config.capture_at;
+        if captured {
+            self.0
+                .backend
+                .capture_begin(&format!("graph replay {number}"));
+        }
+        Replay { number, captured }
+    }
+
+    /// Closes the capture range of a captured replay whose launch failed.
+    pub(crate) fn abandon_capture(&self) {
+        self.0.backend.capture_end();
+    }
+
+    /// Records a submission's completion (`timing`) or failure (`None`) into
+    /// the profile, the trace and the one-shot capture.
+    pub(crate) fn observe_completion(
+        &self,
+        label: &Label,
+        in_flight: &InFlight,
+        timing: Option<&Timing>,
+    ) {
+        let program = &in_flight.program;
+        let replay = in_flight.replay.map(|r| r.number);
+        if let Some(t) = timing {
+            self.0
+                .profile
+                .record(self.0.config.profile, label, program, t);
+            if let Some(trace) = self.0.trace.get() {
+                trace.record_submission(label, program, t, replay);
+            }
+        }
+        if let Some(n) = in_flight.replay.filter(|r| r.captured).map(|r| r.number) {
+            self.write_capture(label, program, timing, n);
+        }
+    }
+
+    /// Writes the captured replay's trace and closes the capture range. A
+    /// capture that cannot be written is reported once on stderr and changes
+    /// nothing else.
+    fn write_capture(&self, label: &Label, program: &Program, timing: Option<&Timing>, n: u64) {
+        let written = match (timing, &self.0.config.capture) {
+            (Some(t), Some(path)) => {
+                let trace = Trace::starting_at(self.name(), crate::trace::started(t));
+                trace.record_submission(label, program, t, Some(n));
+                trace.save(path).map_err(|e| e.to_string())
+            }
+            (None, _) => Err(format!("graph replay {n} failed")),
+            (_, None) => Ok(()),
+        };
+        self.0.backend.capture_end();
+        if let Err(e) = written {
+            eprintln!("encore: warning: one-shot capture not written: {e}");
+        }
     }
 
     /// Takes over an unfinished submission whose handle was dropped.
@@ -326,8 +433,9 @@ impl Device {
         for (label, in_flight) in orphans.drain(..) {
             match in_flight.backend.poll() {
                 None => still_running.push((label, in_flight)),
-                Some(Ok(timing)) => self.record_submission(&label, &in_flight.program, &timing),
+                Some(Ok(timing)) => self.observe_completion(&label, &in_flight, Some(&timing)),
                 Some(Err(e)) => {
+                    self.observe_completion(&label, &in_flight, None);
                     let mut deferred = self.0.deferred.lock();
                     if deferred.is_none() {
                         *deferred = Some(e);
@@ -343,7 +451,11 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // Orphans must finish before their memory returns to the pool.
         let _ = self.backend.synchronize();
-        self.orphans.get_mut().clear();
+        for (_, in_flight) in self.orphans.get_mut().drain(..) {
+            if in_flight.replay.is_some_and(|r| r.captured) {
+                self.backend.capture_end();
+            }
+        }
     }
 }
 

@@ -43,6 +43,7 @@ mod kernel;
 mod pool;
 mod profile;
 mod submission;
+pub mod trace;
 
 pub use backend::cpu::CpuArgs;
 pub use backend::BackendKind;
@@ -57,6 +58,7 @@ pub use kernel::{CudaSource, Kernel, KernelDef, KernelKey, WeakKernel};
 pub use pool::PoolStats;
 pub use profile::{Profile, TimeStats};
 pub use submission::{DispatchTime, Submission};
+pub use trace::{Span, Trace};
 
 use std::borrow::Cow;
 

@@ -1,4 +1,10 @@
-//! Device-time profiles: per submission label and per dispatch.
+//! Device-time profiles: per submission label, and per dispatch by kernel and
+//! by label.
+//!
+//! What is recorded follows [`Config::profile`](crate::Config::profile):
+//! nothing with `off` or `counters` (the counters are always on), submission
+//! times from `submissions` on, dispatch times with `dispatches`. With
+//! profiling off, a completed submission costs one comparison here.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -6,11 +12,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::backend::{Program, Timing};
-use crate::Label;
+use crate::config::ProfileMode;
 
 /// Summary statistics of a set of timings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TimeStats {
+    /// The kernel or label the times belong to.
     pub name: String,
     pub count: usize,
     pub total: Duration,
@@ -32,54 +39,80 @@ fn summarize(name: &str, times: &[Duration]) -> TimeStats {
     }
 }
 
+/// Times keyed by name; looked up before inserting so a known name costs no
+/// allocation.
+#[derive(Default)]
+struct TimesByName(HashMap<String, Vec<Duration>>);
+
+impl TimesByName {
+    fn push(&mut self, name: &str, time: Duration) {
+        match self.0.get_mut(name) {
+            Some(v) => v.push(time),
+            None => {
+                self.0.insert(name.to_string(), vec![time]);
+            }
+        }
+    }
+
+    /// Summaries sorted by total time, largest first.
+    fn sorted(&self) -> Vec<TimeStats> {
+        let mut v: Vec<TimeStats> = self.0.iter().map(|(k, t)| summarize(k, t)).collect();
+        v.sort_by(|a, b| b.total.cmp(&a.total).then(a.name.cmp(&b.name)));
+        v
+    }
+}
+
 /// Collected device times. Submissions are recorded when their completion is
-/// observed; dispatches only when the device profiles dispatches.
+/// observed.
 #[derive(Default)]
 pub struct Profile {
-    submissions: Mutex<HashMap<String, Vec<Duration>>>,
-    dispatches: Mutex<HashMap<String, Vec<Duration>>>,
+    submissions: Mutex<TimesByName>,
+    kernels: Mutex<TimesByName>,
+    labels: Mutex<TimesByName>,
 }
 
 impl Profile {
-    pub(crate) fn record(&self, label: &Label, program: &Program, timing: &Timing) {
-        self.submissions
-            .lock()
-            .entry(label.to_string())
-            .or_default()
-            .push(timing.elapsed);
-        if !timing.dispatches.is_empty() {
-            let mut map = self.dispatches.lock();
-            for (d, &t) in program.dispatches.iter().zip(&timing.dispatches) {
-                let key = d.kernel.name();
-                match map.get_mut(key) {
-                    Some(v) => v.push(t),
-                    None => {
-                        map.insert(key.to_string(), vec![t]);
-                    }
-                }
-            }
+    pub(crate) fn record(
+        &self,
+        mode: ProfileMode,
+        label: &str,
+        program: &Program,
+        timing: &Timing,
+    ) {
+        if mode < ProfileMode::Submissions {
+            return;
+        }
+        self.submissions.lock().push(label, timing.elapsed);
+        if mode < ProfileMode::Dispatches || timing.dispatches.is_empty() {
+            return;
+        }
+        let mut kernels = self.kernels.lock();
+        let mut labels = self.labels.lock();
+        for (d, &t) in program.dispatches.iter().zip(&timing.dispatches) {
+            kernels.push(d.kernel.name(), t);
+            labels.push(&d.label, t);
         }
     }
 
     /// Per-label submission times, sorted by total time, largest first.
     pub fn submissions(&self) -> Vec<TimeStats> {
-        sorted(&self.submissions.lock())
+        self.submissions.lock().sorted()
     }
 
     /// Per-kernel dispatch times, sorted by total time, largest first.
     pub fn dispatches(&self) -> Vec<TimeStats> {
-        sorted(&self.dispatches.lock())
+        self.kernels.lock().sorted()
+    }
+
+    /// Per-label dispatch times, sorted by total time, largest first.
+    pub fn dispatches_by_label(&self) -> Vec<TimeStats> {
+        self.labels.lock().sorted()
     }
 
     /// Forgets everything recorded.
     pub fn clear(&self) {
-        self.submissions.lock().clear();
-        self.dispatches.lock().clear();
+        self.submissions.lock().0.clear();
+        self.kernels.lock().0.clear();
+        self.labels.lock().0.clear();
     }
-}
-
-fn sorted(map: &HashMap<String, Vec<Duration>>) -> Vec<TimeStats> {
-    let mut v: Vec<TimeStats> = map.iter().map(|(k, t)| summarize(k, t)).collect();
-    v.sort_by(|a, b| b.total.cmp(&a.total).then(a.name.cmp(&b.name)));
-    v
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::backend::{BackendSubmission, Program, Timing};
-use crate::device::Device;
+use crate::device::{Device, Replay};
 use crate::encoder::Retained;
 use crate::error::{Error, Result};
 use crate::Label;
@@ -21,6 +21,8 @@ pub(crate) struct InFlight {
     pub(crate) backend: Box<dyn BackendSubmission>,
     pub(crate) retained: Retained,
     pub(crate) program: Arc<Program>,
+    /// Set for graph replays.
+    pub(crate) replay: Option<Replay>,
 }
 
 enum State {
@@ -57,6 +59,9 @@ impl Submission {
     /// back here as a typed error; later calls report it again.
     pub fn wait(&self) -> Result<()> {
         let mut state = self.state.lock();
+        if !matches!(*state, Some(State::Running(_))) {
+            return self.previous_outcome(&state);
+        }
         if let Some(State::Running(in_flight)) = state.take() {
             self.device.count_wait();
             let outcome = in_flight.backend.wait();
@@ -130,12 +135,11 @@ impl Submission {
     }
 
     fn finish(&self, in_flight: InFlight, timing: Option<Timing>) -> State {
+        self.device
+            .observe_completion(&self.label, &in_flight, timing.as_ref());
         let InFlight {
             retained, program, ..
         } = in_flight;
-        if let Some(t) = &timing {
-            self.device.record_submission(&self.label, &program, t);
-        }
         drop(retained);
         State::Done {
             timing,

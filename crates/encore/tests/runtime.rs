@@ -1,5 +1,7 @@
 //! Runtime behaviour on the CPU backend: kernels, encoder, hazards, lifetime, counters.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::sync::{Arc, Condvar, Mutex};
 
 use encore::{Arg, Config, Device, Error, KernelDef, Launch};

@@ -78,6 +78,10 @@ impl GgufFile {
             source,
         };
         let file = File::open(path).map_err(io_error)?;
+        // Opening a directory succeeds on Unix; mapping it fails with ENODEV.
+        if file.metadata().map_err(io_error)?.is_dir() {
+            return Err(io_error(std::io::Error::other("it is a directory")));
+        }
         // SAFETY: the map is read-only and private to this value. Changing the
         // file underneath a live map is outside what this API supports (see above).
         let map = unsafe { Mmap::map(&file) }.map_err(io_error)?;
@@ -786,6 +790,12 @@ mod tests {
             err.to_string().contains("/nonexistent/dir/model.gguf"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn directory_is_named_as_such() {
+        let err = GgufFile::open(std::env::temp_dir()).unwrap_err();
+        assert!(err.to_string().ends_with(": it is a directory"), "{err}");
     }
 
     #[test]

@@ -79,10 +79,11 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
 ) {
     let nb = x.first().map_or(0, |r| r.len());
     let row_bytes = nb * dtype.block_bytes();
-    let rows = out.first().map_or(0, |o| o.len());
     #[cfg(target_arch = "x86_64")]
     if let Isa::Avx2(_) = isa {
-        if x.iter().all(|r| r.len() == nb)
+        let rows = out.first().map_or(0, |o| o.len());
+        if dtype.is_quantized()
+            && x.iter().all(|r| r.len() == nb)
             && out.iter().all(|o| o.len() == rows)
             && w.len() == rows * row_bytes
         {
@@ -120,18 +121,19 @@ pub(crate) fn float_rows<const NW: usize, const NX: usize>(
     dtype: DType,
     w: &[u8],
     x: [&[f32]; NX],
-    mut out: [&mut [f32]; NX],
+    out: [&mut [f32]; NX],
 ) {
     let n = x.first().map_or(0, |r| r.len());
     let row_bytes = n * dtype.block_bytes();
-    let rows = out.first().map_or(0, |o| o.len());
     #[cfg(target_arch = "x86_64")]
     if let Isa::Avx2(_) = isa {
+        let rows = out.first().map_or(0, |o| o.len());
         if !dtype.is_quantized()
             && x.iter().all(|r| r.len() == n)
             && out.iter().all(|o| o.len() == rows)
             && w.len() == rows * row_bytes
         {
+            let mut out = out;
             let simd_len = n - n % 8;
             let (wp, xp) = (w.as_ptr(), x.map(<[f32]>::as_ptr));
             let out_rows = out.each_mut().map(|o| &mut **o);

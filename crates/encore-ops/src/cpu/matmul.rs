@@ -8,6 +8,11 @@
 //! every activation row in tiles: 2 weight rows x 1 activation row when
 //! decoding (`m = 1`), 1 x 4 when `m > 1`. Every weight is read from memory
 //! once per call, whatever `m` is.
+//!
+//! The tasks run on the current rayon pool. Called from a thread outside it,
+//! each product hands its work over and sleeps until done, which costs a few
+//! microseconds per call; a decode loop of ~200 products per token should run
+//! inside the pool (`ThreadPool::install`).
 
 use rayon::prelude::*;
 
@@ -99,7 +104,7 @@ pub(crate) fn matmul_on(
         scratch.quantize_on(isa, x, cols)?;
         return matmul_quantized_on(isa, dtype, weights, rows, scratch, y);
     }
-    if cols == 0 || x.len() % cols != 0 {
+    if cols == 0 || !x.len().is_multiple_of(cols) {
         return Err(QuantError::Ragged {
             what: "activations",
             len: x.len(),
@@ -259,7 +264,7 @@ fn multiply<K: Kernel>(
 }
 
 /// Weight rows per task: everything in one task for small products, else
-/// about `TASKS_PER_THREAD` tasks per thread, in multiples of the 4-row tile.
+/// about `TASKS_PER_THREAD` tasks per thread, in multiples of 4 rows (whole tiles).
 fn task_rows(rows: usize, work_per_row: usize) -> usize {
     let threads = rayon::current_num_threads();
     if threads <= 1 || rows.saturating_mul(work_per_row) < SERIAL_WORK {

@@ -42,8 +42,12 @@ pub struct BlockQ4_1 {
 /// 32 activations quantized for the integer dot products: `x[i] ≈ d * qs[i]`,
 /// and `s = d * sum(qs)`, which Q4_1's offset `m` (and Q4_0's `-8`) multiplies.
 ///
-/// ggml's Q8_1 idea, with f32 rather than f16 scales since activations are
-/// small and accuracy is cheap here.
+/// ggml's Q8_1 block, computed exactly as ggml's AVX2 code does so that dot
+/// products match llama.cpp's: `id = 127 / amax`, `q = round_ties_even(x * id)`,
+/// `d = f16(amax / 127)` and `s = f16((amax / 127) * Σq)`, kept here as the
+/// f32 values of those halves. (Q4_0 weights use `s` for their `-8` offset,
+/// which rounds that term where ggml's integer form does not.) `qs` stays within `-127..=127`, which the
+/// Q8_0 kernel relies on (it moves the weights' signs onto the activations).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct ActivationBlock {
@@ -190,15 +194,20 @@ pub(crate) fn quantize_row_on(
 fn quantize_block_scalar(x: &[f32], out: &mut ActivationBlock) {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut sum = 0i32;
     for (q, &v) in out.qs.iter_mut().zip(x) {
         // In range: |v * id| <= 127 up to rounding, and `as` saturates anyway.
         *q = (v * id).round_ties_even() as i8;
         sum += i32::from(*q);
     }
-    out.d = d;
-    out.s = d * sum as f32;
+    out.d = round_f16(d);
+    out.s = round_f16(d * sum as f32);
+}
+
+/// The f32 value of the nearest f16, as ggml stores block scales.
+pub(crate) fn round_f16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -238,7 +247,7 @@ mod avx2 {
         let amax = _mm_cvtss_f32(_mm_max_ss(max2, _mm_movehdup_ps(max2)));
 
         let d = amax / 127.0;
-        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
         let round = |a: __m256| {
             _mm256_cvtps_epi32(_mm256_round_ps::<
                 { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
@@ -264,8 +273,8 @@ mod avx2 {
             _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // SAFETY: `qs` is 32 writable bytes; the store is unaligned.
         unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().cast(), ordered) };
-        out.d = d;
-        out.s = d * sum as f32;
+        out.d = super::round_f16(d);
+        out.s = super::round_f16(d * sum as f32);
     }
 }
 
@@ -301,14 +310,14 @@ impl QuantizedActivations {
         x: &[f32],
         cols: usize,
     ) -> Result<(), QuantError> {
-        if cols == 0 || x.len() % cols != 0 {
+        if cols == 0 || !x.len().is_multiple_of(cols) {
             return Err(QuantError::Ragged {
                 what: "activations",
                 len: x.len(),
                 cols,
             });
         }
-        if cols % BLOCK != 0 {
+        if !cols.is_multiple_of(BLOCK) {
             return Err(QuantError::partial_block(DType::Q8_0, cols));
         }
         self.blocks.clear();
@@ -463,12 +472,14 @@ mod tests {
         quantize_row_q8(&x, &mut blocks).unwrap();
         for (chunk, b) in x.chunks(32).zip(&blocks) {
             let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            assert_eq!(b.d, amax / 127.0);
+            assert_eq!(b.d, round_f16(amax / 127.0));
             assert!(b.qs.iter().any(|&q| q.abs() == 127));
             let sum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
-            assert_eq!(b.s, b.d * sum as f32);
+            assert_eq!(b.s, round_f16(amax / 127.0 * sum as f32));
+            // Rounding to the nearest step, plus the f16 rounding of d
+            // (relative 2^-11) over up to 127 steps.
             for (&v, &q) in chunk.iter().zip(&b.qs) {
-                assert!((v - b.d * f32::from(q)).abs() <= 0.5 * b.d * 1.0001);
+                assert!((v - b.d * f32::from(q)).abs() <= 0.5 * b.d + 127.0 * b.d / 2048.0);
             }
         }
     }

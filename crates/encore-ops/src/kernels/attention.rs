@@ -40,27 +40,39 @@ pub struct AttnShape {
 }
 
 pub fn kv_store_def() -> KernelDef {
-    KernelDef::new("kv_store").op("kv_store").cpu("kv_store f16 v1", |a| {
-        let s: KvShape = a.scalar(3)?;
-        let pos = super::param(a, 2)? as usize;
-        let (rows, kv_dim) = (s.rows as usize, s.kv_dim as usize);
-        if pos + rows > s.max_seq as usize {
-            return Err(format!("position {} past the cache of {}", pos + rows, s.max_seq));
-        }
-        let src = a.read::<f32>(0)?;
-        let cache = a.write::<f16>(1)?;
-        super::need("src", src, rows * kv_dim)?;
-        super::need("cache", cache, (pos + rows) * kv_dim)?;
-        cache[pos * kv_dim..(pos + rows) * kv_dim].convert_from_f32_slice(&src[..rows * kv_dim]);
-        Ok(())
-    })
+    KernelDef::new("kv_store")
+        .op("kv_store")
+        .cpu("kv_store f16 v1", |a| {
+            let s: KvShape = a.scalar(3)?;
+            let pos = super::param(a, 2)? as usize;
+            let (rows, kv_dim) = (s.rows as usize, s.kv_dim as usize);
+            if pos + rows > s.max_seq as usize {
+                return Err(format!(
+                    "position {} past the cache of {}",
+                    pos + rows,
+                    s.max_seq
+                ));
+            }
+            let src = a.read::<f32>(0)?;
+            let cache = a.write::<f16>(1)?;
+            super::need("src", src, rows * kv_dim)?;
+            super::need("cache", cache, (pos + rows) * kv_dim)?;
+            cache[pos * kv_dim..(pos + rows) * kv_dim]
+                .convert_from_f32_slice(&src[..rows * kv_dim]);
+            Ok(())
+        })
 }
 
 /// Dot product with eight independent accumulators, so it vectorizes.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ac.zip(bc) {
         for i in 0..8 {
             acc[i] += x[i] * y[i];
@@ -116,60 +128,69 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 thread_local! {
     /// Per-thread scratch: the cache widened to f32.
-    static WIDE: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static WIDE: std::cell::Cell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
     /// Per-thread scratch: one head's attention scores.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 pub fn attention_def() -> KernelDef {
-    KernelDef::new("attention").op("attention").cpu("attention f16-cache v2", |a| {
-        let s: AttnShape = a.scalar(5)?;
-        let pos = super::param(a, 3)? as usize;
-        let (rows, heads, kvh, hd) = (
-            s.rows as usize,
-            s.heads as usize,
-            s.kv_heads as usize,
-            s.head_dim as usize,
-        );
-        if kvh == 0 || heads % kvh != 0 {
-            return Err(format!("{heads} heads do not divide into {kvh} KV heads"));
-        }
-        if hd > MAX_HEAD_DIM {
-            return Err(format!("head size {hd} above {MAX_HEAD_DIM}"));
-        }
-        if pos + rows > s.max_seq as usize {
-            return Err(format!("position {} past the cache of {}", pos + rows, s.max_seq));
-        }
-        let kv_dim = kvh * hd;
-        let (q, k, v) = (a.read::<f32>(0)?, a.read::<f16>(1)?, a.read::<f16>(2)?);
-        let out = a.write::<f32>(4)?;
-        let len = pos + rows;
-        super::need("q", q, rows * heads * hd)?;
-        super::need("k", k, len * kv_dim)?;
-        super::need("v", v, len * kv_dim)?;
-        super::need("out", out, rows * heads * hd)?;
-        let group = heads / kvh;
-        WIDE.with(|wide| {
-            let (kf, vf) = &mut *wide.borrow_mut();
-            kf.resize(len * kv_dim, 0.0);
-            vf.resize(len * kv_dim, 0.0);
-            k[..len * kv_dim].convert_to_f32_slice(kf);
-            v[..len * kv_dim].convert_to_f32_slice(vf);
-            let (kf, vf) = (&*kf, &*vf);
-            out[..rows * heads * hd]
-                .par_chunks_mut(hd)
-                .enumerate()
-                .for_each(|(i, o)| {
-                    let (r, h) = (i / heads, i % heads);
-                    let qh = &q[i * hd..(i + 1) * hd];
-                    let off = (h / group) * hd;
-                    SCORES.with(|sc| {
-                        let scores = &mut sc.borrow_mut();
-                        attend_head(qh, kf, vf, pos + r + 1, kv_dim, off, s.scale, o, scores);
+    KernelDef::new("attention")
+        .op("attention")
+        .cpu("attention f16-cache v2", |a| {
+            let s: AttnShape = a.scalar(5)?;
+            let pos = super::param(a, 3)? as usize;
+            let (rows, heads, kvh, hd) = (
+                s.rows as usize,
+                s.heads as usize,
+                s.kv_heads as usize,
+                s.head_dim as usize,
+            );
+            if kvh == 0 || heads % kvh != 0 {
+                return Err(format!("{heads} heads do not divide into {kvh} KV heads"));
+            }
+            if hd > MAX_HEAD_DIM {
+                return Err(format!("head size {hd} above {MAX_HEAD_DIM}"));
+            }
+            if pos + rows > s.max_seq as usize {
+                return Err(format!(
+                    "position {} past the cache of {}",
+                    pos + rows,
+                    s.max_seq
+                ));
+            }
+            let kv_dim = kvh * hd;
+            let (q, k, v) = (a.read::<f32>(0)?, a.read::<f16>(1)?, a.read::<f16>(2)?);
+            let out = a.write::<f32>(4)?;
+            let len = pos + rows;
+            super::need("q", q, rows * heads * hd)?;
+            super::need("k", k, len * kv_dim)?;
+            super::need("v", v, len * kv_dim)?;
+            super::need("out", out, rows * heads * hd)?;
+            let group = heads / kvh;
+            // The widened cache is taken out of its per-thread slot while rayon
+            // runs the heads, so a task stolen by this thread cannot find it borrowed.
+            let (mut kf, mut vf) = WIDE.with(|w| w.take());
+            {
+                kf.resize(len * kv_dim, 0.0);
+                vf.resize(len * kv_dim, 0.0);
+                k[..len * kv_dim].convert_to_f32_slice(&mut kf);
+                v[..len * kv_dim].convert_to_f32_slice(&mut vf);
+                let (kf, vf) = (&*kf, &*vf);
+                out[..rows * heads * hd]
+                    .par_chunks_mut(hd)
+                    .enumerate()
+                    .for_each(|(i, o)| {
+                        let (r, h) = (i / heads, i % heads);
+                        let qh = &q[i * hd..(i + 1) * hd];
+                        let off = (h / group) * hd;
+                        SCORES.with(|sc| {
+                            let scores = &mut sc.borrow_mut();
+                            attend_head(qh, kf, vf, pos + r + 1, kv_dim, off, s.scale, o, scores);
+                        });
                     });
-                });
-        });
-        Ok(())
-    })
+            }
+            WIDE.with(|w| w.replace((kf, vf)));
+            Ok(())
+        })
 }

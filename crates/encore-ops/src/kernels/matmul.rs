@@ -19,8 +19,8 @@ pub struct MatmulShape {
 }
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<crate::cpu::QuantizedActivations> =
-        std::cell::RefCell::new(crate::cpu::QuantizedActivations::new());
+    static SCRATCH: std::cell::Cell<crate::cpu::QuantizedActivations> =
+        std::cell::Cell::new(crate::cpu::QuantizedActivations::new());
 }
 
 pub fn def() -> KernelDef {
@@ -36,14 +36,21 @@ pub fn def() -> KernelDef {
         super::need("w", w, w_bytes)?;
         super::need("x", x, rows * k)?;
         super::need("y", y, rows * n)?;
-        crate::cpu::matmul(
+        // Quantized activations are staged in a per-thread buffer that grows
+        // once and is reused by later products on that thread. It is taken
+        // out for the call: while rayon waits inside it, this thread may run
+        // another product that wants the buffer too.
+        let mut scratch = SCRATCH.with(|s| s.take());
+        let result = crate::cpu::matmul_with_scratch(
             dtype,
             &w[..w_bytes],
             n,
             k,
             &x[..rows * k],
             &mut y[..rows * n],
-        )
-        .map_err(|e| e.to_string())
+            &mut scratch,
+        );
+        SCRATCH.with(|s| s.replace(scratch));
+        result.map_err(|e| e.to_string())
     })
 }

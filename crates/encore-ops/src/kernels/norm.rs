@@ -13,9 +13,11 @@ pub struct NormShape {
     pub eps: f32,
 }
 
-/// One row, in f32 with an f64-free two-pass formula like the reference.
+/// One row. Squares are summed in f64, as ggml does, so the scale matches
+/// llama.cpp's to the last bit.
 pub fn rms_norm_row(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
-    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
+    let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
+    let mean_sq = (sum / x.len().max(1) as f64) as f32;
     let scale = 1.0 / (mean_sq + eps).sqrt();
     for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
         *y = x * scale * w;

@@ -309,18 +309,22 @@ fn run_job(job: &Job) -> Result<Timing, Failure> {
     }
     let program = &*job.program;
     let start = Instant::now();
-    let mut times = if job.timing {
-        vec![Duration::ZERO; program.dispatches.len()]
+    let (mut times, mut starts) = if job.timing {
+        let n = program.dispatches.len();
+        (vec![Duration::ZERO; n], vec![Duration::ZERO; n])
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     for group in program.groups() {
         let dispatches = program.dispatches.get(group.clone()).unwrap_or(&[]);
         if dispatches.len() == 1 {
             let t = Instant::now();
             run_dispatch(program, &dispatches[0])?;
-            if let Some(slot) = times.get_mut(group.start) {
-                *slot = t.elapsed();
+            if let (Some(time), Some(at)) =
+                (times.get_mut(group.start), starts.get_mut(group.start))
+            {
+                *time = t.elapsed();
+                *at = t.duration_since(start);
             }
         } else {
             let failures = Mutex::new(Vec::new());
@@ -334,7 +338,9 @@ fn run_job(job: &Job) -> Result<Timing, Failure> {
                         if let Err(e) = run_dispatch(program, d) {
                             failures.lock().push((k, e));
                         }
-                        group_times.lock().push((k, t.elapsed()));
+                        group_times
+                            .lock()
+                            .push((k, t.duration_since(start), t.elapsed()));
                     });
                 }
             });
@@ -343,9 +349,13 @@ fn run_job(job: &Job) -> Result<Timing, Failure> {
             if let Some((_, e)) = failures.into_iter().next() {
                 return Err(e);
             }
-            for (k, t) in group_times.into_inner() {
-                if let Some(slot) = times.get_mut(group.start + k) {
-                    *slot = t;
+            for (k, offset, time) in group_times.into_inner() {
+                if let (Some(slot), Some(at)) = (
+                    times.get_mut(group.start + k),
+                    starts.get_mut(group.start + k),
+                ) {
+                    *slot = time;
+                    *at = offset;
                 }
             }
         }
@@ -353,6 +363,8 @@ fn run_job(job: &Job) -> Result<Timing, Failure> {
     Ok(Timing {
         elapsed: start.elapsed(),
         dispatches: times,
+        started: Some(start),
+        dispatch_starts: starts,
     })
 }
 

@@ -11,7 +11,7 @@ pub mod cuda;
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::encoder::{Access, Launch};
 use crate::error::Result;
@@ -112,6 +112,13 @@ pub(crate) struct Timing {
     pub elapsed: Duration,
     /// Per-dispatch device time, when asked for.
     pub dispatches: Vec<Duration>,
+    /// The host instant at which the submission started on the device, when
+    /// the backend can tell; traces place device times on the host clock
+    /// with it.
+    pub started: Option<Instant>,
+    /// When timing dispatches: each dispatch's start, relative to `started`.
+    /// May be empty (traces then lay dispatches out group after group).
+    pub dispatch_starts: Vec<Duration>,
 }
 
 /// An in-flight submission as the backend sees it.
@@ -159,4 +166,17 @@ pub(crate) trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()>;
     /// The error that made the device unusable, if any.
     fn failure(&self) -> Option<String>;
+    /// Kernels [`Backend::compile`] loaded from the on-disk cache instead of
+    /// compiling, since the last call (each is counted once).
+    fn take_disk_hits(&self) -> u64 {
+        0
+    }
+    /// Called just before the launch that a one-shot capture records
+    /// (`ENCORE_CAPTURE`); `name` says which (`graph replay 3`). A backend
+    /// may open a profiler range or NVTX range here. The launch that follows
+    /// asks for dispatch timing.
+    fn capture_begin(&self, _name: &str) {}
+    /// Called once the captured launch's completion (or failure) has been
+    /// observed, exactly once per [`Backend::capture_begin`].
+    fn capture_end(&self) {}
 }

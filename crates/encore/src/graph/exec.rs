@@ -179,9 +179,17 @@ impl GraphExec {
             barriers: inner.stats.barriers as u64,
             ..Counters::default()
         });
-        let backend = inner
-            .executable
-            .launch(&uploads, device.profiles_dispatches())?;
+        let replay = device.next_replay();
+        let timing = replay.captured || device.profiles_dispatches();
+        let backend = match inner.executable.launch(&uploads, timing) {
+            Ok(backend) => backend,
+            Err(e) => {
+                if replay.captured {
+                    device.abandon_capture();
+                }
+                return Err(e);
+            }
+        };
         let keep: Keep = self.0.clone();
         let retained = Retained {
             keep: vec![keep],
@@ -194,6 +202,7 @@ impl GraphExec {
                 backend,
                 retained,
                 program: inner.program.clone(),
+                replay: Some(replay),
             },
         ))
     }

@@ -1,0 +1,721 @@
+//! The CUDA backend on a real GPU, checked against the CPU backend.
+//!
+//! Every test needs a CUDA device and is ignored by default, so CI (which
+//! has none) reports it as ignored rather than passed. `scripts/gpu-suite.sh`
+//! builds and stages this binary; `scripts/gpu-run.sh` runs it on the GPU
+//! machine with `--ignored --test-threads=1`. The sticky-error test lives in
+//! its own binary (`gpu_fault.rs`) because it poisons the CUDA context.
+
+// Helpers fail a test the way assertions do: by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use encore::{Arg, Buffer, Config, Device, Error, KernelDef, Launch, ProfileMode};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+
+/// A kernel cache directory private to this test process.
+fn cache_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("encore-gpu-tests-{}", std::process::id()))
+}
+
+fn config() -> Config {
+    Config {
+        cache_dir: Some(cache_dir()),
+        ..Config::default()
+    }
+}
+
+fn cuda() -> Device {
+    Device::open("cuda", &config()).expect("a CUDA device")
+}
+
+fn cpu() -> Device {
+    Device::open("cpu", &config()).expect("the CPU device")
+}
+
+/// A small xorshift generator: fresh inputs per run, reproducible from the printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        eprintln!("random seed {seed:#x}");
+        Rng(seed)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+const SAXPY: &str = r#"
+// y[i] = a * x[i] + y[i] for i < n, as one fused multiply-add (like f32::mul_add).
+extern "C" __global__ void saxpy(const float* x, float* y, float a, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fmaf_rn(a, x[i], y[i]);
+}
+"#;
+
+/// `saxpy` with a CPU body and a CUDA body that compute bit-identical results.
+fn saxpy() -> KernelDef {
+    KernelDef::new("saxpy")
+        .cpu("saxpy f32 fma v1", |a| {
+            let x = a.read::<f32>(0)?;
+            let y = a.write::<f32>(1)?;
+            let s: f32 = a.scalar(2)?;
+            let n = a.scalar::<u32>(3)? as usize;
+            y.iter_mut()
+                .zip(x)
+                .take(n)
+                .for_each(|(y, &x)| *y = s.mul_add(x, *y));
+            Ok(())
+        })
+        .cuda(SAXPY, "saxpy")
+}
+
+fn run_saxpy(device: &Device, x: &[f32], y: &[f32], a: f32) -> Vec<f32> {
+    let k = device.load_kernel(&saxpy()).unwrap();
+    let xb = device.buffer_from(x).unwrap();
+    let yb = device.buffer_from(y).unwrap();
+    let n = x.len() as u32;
+    let mut enc = device.encoder();
+    enc.dispatch(
+        &k,
+        &[
+            Arg::read(&xb),
+            Arg::read_write(&yb),
+            Arg::value(&a),
+            Arg::value(&n),
+        ],
+        Launch::cover(n, 256),
+        "saxpy",
+    )
+    .unwrap();
+    enc.commit_and_wait().unwrap();
+    yb.download().unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn cpu_and_cuda_bodies_of_one_kernel_agree_on_random_inputs() {
+    let (gpu, host) = (cuda(), cpu());
+    assert_eq!(gpu.kind(), encore::BackendKind::Cuda);
+    let mut rng = Rng::new();
+    for n in [1usize, 255, 256, 4097, (1 << 20) + 3] {
+        let (x, y, a) = (rng.vec(n), rng.vec(n), rng.f32());
+        let on_gpu = run_saxpy(&gpu, &x, &y, a);
+        let on_cpu = run_saxpy(&host, &x, &y, a);
+        assert_eq!(on_gpu.len(), n);
+        let differ = on_gpu
+            .iter()
+            .zip(&on_cpu)
+            .filter(|(g, c)| g.to_bits() != c.to_bits())
+            .count();
+        assert_eq!(differ, 0, "n = {n}: {differ} elements differ");
+    }
+}
+
+fn in_place(name: &str, body: &str) -> KernelDef {
+    let source = format!(
+        "extern \"C\" __global__ void {name}(float* y, unsigned int n) {{\n\
+         unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+         if (i < n) {{ {body} }}\n}}\n"
+    );
+    KernelDef::new(name).cuda(source, name)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn same_name_kernels_with_different_source_coexist_and_run_their_own_code() {
+    let d = cuda();
+    let plus_one = d.load_kernel(&in_place("k", "y[i] += 1.0f;")).unwrap();
+    let times_ten = d.load_kernel(&in_place("k", "y[i] *= 10.0f;")).unwrap();
+    assert_ne!(plus_one.key(), times_ten.key());
+    assert_eq!(d.cached_kernels(), 2);
+    let buf = d.buffer_from(&[1.0f32, 2.0]).unwrap();
+    let mut enc = d.encoder();
+    for k in [&plus_one, &times_ten] {
+        enc.dispatch(
+            k,
+            &[Arg::read_write(&buf), Arg::value(&2u32)],
+            Launch::new(1, 32),
+            "k",
+        )
+        .unwrap();
+    }
+    enc.commit_and_wait().unwrap();
+    assert_eq!(buf.download::<f32>().unwrap(), [20.0, 30.0]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn compile_errors_carry_the_nvrtc_log() {
+    let d = cuda();
+    let broken = KernelDef::new("broken").cuda(
+        "extern \"C\" __global__ void broken(float* y) { y[0] = undeclared_thing; }",
+        "broken",
+    );
+    match d.load_kernel(&broken) {
+        Err(Error::Compile { kernel, log }) => {
+            assert_eq!(kernel, "broken");
+            assert!(log.contains("undeclared_thing"), "log: {log}");
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    let wrong_entry = KernelDef::new("entry").cuda(
+        "extern \"C\" __global__ void present(float* y) { y[0] = 1.0f; }",
+        "absent",
+    );
+    match d.load_kernel(&wrong_entry) {
+        Err(Error::Compile { log, .. }) => assert!(log.contains("absent"), "log: {log}"),
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    // The device is unharmed.
+    assert!(d.load_kernel(&saxpy()).is_ok());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn compiled_kernels_persist_on_disk_by_content_key() {
+    let dir = cache_dir().join("persist");
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = Config {
+        cache_dir: Some(dir.clone()),
+        ..Config::default()
+    };
+    let first = Device::open("cuda", &config).unwrap();
+    let k = first.load_kernel(&saxpy()).unwrap();
+    let file = dir
+        .join("kernels")
+        .join(format!("{}.cubin", k.key().digest()));
+    assert!(file.is_file(), "{} was not written", file.display());
+    assert!(k.key().toolchain.contains("nvrtc-"), "{:?}", k.key());
+    assert!(k.key().arch.starts_with("sm_"), "{:?}", k.key());
+    let written = std::fs::metadata(&file).unwrap().modified().unwrap();
+
+    // A second device has an empty in-memory cache: it loads the file.
+    let second = Device::open("cuda", &config).unwrap();
+    let x = [1.0f32, 2.0, 3.0];
+    assert_eq!(run_saxpy(&second, &x, &x, 2.0), [3.0, 6.0, 9.0]);
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().modified().unwrap(),
+        written
+    );
+    assert_eq!(second.counters().kernel_compiles, 1);
+}
+
+const SLOW_COPY: &str = r#"
+// Spins for `cycles` clock cycles, then copies x to y: keeps work in flight.
+extern "C" __global__ void slow_copy(const float* x, float* y, unsigned int n, unsigned long long cycles) {
+    long long start = clock64();
+    while ((unsigned long long)(clock64() - start) < cycles) { }
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+"#;
+
+fn slow_copy(d: &Device, src: &Buffer, dst: &Buffer, n: u32) -> encore::Submission {
+    let k = d
+        .load_kernel(&KernelDef::new("slow_copy").cuda(SLOW_COPY, "slow_copy"))
+        .unwrap();
+    // About 100 ms at 2 GHz.
+    let cycles: u64 = 200_000_000;
+    let mut enc = d.encoder();
+    enc.dispatch(
+        &k,
+        &[
+            Arg::read(src),
+            Arg::write(dst),
+            Arg::value(&n),
+            Arg::value(&cycles),
+        ],
+        Launch::cover(n, 256),
+        "slow copy",
+    )
+    .unwrap();
+    enc.commit().unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn a_buffer_dropped_right_after_dispatch_stays_alive_until_completion() {
+    let d = cuda();
+    let n = 1u32 << 16;
+    let data = Rng::new().vec(n as usize);
+    let src = d.buffer_from(&data).unwrap();
+    let dst = d.alloc(n as usize * 4).unwrap();
+    let before = d.pool_stats();
+    let submission = slow_copy(&d, &src, &dst, n);
+    drop(src);
+    d.trim_pool();
+    // Same size class: it must not be the memory the running kernel reads.
+    let probe = d.alloc(n as usize * 4).unwrap();
+    assert!(
+        !submission.is_complete(),
+        "the slow kernel finished too early to test anything"
+    );
+    let during = d.pool_stats();
+    assert_eq!(during.reuses, before.reuses, "in-flight memory was reused");
+    assert_eq!(during.fresh, before.fresh + 1);
+    submission.wait().unwrap();
+    assert_eq!(dst.download::<f32>().unwrap(), data);
+    drop(probe);
+    // Completion observed: the source's memory is back in the pool.
+    let reused = d.alloc(n as usize * 4).unwrap();
+    assert!(d.pool_stats().reuses > before.reuses);
+    drop(reused);
+
+    // Dropping the unfinished submission too hands it to the device.
+    let src = d.buffer_from(&data).unwrap();
+    let dst = d.alloc(n as usize * 4).unwrap();
+    let submission = slow_copy(&d, &src, &dst, n);
+    drop(src);
+    drop(submission);
+    d.synchronize().unwrap();
+    assert_eq!(dst.download::<f32>().unwrap(), data);
+}
+
+const MIX: &str = r#"
+// y[i] = (y[i] * 0.5 + x[i]) + c for i < n, each step rounded like the CPU body.
+extern "C" __global__ void mix(const float* x, float* y, float c, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fadd_rn(__fadd_rn(__fmul_rn(y[i], 0.5f), x[i]), c);
+}
+"#;
+
+fn mix() -> KernelDef {
+    KernelDef::new("mix")
+        .cpu("mix f32 v1", |a| {
+            let x = a.read::<f32>(0)?;
+            let y = a.write::<f32>(1)?;
+            let c: f32 = a.scalar(2)?;
+            let n = a.scalar::<u32>(3)? as usize;
+            y.iter_mut()
+                .zip(x)
+                .take(n)
+                .for_each(|(y, &x)| *y = (*y * 0.5 + x) + c);
+            Ok(())
+        })
+        .cuda(MIX, "mix")
+}
+
+/// One random dispatch: `y view += ...` reading an `x` view of either allocation.
+#[derive(Clone, Debug)]
+struct Op {
+    src: usize,
+    src_at: usize,
+    dst: usize,
+    dst_at: usize,
+    len: usize,
+    c: i8,
+}
+
+const FLOATS: usize = 96;
+
+fn op() -> impl Strategy<Value = Op> {
+    (
+        0..2usize,
+        0..64usize,
+        0..2usize,
+        0..64usize,
+        1..32usize,
+        -4i8..4,
+    )
+        .prop_map(|(src, src_at, dst, dst_at, len, c)| Op {
+            src,
+            src_at,
+            dst,
+            dst_at,
+            len,
+            c,
+        })
+}
+
+/// Records `ops` into `enc` over two allocations; returns which ops were
+/// accepted (an op whose views overlap is rejected, identically everywhere).
+fn record(enc: &mut encore::Encoder, k: &encore::Kernel, bufs: &[Buffer], ops: &[Op]) -> Vec<bool> {
+    ops.iter()
+        .map(|o| {
+            let x = bufs[o.src].view_elems::<f32>(o.src_at, o.len).unwrap();
+            let y = bufs[o.dst].view_elems::<f32>(o.dst_at, o.len).unwrap();
+            let c = f32::from(o.c);
+            let n = o.len as u32;
+            enc.dispatch(
+                k,
+                &[
+                    Arg::read(&x),
+                    Arg::read_write(&y),
+                    Arg::value(&c),
+                    Arg::value(&n),
+                ],
+                Launch::cover(n, 32),
+                "mix",
+            )
+            .is_ok()
+        })
+        .collect()
+}
+
+fn initial() -> [Vec<f32>; 2] {
+    let a = (0..FLOATS).map(|i| i as f32 * 0.25).collect();
+    let b = (0..FLOATS).map(|i| 7.0 - i as f32 * 0.125).collect();
+    [a, b]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn random_overlapping_views_on_cuda_equal_serial_cpu_execution() {
+    let gpu = cuda();
+    let serial = Device::open(
+        "cpu",
+        &Config {
+            serial: true,
+            ..config()
+        },
+    )
+    .unwrap();
+    let k_gpu = gpu.load_kernel(&mix()).unwrap();
+    let k_cpu = serial.load_kernel(&mix()).unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&prop::collection::vec(op(), 1..40), |ops| {
+            let start = initial();
+            let run_eager = |d: &Device, k: &encore::Kernel| {
+                let bufs: Vec<Buffer> = start.iter().map(|v| d.buffer_from(v).unwrap()).collect();
+                let mut enc = d.encoder();
+                let accepted = record(&mut enc, k, &bufs, &ops);
+                enc.commit_and_wait().unwrap();
+                let out: Vec<Vec<f32>> = bufs.iter().map(|b| b.download().unwrap()).collect();
+                (accepted, out)
+            };
+            let (accepted_cpu, expected) = run_eager(&serial, &k_cpu);
+            let (accepted_gpu, eager) = run_eager(&gpu, &k_gpu);
+            prop_assert_eq!(&accepted_cpu, &accepted_gpu);
+            prop_assert_eq!(&eager, &expected);
+
+            // The same dispatches as a native graph, where independent
+            // dispatches run concurrently along the derived edges.
+            let bufs: Vec<Buffer> = start.iter().map(|v| gpu.buffer_from(v).unwrap()).collect();
+            let mut enc = gpu.encoder();
+            record(&mut enc, &k_gpu, &bufs, &ops);
+            let mut graph = enc.finish_graph().unwrap();
+            for b in &bufs {
+                graph.mark_output(b);
+            }
+            let exec = graph.instantiate(&[]).unwrap();
+            exec.replay(&[]).unwrap().wait().unwrap();
+            let replayed: Vec<Vec<f32>> = bufs.iter().map(|b| b.download().unwrap()).collect();
+            prop_assert_eq!(&replayed, &expected);
+            Ok(())
+        })
+        .unwrap();
+}
+
+const SCALE: &str = r#"
+// y[i] = x[i] * s for i < n, with s read from device memory (a graph parameter).
+extern "C" __global__ void scale(const float* x, float* y, const float* s, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * s[0];
+}
+"#;
+
+const ADD: &str = r#"
+// z[i] = x[i] + y[i] for i < n.
+extern "C" __global__ void add(const float* x, const float* y, float* z, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) z[i] = x[i] + y[i];
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn a_native_graph_with_real_edges_equals_eager_execution() {
+    let d = cuda();
+    let scale = d
+        .load_kernel(&KernelDef::new("scale").cuda(SCALE, "scale"))
+        .unwrap();
+    let add = d
+        .load_kernel(&KernelDef::new("add").cuda(ADD, "add"))
+        .unwrap();
+    let n = 5000u32;
+    let mut rng = Rng::new();
+    let x = d.buffer_from(&rng.vec(n as usize)).unwrap();
+    let bytes = n as usize * 4;
+    let [a, b, c, e, out] = [(); 5].map(|_| d.alloc(bytes).unwrap());
+    let params = encore::Params::new(&d, &["s"]).unwrap();
+    let s = params.slot("s").unwrap();
+    let two = d.buffer_from(&[2.0f32]).unwrap();
+    let launch = Launch::cover(n, 128);
+    // A diamond and a tail:
+    //   a = x*s   b = x*2   (independent)
+    //   c = a+b             (after both)
+    //   e = x*2  (independent of all above)
+    //   out = c+e
+    let record = |enc: &mut encore::Encoder, s: &Buffer| {
+        let nv = Arg::value(&n);
+        enc.dispatch(
+            &scale,
+            &[Arg::read(&x), Arg::write(&a), Arg::read(s), nv],
+            launch,
+            "a",
+        )
+        .unwrap();
+        enc.dispatch(
+            &scale,
+            &[Arg::read(&x), Arg::write(&b), Arg::read(&two), nv],
+            launch,
+            "b",
+        )
+        .unwrap();
+        enc.dispatch(
+            &add,
+            &[Arg::read(&a), Arg::read(&b), Arg::write(&c), nv],
+            launch,
+            "c",
+        )
+        .unwrap();
+        enc.dispatch(
+            &scale,
+            &[Arg::read(&x), Arg::write(&e), Arg::read(&two), nv],
+            launch,
+            "e",
+        )
+        .unwrap();
+        enc.dispatch(
+            &add,
+            &[Arg::read(&c), Arg::read(&e), Arg::write(&out), nv],
+            launch,
+            "out",
+        )
+        .unwrap();
+    };
+    let mut enc = d.encoder();
+    record(&mut enc, &s);
+    let mut graph = enc.finish_graph().unwrap();
+    graph.set_params(&params);
+    graph.mark_output(&out);
+    let exec = graph.instantiate(&[]).unwrap();
+    assert!(exec.stats().edges >= 4, "{:?}", exec.stats());
+    assert!(exec.stats().max_group >= 2, "{:?}", exec.stats());
+
+    for value in [3.0f32, -0.5, 7.25] {
+        exec.replay(&[("s", value.to_bits())])
+            .unwrap()
+            .wait()
+            .unwrap();
+        let replayed: Vec<f32> = out.download().unwrap();
+
+        let scalar = d.buffer_from(&[value]).unwrap();
+        let mut enc = d.encoder();
+        record(&mut enc, &scalar);
+        enc.commit_and_wait().unwrap();
+        let eager: Vec<f32> = out.download().unwrap();
+        assert_eq!(replayed, eager, "s = {value}");
+        let host: Vec<f32> = x.download().unwrap();
+        let expected: Vec<f32> = host
+            .iter()
+            .map(|v| (v * value + v * 2.0) + v * 2.0)
+            .collect();
+        assert_eq!(eager, expected, "s = {value}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn device_time_is_reported_per_submission_and_per_dispatch() {
+    let d = Device::open(
+        "cuda",
+        &Config {
+            profile: ProfileMode::Dispatches,
+            ..config()
+        },
+    )
+    .unwrap();
+    let k = d.load_kernel(&saxpy()).unwrap();
+    let n = 1u32 << 22;
+    let x = d.alloc(n as usize * 4).unwrap();
+    let y = d.alloc(n as usize * 4).unwrap();
+    let record = |enc: &mut encore::Encoder| {
+        for _ in 0..4 {
+            enc.dispatch(
+                &k,
+                &[
+                    Arg::read(&x),
+                    Arg::read_write(&y),
+                    Arg::value(&1.0f32),
+                    Arg::value(&n),
+                ],
+                Launch::cover(n, 256),
+                "saxpy",
+            )
+            .unwrap();
+        }
+    };
+    let mut enc = d.encoder();
+    record(&mut enc);
+    let sub = enc.commit_and_wait().unwrap();
+    let elapsed = sub.elapsed().unwrap();
+    let times = sub.dispatch_times().unwrap();
+    assert_eq!(times.len(), 4);
+    assert!(times.iter().all(|t| !t.time.is_zero()), "{times:?}");
+    let sum: std::time::Duration = times.iter().map(|t| t.time).sum();
+    assert!(sum <= elapsed, "{sum:?} > {elapsed:?}");
+
+    // A graph replay with timing runs eagerly with an event pair per dispatch.
+    let mut enc = d.encoder();
+    record(&mut enc);
+    let mut graph = enc.finish_graph().unwrap();
+    graph.mark_output(&y);
+    let sub = graph.instantiate(&[]).unwrap().replay(&[]).unwrap();
+    sub.wait().unwrap();
+    assert_eq!(sub.dispatch_times().unwrap().len(), 4);
+    assert!(!d.profile().dispatches().is_empty());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn launch_and_argument_errors_are_typed_and_leave_the_device_usable() {
+    let d = cuda();
+    let k = d.load_kernel(&saxpy()).unwrap();
+    let x = d.buffer_from(&[1.0f32; 64]).unwrap();
+    let y = d.buffer_from(&[1.0f32; 64]).unwrap();
+    let n = 64u32;
+
+    // Too many threads per block: the driver refuses the launch.
+    let mut enc = d.encoder();
+    enc.dispatch(
+        &k,
+        &[
+            Arg::read(&x),
+            Arg::read_write(&y),
+            Arg::value(&2.0f32),
+            Arg::value(&n),
+        ],
+        Launch::new(1, 4096),
+        "too wide",
+    )
+    .unwrap();
+    match enc.commit() {
+        Err(Error::Driver {
+            operation, message, ..
+        }) => {
+            assert!(operation.contains("too wide"), "{operation}");
+            assert!(message.contains("CUDA_ERROR"), "{message}");
+        }
+        other => panic!("expected a driver error, got {:?}", other.map(|_| ())),
+    }
+
+    // Wrong argument count and wrong inline size are caught before launch.
+    let mut enc = d.encoder();
+    enc.dispatch(
+        &k,
+        &[Arg::read(&x), Arg::read_write(&y)],
+        Launch::new(1, 64),
+        "short",
+    )
+    .unwrap();
+    assert!(matches!(enc.commit(), Err(Error::InvalidDispatch { .. })));
+    let mut enc = d.encoder();
+    enc.dispatch(
+        &k,
+        &[
+            Arg::read(&x),
+            Arg::read_write(&y),
+            Arg::value(&2.0f64),
+            Arg::value(&n),
+        ],
+        Launch::new(1, 64),
+        "f64 scalar",
+    )
+    .unwrap();
+    assert!(matches!(enc.commit(), Err(Error::InvalidDispatch { .. })));
+
+    // Out of memory is its own error and not a device failure.
+    assert!(matches!(d.alloc(1 << 50), Err(Error::OutOfMemory { .. })));
+
+    // None of this harmed the device.
+    let out = run_saxpy(&d, &[1.0, 2.0], &[1.0, 1.0], 3.0);
+    assert_eq!(out, [4.0, 7.0]);
+    d.synchronize().unwrap();
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Affine {
+    scale: f32,
+    shift: f32,
+    n: u32,
+}
+
+const AFFINE: &str = r#"
+struct Affine { float scale; float shift; unsigned int n; };
+// y[i] = x[i] * p.scale + p.shift, staged through 64 KiB of dynamic shared memory.
+extern "C" __global__ void affine(const float* x, float* y, Affine p) {
+    extern __shared__ float stage[];
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    stage[threadIdx.x * 64] = i < p.n ? x[i] : 0.0f;
+    __syncthreads();
+    if (i < p.n) y[i] = __fadd_rn(__fmul_rn(stage[threadIdx.x * 64], p.scale), p.shift);
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn structs_pass_by_value_and_large_shared_memory_is_allowed() {
+    let d = cuda();
+    let k = d
+        .load_kernel(&KernelDef::new("affine").cuda(AFFINE, "affine"))
+        .unwrap();
+    let n = 1000u32;
+    let data = Rng::new().vec(n as usize);
+    let x = d.buffer_from(&data).unwrap();
+    let y = d.alloc(n as usize * 4).unwrap();
+    let p = Affine {
+        scale: 3.0,
+        shift: -1.5,
+        n,
+    };
+    let mut enc = d.encoder();
+    // 256 threads x 64 floats = 64 KiB, above the 48 KiB default.
+    enc.dispatch(
+        &k,
+        &[Arg::read(&x), Arg::write(&y), Arg::value(&p)],
+        Launch::cover(n, 256).with_shared(256 * 64 * 4),
+        "affine",
+    )
+    .unwrap();
+    enc.commit_and_wait().unwrap();
+    let expected: Vec<f32> = data.iter().map(|v| v * 3.0 + -1.5).collect();
+    assert_eq!(y.download::<f32>().unwrap(), expected);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn auto_picks_cuda_and_devices_are_listed() {
+    let d = Device::open("auto", &config()).unwrap();
+    assert_eq!(d.kind(), encore::BackendKind::Cuda);
+    assert_eq!(d.name(), "cuda:0");
+    let list = encore::list_devices();
+    let gpu = list.iter().find(|i| i.name == "cuda:0").unwrap();
+    assert!(gpu.description.contains("sm_"), "{}", gpu.description);
+    eprintln!("{}: {}", gpu.name, gpu.description);
+    assert!(d.arch().starts_with("sm_"));
+}

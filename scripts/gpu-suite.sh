@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the GPU test suite and benchmarks here (no GPU or CUDA toolkit
+# needed) and stages them, stripped, in .gpu/ for the device tool.
+#
+#   scripts/gpu-suite.sh      then make the device call it prints, which
+#                             runs scripts/gpu-run.sh on the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tests=(gpu gpu_fault)
+benches=(cuda)
+
+echo "== building test binaries (release)" >&2
+test_args=()
+for t in "${tests[@]}"; do test_args+=(--test "$t"); done
+test_json=$(cargo test --release -p encore "${test_args[@]}" --no-run --message-format=json)
+
+echo "== building benchmarks (release)" >&2
+bench_args=()
+for b in "${benches[@]}"; do bench_args+=(--bench "$b"); done
+bench_json=$(cargo bench -p encore "${bench_args[@]}" --no-run --message-format=json)
+
+echo "== building the encore binary (release)" >&2
+cli=yes
+if ! cargo build --release -p encore-cli >&2; then
+    echo "warning: the encore binary did not build; staging the runtime suite without it" >&2
+    cli=no
+fi
+
+# The executable of each named target, from cargo's JSON messages.
+executable() { # json kind name
+    jq -r --arg kind "$2" --arg name "$3" \
+        'select(.reason == "compiler-artifact" and .executable != null
+                and .target.name == $name and (.target.kind | index($kind)))
+         | .executable' <<<"$1" | tail -n 1
+}
+
+rm -rf .gpu
+mkdir -p .gpu/tests .gpu/benches .gpu/bin
+for t in "${tests[@]}"; do
+    exe=$(executable "$test_json" test "$t")
+    [[ -n "$exe" && -x "$exe" ]] || { echo "no executable for test $t" >&2; exit 1; }
+    strip -o ".gpu/tests/$t" "$exe"
+done
+for b in "${benches[@]}"; do
+    exe=$(executable "$bench_json" bench "$b")
+    [[ -n "$exe" && -x "$exe" ]] || { echo "no executable for bench $b" >&2; exit 1; }
+    strip -o ".gpu/benches/$b" "$exe"
+done
+if [[ $cli == yes && -x target/release/encore ]]; then
+    strip -o .gpu/bin/encore target/release/encore
+fi
+cp scripts/gpu-run.sh .gpu/run.sh
+
+size=$(du -sb .gpu | cut -f1)
+echo "== staged $(find .gpu -type f | wc -l) files, $((size / 1024 / 1024)) MiB in .gpu/" >&2
+if (( size > 60 * 1024 * 1024 )); then
+    echo "error: .gpu is over 60 MiB; the device tool carries at most 64 MiB" >&2
+    exit 1
+fi
+cat <<'CALL'
+Now run on the GPU machine (device tool):
+  run(command="bash .gpu/run.sh", carry=[".gpu"], timeout_s=600)
+Logs come back under $OUT: device.txt, test-gpu.log, test-gpu_fault.log, bench-cuda.log, summary.txt
+CALL
