@@ -7,13 +7,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tests=(gpu gpu_fault)
+# Test binaries as package:test.
+tests=(encore:gpu encore:gpu_fault encore-ops:cuda_ops encore-llm:cuda_engine)
 benches=(cuda)
 
 echo "== building test binaries (release)" >&2
-test_args=()
-for t in "${tests[@]}"; do test_args+=(--test "$t"); done
-test_json=$(cargo test --release -p encore "${test_args[@]}" --no-run --message-format=json)
+test_json=""
+for pkg in $(printf '%s\n' "${tests[@]}" | cut -d: -f1 | sort -u); do
+    test_args=()
+    for t in "${tests[@]}"; do
+        [[ ${t%%:*} == "$pkg" ]] && test_args+=(--test "${t#*:}")
+    done
+    test_json+=$(cargo test --release -p "$pkg" "${test_args[@]}" --no-run --message-format=json)
+    test_json+=$'\n'
+done
 
 echo "== building benchmarks (release)" >&2
 bench_args=()
@@ -37,7 +44,7 @@ executable() { # json kind name
 
 rm -rf .gpu
 mkdir -p .gpu/tests .gpu/benches .gpu/bin
-for t in "${tests[@]}"; do
+for t in "${tests[@]#*:}"; do
     exe=$(executable "$test_json" test "$t")
     [[ -n "$exe" && -x "$exe" ]] || { echo "no executable for test $t" >&2; exit 1; }
     strip -o ".gpu/tests/$t" "$exe"
@@ -61,5 +68,8 @@ fi
 cat <<'CALL'
 Now run on the GPU machine (device tool):
   run(command="bash .gpu/run.sh", carry=[".gpu"], timeout_s=600)
-Logs come back under $OUT: device.txt, test-gpu.log, test-gpu_fault.log, bench-cuda.log, summary.txt
+Logs come back under $OUT: device.txt, test-<name>.log for each test binary,
+bench-cuda.log, bench-encore.log (encore bench on a synthetic SmolLM2), summary.txt.
+  run(command="bash .gpu/run.sh cuda_ops cuda_engine", ...) runs only those
+test binaries and the encore bench.
 CALL

@@ -1,8 +1,13 @@
 //! [`Ops`]: the kernels loaded on one device, and one method per operation
 //! that encodes a dispatch with exactly the byte ranges it reads and writes.
+//!
+//! Launch geometry is the CUDA kernels' (each kernel file states its
+//! layout); the CPU bodies ignore it, so one geometry serves every backend.
+//! Shapes that a kernel cannot handle are rejected here, before dispatch,
+//! with the same rule on every backend.
 
 use encore::graph::passes::FusionPattern;
-use encore::{Arg, Buffer, Device, Encoder, Kernel, Launch, Result};
+use encore::{Arg, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
 
 use crate::kernels::{argmax, attention, elementwise, embed, matmul, norm, rope};
 use crate::DType;
@@ -21,8 +26,22 @@ fn f32s(b: &Buffer, n: usize) -> Result<Buffer> {
     b.view(0, n * 4)
 }
 
-fn launch(rows: usize) -> Launch {
-    Launch::new(rows.max(1) as u32, 1)
+/// One block per row.
+fn per_row(rows: usize, block: u32) -> Launch {
+    Launch::new(rows.max(1) as u32, block)
+}
+
+/// One thread per element.
+fn per_element(n: usize, block: u32) -> Launch {
+    Launch::cover(n as u32, block)
+}
+
+fn invalid(kernel: &str, label: &str, reason: String) -> Error {
+    Error::InvalidDispatch {
+        kernel: kernel.to_string(),
+        label: label.to_string(),
+        reason,
+    }
 }
 
 /// Every operation's kernel, loaded on one device.
@@ -93,7 +112,7 @@ impl Ops {
                 Arg::write(&f32s(y, rows * dim)?),
                 Arg::value(&shape),
             ],
-            launch(rows),
+            per_row(rows, norm::CUDA_BLOCK),
             "rms_norm",
         )
     }
@@ -122,7 +141,10 @@ impl Ops {
                 Arg::write(&f32s(y, rows * w.n)?),
                 Arg::value(&shape),
             ],
-            Launch::new(w.n as u32, 1),
+            Launch::new(
+                (w.n as u32).div_ceil(matmul::CUDA_COLUMNS_PER_BLOCK).max(1),
+                32 * matmul::CUDA_COLUMNS_PER_BLOCK,
+            ),
             label,
         )
     }
@@ -142,6 +164,13 @@ impl Ops {
         neox: bool,
         label: &'static str,
     ) -> Result<()> {
+        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
+            return Err(invalid(
+                "rope",
+                label,
+                format!("rope_dim {rope_dim} must be even and at most head_dim {head_dim}"),
+            ));
+        }
         let shape = rope::RopeShape {
             rows: rows as u32,
             heads: heads as u32,
@@ -157,7 +186,7 @@ impl Ops {
                 Arg::read(pos),
                 Arg::value(&shape),
             ],
-            launch(rows),
+            per_element(rows * heads * (rope_dim / 2), rope::CUDA_BLOCK),
             label,
         )
     }
@@ -188,7 +217,7 @@ impl Ops {
                 Arg::read(pos),
                 Arg::value(&shape),
             ],
-            launch(rows),
+            per_element(rows * kv_dim, attention::CUDA_KV_STORE_BLOCK),
             label,
         )
     }
@@ -205,6 +234,21 @@ impl Ops {
         out: &Buffer,
         shape: attention::AttnShape,
     ) -> Result<()> {
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(invalid(
+                "attention",
+                "attention",
+                format!("{heads} heads do not divide into {kv_heads} KV heads"),
+            ));
+        }
+        if head_dim as usize > attention::MAX_HEAD_DIM {
+            return Err(invalid(
+                "attention",
+                "attention",
+                format!("head size {head_dim} above {}", attention::MAX_HEAD_DIM),
+            ));
+        }
         let n = (shape.rows * shape.heads * shape.head_dim) as usize;
         enc.dispatch(
             &self.attention,
@@ -216,7 +260,11 @@ impl Ops {
                 Arg::write(&f32s(out, n)?),
                 Arg::value(&shape),
             ],
-            Launch::new(shape.heads, shape.rows),
+            Launch::grid3(
+                [shape.heads.max(1), shape.rows.max(1), 1],
+                [attention::CUDA_ATTENTION_THREADS, 1, 1],
+            )
+            .with_shared(attention::attention_shared_bytes(shape.max_seq)),
             "attention",
         )
     }
@@ -230,7 +278,7 @@ impl Ops {
                 Arg::read(&f32s(x, n)?),
                 Arg::value(&(n as u32)),
             ],
-            launch(n),
+            per_element(n, elementwise::CUDA_BLOCK),
             "add",
         )
     }
@@ -251,7 +299,7 @@ impl Ops {
                 Arg::read(&f32s(b, n)?),
                 Arg::value(&[rows as u32, n as u32]),
             ],
-            launch(rows),
+            per_element(rows * n, elementwise::CUDA_BLOCK),
             "add_rows",
         )
     }
@@ -273,7 +321,7 @@ impl Ops {
                 Arg::write(&f32s(y, n)?),
                 Arg::value(&(n as u32)),
             ],
-            launch(n),
+            per_element(n, elementwise::CUDA_BLOCK),
             "silu_mul",
         )
     }
@@ -301,7 +349,7 @@ impl Ops {
                 Arg::write(&f32s(y, rows * table.k)?),
                 Arg::value(&shape),
             ],
-            launch(rows),
+            per_row(rows, embed::CUDA_BLOCK),
             "embed",
         )
     }
@@ -315,7 +363,7 @@ impl Ops {
                 Arg::write(&out.view(0, 4)?),
                 Arg::value(&(n as u32)),
             ],
-            Launch::new(1, 1),
+            Launch::new(1, argmax::CUDA_BLOCK),
             "argmax",
         )
     }

@@ -14,6 +14,43 @@ pub fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
+/// CUDA: one block of [`CUDA_BLOCK`] threads. Each thread keeps the best
+/// `(value, index)` of a strided part; the block reduces pairs with warp
+/// shuffles, preferring the larger value and, among equal values, the
+/// smaller index. As on the CPU, a NaN never wins, and a NaN at index 0
+/// makes the answer 0.
+const ARGMAX_CUDA: &str = r#"
+__device__ __forceinline__ void argmax_take(float& v, unsigned int& i, float ov, unsigned int oi) {
+    if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+}
+
+extern "C" __global__ void argmax(const float* __restrict__ x, unsigned int* __restrict__ out, unsigned int n) {
+    __shared__ float best_v[32];
+    __shared__ unsigned int best_i[32];
+    float v = __uint_as_float(0xff800000u);  // -infinity (NVRTC has no math.h)
+    unsigned int i = 0xffffffffu;
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) argmax_take(v, i, x[j], j);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_take(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    if (lane == 0) { best_v[warp] = v; best_i[warp] = i; }
+    __syncthreads();
+    if (warp == 0) {
+        const unsigned int warps = (blockDim.x + 31) / 32;
+        v = lane < warps ? best_v[lane] : __uint_as_float(0xff800000u);
+        i = lane < warps ? best_i[lane] : 0xffffffffu;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            argmax_take(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        if (lane == 0) out[0] = (i == 0xffffffffu || n == 0 || x[0] != x[0]) ? 0u : i;
+    }
+}
+"#;
+
+/// CUDA threads in the one block.
+pub const CUDA_BLOCK: u32 = 1024;
+
 pub fn def() -> KernelDef {
     KernelDef::new("argmax")
         .op("argmax")
@@ -26,4 +63,5 @@ pub fn def() -> KernelDef {
             out[0] = argmax(&x[..n]);
             Ok(())
         })
+        .cuda(ARGMAX_CUDA, "argmax")
 }

@@ -39,6 +39,33 @@ pub struct AttnShape {
     pub scale: f32,
 }
 
+/// CUDA `kv_store`: one thread per element, `cache[pos * kv_dim + i] =
+/// f16(src[i])` rounding to nearest even, like the CPU. A position past the
+/// cache writes nothing (the CPU reports it; the session checks before).
+const KV_STORE_CUDA: &str = concat!(
+    super::matmul::cuda_ggml_types!(),
+    r#"
+struct KvShape {
+    unsigned int rows;
+    unsigned int kv_dim;
+    unsigned int max_seq;
+};
+
+extern "C" __global__ void kv_store(const float* __restrict__ src, f16_bits* __restrict__ cache,
+                                    const unsigned int* __restrict__ pos, KvShape s) {
+    const unsigned long long p = pos[0];
+    if (p + s.rows > s.max_seq) return;
+    const unsigned int n = s.rows * s.kv_dim;
+    f16_bits* dst = cache + p * s.kv_dim;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        dst[i] = f32_to_f16(src[i]);
+}
+"#
+);
+
+/// CUDA threads per block of `kv_store`.
+pub const CUDA_KV_STORE_BLOCK: u32 = 256;
+
 pub fn kv_store_def() -> KernelDef {
     KernelDef::new("kv_store")
         .op("kv_store")
@@ -61,29 +88,123 @@ pub fn kv_store_def() -> KernelDef {
                 .convert_from_f32_slice(&src[..rows * kv_dim]);
             Ok(())
         })
+        .cuda(KV_STORE_CUDA, "kv_store")
 }
 
-/// Dot product with eight independent accumulators, so it vectorizes.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
+/// `q · k` summed as ggml's AVX2 `ggml_vec_dot_f16` sums it: four 8-lane
+/// accumulators over steps of 32, folded pairwise, then across lanes. The
+/// inputs are f16 values, so every product is exact and only the order of the
+/// additions matters; following ggml's order keeps scores bit-identical.
+fn dot_like_ggml(q: &[f32], k: &[f32]) -> f32 {
+    let n = q.len().min(k.len());
+    let body = n - n % 32;
+    let mut acc = [[0.0f32; 8]; 4];
+    for i in (0..body).step_by(32) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, a) in lanes.iter_mut().enumerate() {
+                let e = i + 8 * j + l;
+                *a += q[e] * k[e];
+            }
         }
     }
-    acc.iter().sum::<f32>() + tail
+    let mut r = [0.0f32; 8];
+    for (l, r) in r.iter_mut().enumerate() {
+        *r = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let t0 = [r[0] + r[4], r[1] + r[5], r[2] + r[6], r[3] + r[7]];
+    let mut sum = (t0[0] + t0[1]) + (t0[2] + t0[3]);
+    for e in body..n {
+        sum += q[e] * k[e];
+    }
+    sum
+}
+
+/// `acc = f16(acc * s)` and `acc = f16(acc + v * s)` (fused), on values that
+/// are f16 numbers kept in f32: ggml's f16 accumulator of the flash-attention
+/// path, rounded exactly as its AVX2 code rounds.
+mod f16_acc {
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx2() -> bool {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+
+    pub fn scale(acc: &mut [f32], s: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: the CPU features were just detected.
+            unsafe { avx2::scale(acc, s) };
+            return;
+        }
+        for a in acc {
+            *a = half::f16::from_f32(*a * s).to_f32();
+        }
+    }
+
+    pub fn mad(acc: &mut [f32], v: &[f32], s: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: the CPU features were just detected.
+            unsafe { avx2::mad(acc, v, s) };
+            return;
+        }
+        for (a, x) in acc.iter_mut().zip(v) {
+            *a = half::f16::from_f32(x.mul_add(s, *a)).to_f32();
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod avx2 {
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn scale(acc: &mut [f32], s: f32) {
+            let sv = _mm256_set1_ps(s);
+            let mut chunks = acc.chunks_exact_mut(8);
+            for c in &mut chunks {
+                // SAFETY: `c` holds 8 floats; loads and stores are unaligned.
+                unsafe {
+                    let r = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), sv);
+                    let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(r));
+                    _mm256_storeu_ps(c.as_mut_ptr(), r);
+                }
+            }
+            for a in chunks.into_remainder() {
+                *a = half::f16::from_f32(*a * s).to_f32();
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn mad(acc: &mut [f32], v: &[f32], s: f32) {
+            let sv = _mm256_set1_ps(s);
+            let n = acc.len().min(v.len());
+            let body = n - n % 8;
+            for i in (0..body).step_by(8) {
+                // SAFETY: `i + 8 <= n` for both slices; access is unaligned.
+                unsafe {
+                    let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+                    let x = _mm256_loadu_ps(v.as_ptr().add(i));
+                    let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_fmadd_ps(x, sv, a)));
+                    _mm256_storeu_ps(acc.as_mut_ptr().add(i), r);
+                }
+            }
+            for i in body..n {
+                acc[i] = half::f16::from_f32(v[i].mul_add(s, acc[i])).to_f32();
+            }
+        }
+    }
 }
 
 /// Attention of one query head over positions `0..len` of a cache already
-/// widened to f32 (`k`, `v`: `[len, kv_dim]`), reading the head's slice at
-/// `kv_off`; `scores` is scratch space.
+/// widened to f32 (`k`, `v`: `[len, kv_dim]`, f16 values), reading the head's
+/// slice at `kv_off`.
+///
+/// This is llama.cpp's CPU flash-attention recurrence, which its tools use by
+/// default: Q rounded to f16, one pass with a running maximum `m` and sum,
+/// and the weighted sum of V kept in f16. Following it step by step makes
+/// greedy decoding agree with llama.cpp: in small models attention is
+/// sensitive enough that other exact formulas pick other tokens.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_head(
     q: &[f32],
@@ -94,33 +215,33 @@ pub fn attend_head(
     kv_off: usize,
     scale: f32,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
 ) {
-    let hd = q.len().min(MAX_HEAD_DIM);
+    let hd = q.len().min(MAX_HEAD_DIM).min(out.len());
     let mut q16 = [0.0f32; MAX_HEAD_DIM];
     let q16 = &mut q16[..hd];
     for (d, s) in q16.iter_mut().zip(q) {
         *d = f16::from_f32(*s).to_f32();
     }
-    scores.clear();
-    scores.extend((0..len).map(|t| {
+    let acc = &mut out[..hd];
+    acc.fill(0.0);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    for t in 0..len {
         let base = t * kv_dim + kv_off;
-        scale * dot(q16, &k[base..base + hd])
-    }));
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    out.fill(0.0);
-    for (t, s) in scores.iter().enumerate() {
-        let p = f16::from_f32(s / sum).to_f32();
-        let base = t * kv_dim + kv_off;
-        for (o, x) in out.iter_mut().zip(&v[base..base + hd]) {
-            *o += p * x;
+        let s = dot_like_ggml(q16, &k[base..base + hd]) * scale;
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if s > m {
+            let old = m;
+            m = s;
+            ms = (old - m).exp();
+            f16_acc::scale(acc, ms);
+        } else {
+            vs = (s - m).exp();
         }
+        f16_acc::mad(acc, &v[base..base + hd], vs);
+        sum = sum * ms + vs;
     }
+    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    acc.iter_mut().for_each(|a| *a *= inv);
 }
 
 /// The largest head size the CPU attention supports.
@@ -130,14 +251,226 @@ thread_local! {
     /// Per-thread scratch: the cache widened to f32.
     static WIDE: std::cell::Cell<(Vec<f32>, Vec<f32>)> =
         const { std::cell::Cell::new((Vec::new(), Vec::new())) };
-    /// Per-thread scratch: one head's attention scores.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// CUDA `attention`: one block of [`CUDA_ATTENTION_THREADS`] threads per
+/// (head, query row), in three passes over the positions `t < len` (`len =
+/// pos + row + 1`):
+///
+/// 1. thread per position: `s[t] = scale * q16 · K[t]`, with `q16` (the
+///    query rounded to f16, as on the CPU) in shared memory and `K[t]` read
+///    16 bytes at a time; block maximum `m`;
+/// 2. thread per position: `e[t] = exp(s[t] - m)`; block sum `S`;
+/// 3. in chunks of one position a thread: `p[t] = f16(e[t] / S)` into shared
+///    memory, then warp per position and lane per pair of dimensions:
+///    `out += p[t] V[t]`, each warp loading the V rows of 8 positions before
+///    using them (decode runs one block per head, so it is bound by memory
+///    latency); the warps' sums meet in shared memory.
+///
+/// Scores live in dynamic shared memory, one f32 per position, as far as
+/// the launch provides it ([`attention_shared_bytes`]); past that the
+/// kernel recomputes `s[t]` in passes 2 and 3 instead, so any length works.
+/// Summation order differs from the CPU, so results agree to f32 rounding,
+/// and a probability may round to a neighbouring f16 (2^-11 relative).
+const ATTENTION_CUDA: &str = concat!(
+    super::matmul::cuda_ggml_types!(),
+    r#"
+struct AttnShape {
+    unsigned int rows;
+    unsigned int heads;
+    unsigned int kv_heads;
+    unsigned int head_dim;
+    unsigned int max_seq;
+    float scale;
+};
+
+#define ATT_THREADS 256
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_MAX_HEAD 256
+#define ATT_PAIRS (ATT_MAX_HEAD / 64)
+#define ATT_BATCH 8
+
+// scale * q16 . K[t] for one position, by one thread.
+template <bool VEC>
+__device__ __forceinline__ float att_score(const float* qs, const f16_bits* __restrict__ kt,
+                                           unsigned int hd, float scale) {
+    float acc = 0.f;
+    if (VEC) {
+        for (unsigned int d = 0; d < hd; d += 8) {
+            const uint4 v = *reinterpret_cast<const uint4*>(kt + d);
+            const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                acc = fmaf(qs[d + 2 * i], f16_to_f32((f16_bits)(u[i] & 0xffffu)), acc);
+                acc = fmaf(qs[d + 2 * i + 1], f16_to_f32((f16_bits)(u[i] >> 16)), acc);
+            }
+        }
+    } else {
+        for (unsigned int d = 0; d < hd; ++d) acc = fmaf(qs[d], f16_to_f32(kt[d]), acc);
+    }
+    return scale * acc;
+}
+
+// Block-wide reduction (max or sum) of one value per thread; every thread gets the result.
+template <bool MAX>
+__device__ __forceinline__ float att_reduce(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, other) : v + other;
+    }
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < ATT_WARPS; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
+    return v;
+}
+
+// Fixed shared memory of one block (declared once in the entry point, so
+// that the two instantiations of `attend` do not each reserve their own).
+struct AttScratch {
+    float qs[ATT_MAX_HEAD];
+    float probs[ATT_THREADS];
+    float partial[ATT_WARPS][ATT_MAX_HEAD];
+    float red[ATT_WARPS];
+};
+
+template <bool VEC>
+__device__ void attend(const float* __restrict__ q, const f16_bits* __restrict__ k,
+                       const f16_bits* __restrict__ v, float* __restrict__ out, const AttnShape& s,
+                       unsigned int len, float* scores, unsigned int cached, AttScratch& sh) {
+    float* qs = sh.qs;
+    float* probs = sh.probs;
+    float* red = sh.red;
+    const unsigned int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
+    const unsigned int lane = tid & 31u, warp = tid >> 5;
+    const unsigned int hd = s.head_dim, kv_dim = s.kv_heads * hd;
+    const unsigned int kv_off = (h / (s.heads / s.kv_heads)) * hd;
+    const float* qh = q + ((size_t)r * s.heads + h) * hd;
+    for (unsigned int d = tid; d < hd; d += ATT_THREADS) qs[d] = round_f16(qh[d]);
+    __syncthreads();
+    const f16_bits* kh = k + kv_off;
+    const f16_bits* vh = v + kv_off;
+
+    float m = __uint_as_float(0xff800000u);  // -infinity (NVRTC has no math.h)
+    for (unsigned int t = tid; t < len; t += ATT_THREADS) {
+        const float sc = att_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale);
+        if (t < cached) scores[t] = sc;
+        m = fmaxf(m, sc);
+    }
+    m = att_reduce<true>(m, red);
+
+    float sum = 0.f;
+    for (unsigned int t = tid; t < len; t += ATT_THREADS) {
+        const float sc = t < cached ? scores[t] : att_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale);
+        const float e = expf(sc - m);
+        if (t < cached) scores[t] = e;
+        sum += e;
+    }
+    sum = att_reduce<false>(sum, red);
+
+    float2 acc[ATT_PAIRS];
+#pragma unroll
+    for (int c = 0; c < ATT_PAIRS; ++c) acc[c] = make_float2(0.f, 0.f);
+    for (unsigned int t0 = 0; t0 < len; t0 += ATT_THREADS) {
+        const unsigned int t = t0 + tid;
+        if (t < len) {
+            const float e = t < cached
+                ? scores[t]
+                : expf(att_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale) - m);
+            probs[tid] = round_f16(e / sum);
+        }
+        __syncthreads();
+        const unsigned int end = min(len - t0, (unsigned int)ATT_THREADS);
+        // Warp per position, ATT_BATCH positions' V rows loaded before any is used.
+        for (unsigned int i0 = warp; i0 < end; i0 += ATT_WARPS * ATT_BATCH) {
+            unsigned int pair[ATT_BATCH][ATT_PAIRS];
+#pragma unroll
+            for (int u = 0; u < ATT_BATCH; ++u) {
+                const unsigned int i = i0 + u * ATT_WARPS;
+                const f16_bits* vt = vh + (size_t)(t0 + i) * kv_dim;
+#pragma unroll
+                for (int c = 0; c < ATT_PAIRS; ++c) {
+                    const unsigned int d = 2 * lane + 64 * c;
+                    pair[u][c] = 0u;
+                    if (i < end && d < hd) {
+                        if (VEC) {
+                            pair[u][c] = *reinterpret_cast<const unsigned int*>(vt + d);
+                        } else {
+                            pair[u][c] = (unsigned int)vt[d] | (d + 1 < hd ? (unsigned int)vt[d + 1] << 16 : 0u);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_BATCH; ++u) {
+                const unsigned int i = i0 + u * ATT_WARPS;
+                const float p = i < end ? probs[i] : 0.f;
+#pragma unroll
+                for (int c = 0; c < ATT_PAIRS; ++c) {
+                    acc[c].x = fmaf(p, f16_to_f32((f16_bits)(pair[u][c] & 0xffffu)), acc[c].x);
+                    acc[c].y = fmaf(p, f16_to_f32((f16_bits)(pair[u][c] >> 16)), acc[c].y);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int c = 0; c < ATT_PAIRS; ++c) {
+        const unsigned int d = 2 * lane + 64 * c;
+        if (d < hd) sh.partial[warp][d] = acc[c].x;
+        if (d + 1 < hd) sh.partial[warp][d + 1] = acc[c].y;
+    }
+    __syncthreads();
+    float* oh = out + ((size_t)r * s.heads + h) * hd;
+    for (unsigned int d = tid; d < hd; d += ATT_THREADS) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; ++w) o += sh.partial[w][d];
+        oh[d] = o;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attention(const float* __restrict__ q, const f16_bits* __restrict__ k, const f16_bits* __restrict__ v,
+          const unsigned int* __restrict__ pos, float* __restrict__ out, AttnShape s) {
+    extern __shared__ float scores[];
+    __shared__ AttScratch scratch;
+    if (s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim > ATT_MAX_HEAD) return;
+    const unsigned long long p = pos[0];
+    if (p + s.rows > s.max_seq || blockIdx.x >= s.heads || blockIdx.y >= s.rows) return;
+    const unsigned int len = (unsigned int)p + blockIdx.y + 1;
+    unsigned int cached;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(cached));
+    cached /= 4;
+    const bool vec = s.head_dim % 8 == 0 && (s.kv_heads * s.head_dim) % 8 == 0
+        && ((size_t)k & 15u) == 0 && ((size_t)v & 15u) == 0;
+    if (vec) attend<true>(q, k, v, out, s, len, scores, cached, scratch);
+    else attend<false>(q, k, v, out, s, len, scores, cached, scratch);
+}
+"#
+);
+
+/// CUDA threads per block of `attention`.
+pub const CUDA_ATTENTION_THREADS: u32 = 256;
+
+/// Positions whose scores the CUDA attention keeps in shared memory (32 KiB,
+/// which with the kernel's 10 KiB of fixed shared memory stays under the
+/// 48 KiB a block gets without opting in); longer contexts recompute scores.
+const CUDA_CACHED_SCORES: u32 = 8192;
+
+/// Dynamic shared memory for a CUDA attention launch over a cache of `max_seq`.
+pub fn attention_shared_bytes(max_seq: u32) -> u32 {
+    max_seq.min(CUDA_CACHED_SCORES) * 4
 }
 
 pub fn attention_def() -> KernelDef {
     KernelDef::new("attention")
         .op("attention")
-        .cpu("attention f16-cache v2", |a| {
+        .cpu("attention f16-cache flash v3", |a| {
             let s: AttnShape = a.scalar(5)?;
             let pos = super::param(a, 3)? as usize;
             let (rows, heads, kvh, hd) = (
@@ -184,13 +517,11 @@ pub fn attention_def() -> KernelDef {
                         let (r, h) = (i / heads, i % heads);
                         let qh = &q[i * hd..(i + 1) * hd];
                         let off = (h / group) * hd;
-                        SCORES.with(|sc| {
-                            let scores = &mut sc.borrow_mut();
-                            attend_head(qh, kf, vf, pos + r + 1, kv_dim, off, s.scale, o, scores);
-                        });
+                        attend_head(qh, kf, vf, pos + r + 1, kv_dim, off, s.scale, o);
                     });
             }
             WIDE.with(|w| w.replace((kf, vf)));
             Ok(())
         })
+        .cuda(ATTENTION_CUDA, "attention")
 }

@@ -8,15 +8,55 @@
 
 use encore::KernelDef;
 
+/// CUDA threads per block; every elementwise kernel covers its elements
+/// with a grid-stride loop, one element a thread per step.
+pub const CUDA_BLOCK: u32 = 256;
+
+/// CUDA `add`: `y[i] += x[i]`, one thread per element.
+const ADD_CUDA: &str = r#"
+extern "C" __global__ void add(float* __restrict__ y, const float* __restrict__ x, unsigned int n) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+"#;
+
+/// CUDA `add_rows`: `y[r, j] += b[j]`, one thread per element of `y`.
+const ADD_ROWS_CUDA: &str = r#"
+struct RowsCols {
+    unsigned int rows;
+    unsigned int n;
+};
+
+extern "C" __global__ void add_rows(float* __restrict__ y, const float* __restrict__ b, RowsCols s) {
+    const unsigned int total = s.rows * s.n;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
+        y[i] += b[i % s.n];
+}
+"#;
+
+/// CUDA `silu_mul`: `y[i] = g[i] / (1 + e^-g[i]) * u[i]`, one thread per element.
+const SILU_MUL_CUDA: &str = r#"
+extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u,
+                                    float* __restrict__ y, unsigned int n) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float v = g[i];
+        y[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+"#;
+
 pub fn add_def() -> KernelDef {
-    KernelDef::new("add").op("add").cpu("add f32 v1", |a| {
-        let n = a.scalar::<u32>(2)? as usize;
-        let (y, x) = (a.write::<f32>(0)?, a.read::<f32>(1)?);
-        super::need("y", y, n)?;
-        super::need("x", x, n)?;
-        y[..n].iter_mut().zip(&x[..n]).for_each(|(y, x)| *y += x);
-        Ok(())
-    })
+    KernelDef::new("add")
+        .op("add")
+        .cpu("add f32 v1", |a| {
+            let n = a.scalar::<u32>(2)? as usize;
+            let (y, x) = (a.write::<f32>(0)?, a.read::<f32>(1)?);
+            super::need("y", y, n)?;
+            super::need("x", x, n)?;
+            y[..n].iter_mut().zip(&x[..n]).for_each(|(y, x)| *y += x);
+            Ok(())
+        })
+        .cuda(ADD_CUDA, "add")
 }
 
 pub fn silu(v: f32) -> f32 {
@@ -37,6 +77,7 @@ pub fn silu_mul_def() -> KernelDef {
             }
             Ok(())
         })
+        .cuda(SILU_MUL_CUDA, "silu_mul")
 }
 
 pub fn add_rows_def() -> KernelDef {
@@ -52,4 +93,5 @@ pub fn add_rows_def() -> KernelDef {
             }
             Ok(())
         })
+        .cuda(ADD_ROWS_CUDA, "add_rows")
 }

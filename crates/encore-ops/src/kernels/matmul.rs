@@ -3,11 +3,75 @@
 //!
 //! Arguments: `w: dtype[n, k]` (read, raw GGUF blocks), `x: f32[rows, k]`
 //! (read), `y: f32[rows, n]` (write), [`MatmulShape`] (value).
+//!
+//! The CPU quantizes `x` to 8-bit blocks for quantized weights (as ggml
+//! does); CUDA multiplies dequantized weights with f32 `x`, so the two agree
+//! to the activation quantization error, not to the bit.
 
 use encore::KernelDef;
 
 use crate::DType;
 
+/// CUDA C shared by the kernels that read GGUF data: half and bfloat16
+/// conversions and the ggml type ids.
+///
+/// NVRTC finds no `cuda_fp16.h` without an include path to a CUDA toolkit,
+/// so halves are carried as their 16 bits and converted with PTX `cvt`
+/// (f16 to f32 exactly; f32 to f16 rounding to nearest even, like the
+/// `half` crate). A bfloat16 is the top half of an f32.
+macro_rules! cuda_ggml_types {
+    () => {
+        r#"
+typedef unsigned short f16_bits;
+typedef unsigned short bf16_bits;
+
+__device__ __forceinline__ float f16_to_f32(f16_bits h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ f16_bits f32_to_f16(float f) {
+    f16_bits h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// The value an f32 takes once stored as f16.
+__device__ __forceinline__ float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
+__device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
+    return __uint_as_float((unsigned int)b << 16);
+}
+
+#define GGML_F32 0u
+#define GGML_F16 1u
+#define GGML_Q4_0 2u
+#define GGML_Q4_1 3u
+#define GGML_Q8_0 8u
+#define GGML_BF16 30u
+
+// Bytes of one row of `k` elements of a ggml type (0 for an unknown type).
+__device__ __forceinline__ unsigned long long ggml_row_bytes(unsigned int dtype, unsigned int k) {
+    switch (dtype) {
+        case GGML_F32: return 4ull * k;
+        case GGML_F16: case GGML_BF16: return 2ull * k;
+        case GGML_Q8_0: return 34ull * (k / 32);
+        case GGML_Q4_0: return 18ull * (k / 32);
+        case GGML_Q4_1: return 20ull * (k / 32);
+        default: return 0;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+"#
+    };
+}
+pub(crate) use cuda_ggml_types;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct MatmulShape {
@@ -18,39 +82,357 @@ pub struct MatmulShape {
     pub dtype: u32,
 }
 
+/// CUDA: one warp per output column `j` (weight row), four warps a block.
+/// The warp walks the weight row once per tile of up to four activation
+/// rows (a tile of one row, compiled separately, for decode), dequantizing
+/// each weight in registers and multiplying it with the f32 activations of
+/// every row in the tile; the lanes' partial sums meet in a warp reduction.
+///
+/// Lane layout: in Q8_0, Q4_0 and Q4_1 four lanes share a 32-weight block,
+/// each taking 8 weights (Q4: bytes `4s..4s+4` of `qs`, i.e. weights
+/// `4s..4s+4` and `16+4s..16+4s+4`), so a warp step covers 8 consecutive
+/// blocks; float weights take 8 consecutive elements a lane, 256 a step.
+/// Each lane loads the weights of [`MM_STEPS`](self) steps into registers
+/// before using any, so that many loads are in flight (the kernel is bound
+/// by memory latency at decode sizes). GGUF blocks are 18, 20 or 34 bytes,
+/// so quantized weights are read as the widest words their alignment allows
+/// (32-bit for Q4_1, 16-bit for Q4_0 and Q8_0), coalesced across the warp;
+/// float weights and activations are read 16 bytes at a time when aligned
+/// (float rows also need a length that is a multiple of 8), else one
+/// element at a time.
+///
+/// Per block: Q8_0 `d Σ q x`; Q4_0 `d (Σ n x - 8 Σ x)`; Q4_1 `d Σ n x + m Σ x`.
+const MATMUL_CUDA: &str = concat!(
+    cuda_ggml_types!(),
+    r#"
+struct MatmulShape {
+    unsigned int rows;
+    unsigned int n;
+    unsigned int k;
+    unsigned int dtype;
+};
+
+#define MM_WARPS 4
+#define MM_STEPS 4
+
+template <bool VEC>
+__device__ __forceinline__ void load4(const float* __restrict__ p, float* v) {
+    if (VEC) {
+        const float4 a = *reinterpret_cast<const float4*>(p);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    } else {
+        v[0] = p[0]; v[1] = p[1]; v[2] = p[2]; v[3] = p[3];
+    }
+}
+
+// Sums the tile's accumulators across the warp; lane 0 stores them.
+template <int TILE>
+__device__ __forceinline__ void store_tile(float* acc, float* __restrict__ y, const MatmulShape& s,
+                                           unsigned int r0, unsigned int j, unsigned int lane) {
+#pragma unroll
+    for (int t = 0; t < TILE; ++t) acc[t] = warp_sum(acc[t]);
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < TILE; ++t)
+            if (r0 + t < s.rows) y[(size_t)(r0 + t) * s.n + j] = acc[t];
+    }
+}
+
+// Q4_0 (18-byte blocks, HAS_MIN false) and Q4_1 (20-byte blocks, HAS_MIN true).
+template <bool HAS_MIN, bool VEC, int TILE>
+__device__ void mm_q4(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                      float* __restrict__ y, const MatmulShape& s, unsigned int j, unsigned int lane) {
+    const unsigned int bytes = HAS_MIN ? 20 : 18;
+    const unsigned int nb = s.k / 32, sub = lane & 3;
+    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
+        float acc[TILE];
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[t] = 0.f;
+        for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
+            // Scale words (d, or d and m) and 8 codes of each step.
+            unsigned int head[MM_STEPS], codes[MM_STEPS];
+#pragma unroll
+            for (int u = 0; u < MM_STEPS; ++u) {
+                const unsigned int b = b0 + 8 * u;
+                head[u] = 0u;
+                codes[u] = 0u;
+                if (b < nb) {
+                    const unsigned char* blk = row + (size_t)b * bytes;
+                    if (HAS_MIN) {
+                        head[u] = *reinterpret_cast<const unsigned int*>(blk);
+                        codes[u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
+                    } else {
+                        const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+                        head[u] = h[0];
+                        codes[u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < MM_STEPS; ++u) {
+                const unsigned int b = b0 + 8 * u;
+                if (b >= nb) break;
+                const float d = f16_to_f32((f16_bits)(head[u] & 0xffffu));
+                const float m = HAS_MIN ? f16_to_f32((f16_bits)(head[u] >> 16)) : 0.f;
+                float lo[4], hi[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    lo[i] = (float)((codes[u] >> (8 * i)) & 15u);
+                    hi[i] = (float)((codes[u] >> (8 * i + 4)) & 15u);
+                }
+#pragma unroll
+                for (int t = 0; t < TILE; ++t) {
+                    if (r0 + t < s.rows) {
+                        const float* xb = x + (size_t)(r0 + t) * s.k + b * 32 + 4 * sub;
+                        float xl[4], xh[4];
+                        load4<VEC>(xb, xl);
+                        load4<VEC>(xb + 16, xh);
+                        float nx = 0.f, sx = 0.f;
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            nx = fmaf(lo[i], xl[i], nx);
+                            nx = fmaf(hi[i], xh[i], nx);
+                            sx += xl[i] + xh[i];
+                        }
+                        acc[t] += HAS_MIN ? fmaf(d, nx, m * sx) : d * fmaf(-8.f, sx, nx);
+                    }
+                }
+            }
+        }
+        store_tile<TILE>(acc, y, s, r0, j, lane);
+    }
+}
+
+// Q8_0: 34-byte blocks, `d` then 32 signed codes.
+template <bool VEC, int TILE>
+__device__ void mm_q8_0(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                        float* __restrict__ y, const MatmulShape& s, unsigned int j, unsigned int lane) {
+    const unsigned int nb = s.k / 32, sub = lane & 3;
+    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
+        float acc[TILE];
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[t] = 0.f;
+        for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
+            // The scale and 8 codes (four 16-bit words) of each step.
+            unsigned short head[MM_STEPS], codes[MM_STEPS][4];
+#pragma unroll
+            for (int u = 0; u < MM_STEPS; ++u) {
+                const unsigned int b = b0 + 8 * u;
+                head[u] = 0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) codes[u][i] = 0;
+                if (b < nb) {
+                    const unsigned short* h = reinterpret_cast<const unsigned short*>(row + (size_t)b * 34);
+                    head[u] = h[0];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) codes[u][i] = h[1 + 4 * sub + i];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < MM_STEPS; ++u) {
+                const unsigned int b = b0 + 8 * u;
+                if (b >= nb) break;
+                const float d = f16_to_f32(head[u]);
+                float wq[8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    wq[2 * i] = (float)(signed char)(codes[u][i] & 0xffu);
+                    wq[2 * i + 1] = (float)(signed char)(codes[u][i] >> 8);
+                }
+#pragma unroll
+                for (int t = 0; t < TILE; ++t) {
+                    if (r0 + t < s.rows) {
+                        const float* xb = x + (size_t)(r0 + t) * s.k + b * 32 + 8 * sub;
+                        float xv[8];
+                        load4<VEC>(xb, xv);
+                        load4<VEC>(xb + 4, xv + 4);
+                        float dot = 0.f;
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) dot = fmaf(wq[i], xv[i], dot);
+                        acc[t] = fmaf(d, dot, acc[t]);
+                    }
+                }
+            }
+        }
+        store_tile<TILE>(acc, y, s, r0, j, lane);
+    }
+}
+
+// Eight consecutive float weights (16 bytes of f16/bf16 or 32 of f32) as raw words.
+template <unsigned int TYPE>
+__device__ __forceinline__ void load8_raw(const unsigned char* __restrict__ p, uint4* raw) {
+    raw[0] = reinterpret_cast<const uint4*>(p)[0];
+    if (TYPE == GGML_F32) raw[1] = reinterpret_cast<const uint4*>(p)[1];
+}
+
+template <unsigned int TYPE>
+__device__ __forceinline__ void widen8(const uint4* raw, float* w) {
+    if (TYPE == GGML_F32) {
+        const unsigned int u[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = __uint_as_float(u[i]);
+    } else {
+        const unsigned int u[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (TYPE == GGML_F16) {
+                w[2 * i] = f16_to_f32((f16_bits)(u[i] & 0xffffu));
+                w[2 * i + 1] = f16_to_f32((f16_bits)(u[i] >> 16));
+            } else {
+                w[2 * i] = __uint_as_float(u[i] << 16);
+                w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+            }
+        }
+    }
+}
+
+template <unsigned int TYPE>
+__device__ __forceinline__ float load1_weight(const unsigned char* __restrict__ row, unsigned int i) {
+    if (TYPE == GGML_F32) return reinterpret_cast<const float*>(row)[i];
+    if (TYPE == GGML_F16) return f16_to_f32(reinterpret_cast<const f16_bits*>(row)[i]);
+    return bf16_to_f32(reinterpret_cast<const bf16_bits*>(row)[i]);
+}
+
+// F32, F16 and BF16 weights.
+template <unsigned int TYPE, bool VEC, int TILE>
+__device__ void mm_float(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                         float* __restrict__ y, const MatmulShape& s, unsigned int j, unsigned int lane) {
+    const unsigned int size = TYPE == GGML_F32 ? 4 : 2;
+    const int words = TYPE == GGML_F32 ? 2 : 1;
+    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
+        float acc[TILE];
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[t] = 0.f;
+        if (VEC) {
+            for (unsigned int i0 = 8 * lane; i0 < s.k; i0 += 256 * MM_STEPS) {
+                uint4 raw[MM_STEPS][2];
+#pragma unroll
+                for (int u = 0; u < MM_STEPS; ++u) {
+                    const unsigned int i = i0 + 256 * u;
+#pragma unroll
+                    for (int h = 0; h < words; ++h) raw[u][h] = make_uint4(0u, 0u, 0u, 0u);
+                    if (i < s.k) load8_raw<TYPE>(row + (size_t)i * size, raw[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < MM_STEPS; ++u) {
+                    const unsigned int i = i0 + 256 * u;
+                    if (i >= s.k) break;
+                    float w[8];
+                    widen8<TYPE>(raw[u], w);
+#pragma unroll
+                    for (int t = 0; t < TILE; ++t) {
+                        if (r0 + t < s.rows) {
+                            const float* xb = x + (size_t)(r0 + t) * s.k + i;
+                            float xv[8];
+                            load4<true>(xb, xv);
+                            load4<true>(xb + 4, xv + 4);
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) acc[t] = fmaf(w[e], xv[e], acc[t]);
+                        }
+                    }
+                }
+            }
+        } else {
+            for (unsigned int i = lane; i < s.k; i += 32) {
+                const float w = load1_weight<TYPE>(row, i);
+#pragma unroll
+                for (int t = 0; t < TILE; ++t)
+                    if (r0 + t < s.rows) acc[t] = fmaf(w, x[(size_t)(r0 + t) * s.k + i], acc[t]);
+            }
+        }
+        store_tile<TILE>(acc, y, s, r0, j, lane);
+    }
+}
+
+// Dispatches on the weight type and on whether 16-byte loads are aligned.
+template <int TILE>
+__device__ __forceinline__ void matmul_tiles(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                                             float* __restrict__ y, const MatmulShape& s, unsigned int j,
+                                             unsigned int lane, bool x16, bool vec_float) {
+    switch (s.dtype) {
+        case GGML_Q4_1:
+            if (x16) mm_q4<true, true, TILE>(row, x, y, s, j, lane);
+            else mm_q4<true, false, TILE>(row, x, y, s, j, lane);
+            break;
+        case GGML_Q4_0:
+            if (x16) mm_q4<false, true, TILE>(row, x, y, s, j, lane);
+            else mm_q4<false, false, TILE>(row, x, y, s, j, lane);
+            break;
+        case GGML_Q8_0:
+            if (x16) mm_q8_0<true, TILE>(row, x, y, s, j, lane);
+            else mm_q8_0<false, TILE>(row, x, y, s, j, lane);
+            break;
+        case GGML_F32:
+            if (vec_float) mm_float<GGML_F32, true, TILE>(row, x, y, s, j, lane);
+            else mm_float<GGML_F32, false, TILE>(row, x, y, s, j, lane);
+            break;
+        case GGML_F16:
+            if (vec_float) mm_float<GGML_F16, true, TILE>(row, x, y, s, j, lane);
+            else mm_float<GGML_F16, false, TILE>(row, x, y, s, j, lane);
+            break;
+        case GGML_BF16:
+            if (vec_float) mm_float<GGML_BF16, true, TILE>(row, x, y, s, j, lane);
+            else mm_float<GGML_BF16, false, TILE>(row, x, y, s, j, lane);
+            break;
+        default:
+            break;
+    }
+}
+
+extern "C" __global__ void
+matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+       MatmulShape s) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int j = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (j >= s.n) return;  // the whole warp leaves together
+    const unsigned char* row = w + (size_t)j * ggml_row_bytes(s.dtype, s.k);
+    const bool x16 = ((size_t)x & 15u) == 0;
+    const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
+    if (s.rows == 1) matmul_tiles<1>(row, x, y, s, j, lane, x16, vec_float);
+    else matmul_tiles<4>(row, x, y, s, j, lane, x16, vec_float);
+}
+"#
+);
+
+/// Output columns per CUDA block (one warp each).
+pub const CUDA_COLUMNS_PER_BLOCK: u32 = 4;
+
 thread_local! {
     static SCRATCH: std::cell::Cell<crate::cpu::QuantizedActivations> =
         std::cell::Cell::new(crate::cpu::QuantizedActivations::new());
 }
 
 pub fn def() -> KernelDef {
-    KernelDef::new("matmul").op("matmul").cpu("matmul v1", |a| {
-        let s: MatmulShape = a.scalar(3)?;
-        let dtype = DType::from_ggml_id(s.dtype).ok_or("unsupported weight type")?;
-        let (rows, n, k) = (s.rows as usize, s.n as usize, s.k as usize);
-        let w_bytes = dtype
-            .bytes_for(k)
-            .and_then(|b| b.checked_mul(n))
-            .ok_or("row length not a whole number of blocks")?;
-        let (w, x, y) = (a.read::<u8>(0)?, a.read::<f32>(1)?, a.write::<f32>(2)?);
-        super::need("w", w, w_bytes)?;
-        super::need("x", x, rows * k)?;
-        super::need("y", y, rows * n)?;
-        // Quantized activations are staged in a per-thread buffer that grows
-        // once and is reused by later products on that thread. It is taken
-        // out for the call: while rayon waits inside it, this thread may run
-        // another product that wants the buffer too.
-        let mut scratch = SCRATCH.with(|s| s.take());
-        let result = crate::cpu::matmul_with_scratch(
-            dtype,
-            &w[..w_bytes],
-            n,
-            k,
-            &x[..rows * k],
-            &mut y[..rows * n],
-            &mut scratch,
-        );
-        SCRATCH.with(|s| s.replace(scratch));
-        result.map_err(|e| e.to_string())
-    })
+    KernelDef::new("matmul")
+        .op("matmul")
+        .cpu("matmul v1", |a| {
+            let s: MatmulShape = a.scalar(3)?;
+            let dtype = DType::from_ggml_id(s.dtype).ok_or("unsupported weight type")?;
+            let (rows, n, k) = (s.rows as usize, s.n as usize, s.k as usize);
+            let w_bytes = dtype
+                .bytes_for(k)
+                .and_then(|b| b.checked_mul(n))
+                .ok_or("row length not a whole number of blocks")?;
+            let (w, x, y) = (a.read::<u8>(0)?, a.read::<f32>(1)?, a.write::<f32>(2)?);
+            super::need("w", w, w_bytes)?;
+            super::need("x", x, rows * k)?;
+            super::need("y", y, rows * n)?;
+            // Quantized activations are staged in a per-thread buffer that grows
+            // once and is reused by later products on that thread. It is taken
+            // out for the call: while rayon waits inside it, this thread may run
+            // another product that wants the buffer too.
+            let mut scratch = SCRATCH.with(|s| s.take());
+            let result = crate::cpu::matmul_with_scratch(
+                dtype,
+                &w[..w_bytes],
+                n,
+                k,
+                &x[..rows * k],
+                &mut y[..rows * n],
+                &mut scratch,
+            );
+            SCRATCH.with(|s| s.replace(scratch));
+            result.map_err(|e| e.to_string())
+        })
+        .cuda(MATMUL_CUDA, "matmul")
 }

@@ -24,6 +24,56 @@ pub fn rms_norm_row(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
     }
 }
 
+/// CUDA: one block per row. Each thread sums the squares of a strided part
+/// of the row in f64 (like the CPU), the block reduces them with warp
+/// shuffles and one shared-memory exchange between warps, then every thread
+/// scales its part: `y = x * (1 / sqrt(mean + eps)) * w`, multiplied in the
+/// CPU's order without fused multiply-adds.
+const RMS_NORM_CUDA: &str = r#"
+struct NormShape {
+    unsigned int rows;
+    unsigned int dim;
+    float eps;
+};
+
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
+                                    float* __restrict__ y, NormShape s) {
+    __shared__ double partial[32];
+    __shared__ float scale_shared;
+    const unsigned int r = blockIdx.x;
+    if (r >= s.rows) return;
+    const float* xr = x + (size_t)r * s.dim;
+    float* yr = y + (size_t)r * s.dim;
+    double sum = 0.0;
+    for (unsigned int i = threadIdx.x; i < s.dim; i += blockDim.x) {
+        const float v = xr[i];
+        sum += (double)__fmul_rn(v, v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    if (warp == 0) {
+        const unsigned int warps = (blockDim.x + 31) / 32;
+        double total = lane < warps ? partial[lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+        if (lane == 0) {
+            const float mean_sq = (float)(total / (double)(s.dim > 0 ? s.dim : 1));
+            scale_shared = 1.0f / sqrtf(mean_sq + s.eps);
+        }
+    }
+    __syncthreads();
+    const float scale = scale_shared;
+    for (unsigned int i = threadIdx.x; i < s.dim; i += blockDim.x)
+        yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+"#;
+
+/// CUDA threads per block (one block per row).
+pub const CUDA_BLOCK: u32 = 256;
+
 pub fn def() -> KernelDef {
     KernelDef::new("rms_norm")
         .op("rms_norm")
@@ -40,4 +90,5 @@ pub fn def() -> KernelDef {
             }
             Ok(())
         })
+        .cuda(RMS_NORM_CUDA, "rms_norm")
 }

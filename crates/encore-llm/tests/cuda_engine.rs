@@ -1,0 +1,184 @@
+//! The engine on CUDA against the engine on the CPU, and CUDA decode speed.
+//!
+//! A synthetic Llama model (random weights, real architecture) runs a
+//! prefill and decode steps replayed from a captured graph on both devices.
+//! The tests need a CUDA GPU and are ignored by default;
+//! `scripts/gpu-suite.sh` builds and stages this binary and
+//! `scripts/gpu-run.sh` runs it on the GPU machine with `--ignored`.
+
+// Helpers fail a test the way assertions do: by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use encore::{Config, Device};
+use encore_llm::gguf::GgufFile;
+use encore_llm::sampler::greedy;
+use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
+use encore_llm::{Engine, Session};
+
+fn device(name: &str, graphs: bool) -> Device {
+    let config = Config {
+        graphs,
+        cache_dir: Some(
+            std::env::temp_dir().join(format!("encore-cuda-engine-{}", std::process::id())),
+        ),
+        ..Config::default()
+    };
+    Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"))
+}
+
+/// `max |a - b|` relative to `max |b|`.
+fn relative_error(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|v| v.is_finite()), "non-finite logits");
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// The gap between the best and the second-best logit, relative to the largest magnitude.
+fn margin(logits: &[f32]) -> f32 {
+    let best = greedy(logits) as usize;
+    let second = logits
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != best)
+        .fold(f32::NEG_INFINITY, |m, (_, v)| m.max(*v));
+    let scale = logits.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    (logits[best] - second) / scale
+}
+
+/// Logits relative error allowed between CUDA and the CPU: the CPU quantizes
+/// activations to 8 bits before every quantized product (as ggml does), CUDA
+/// multiplies in f32, and the difference runs through every layer.
+const LOGITS_TOLERANCE: f32 = 0.03;
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
+    let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(7))).unwrap();
+    let cpu = Engine::from_gguf(&file, &device("cpu", true)).unwrap();
+    let gpu = Engine::from_gguf(&file, &device("cuda", true)).unwrap();
+    let eager = Engine::from_gguf(&file, &device("cuda", false)).unwrap();
+    let vocab = cpu.model().config.vocab as u32;
+    let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab).collect();
+    let steps = 24;
+
+    let mut sessions: Vec<Session> = [&cpu, &gpu, &eager]
+        .iter()
+        .map(|e| e.session(prompt.len() + steps + 1).unwrap())
+        .collect();
+    let logits: Vec<Vec<f32>> = sessions
+        .iter_mut()
+        .map(|s| s.prefill(&prompt).unwrap())
+        .collect();
+    let err = relative_error(&logits[1], &logits[0]);
+    eprintln!("prefill: CUDA vs CPU logits relative error {err:.2e}");
+    assert!(
+        err <= LOGITS_TOLERANCE,
+        "prefill logits differ by {err:.2e}"
+    );
+    assert_eq!(logits[1], logits[2], "graph and eager CUDA prefill differ");
+
+    // Greedy decoding, every session fed the CPU's choice so that one close
+    // call cannot send the devices down different paths.
+    let mut token = greedy(&logits[0]);
+    let (mut agreed, mut close_calls, mut worst) = (0, 0, 0f32);
+    for step in 0..steps {
+        for s in sessions.iter_mut() {
+            s.step(token).unwrap();
+        }
+        let l: Vec<Vec<f32>> = sessions.iter().map(|s| s.logits().unwrap()).collect();
+        let err = relative_error(&l[1], &l[0]);
+        worst = worst.max(err);
+        assert!(
+            err <= LOGITS_TOLERANCE,
+            "step {step}: logits differ by {err:.2e}"
+        );
+        assert_eq!(
+            l[1], l[2],
+            "step {step}: graph replay and eager CUDA differ"
+        );
+        // The device-side argmax is the host's greedy choice over the same logits.
+        for (s, l) in sessions.iter().zip(&l) {
+            assert_eq!(s.argmax().unwrap(), greedy(l), "step {step}: device argmax");
+        }
+        let (want, got) = (greedy(&l[0]), greedy(&l[1]));
+        if want == got {
+            agreed += 1;
+        } else {
+            // Only a near-tie in the CPU's logits may pick another token.
+            close_calls += 1;
+            assert!(
+                margin(&l[0]) <= 2.0 * LOGITS_TOLERANCE,
+                "step {step}: CUDA picked {got}, CPU {want} with a clear margin {:.2e}",
+                margin(&l[0])
+            );
+        }
+        token = want;
+    }
+    eprintln!(
+        "decode: {agreed}/{steps} greedy tokens equal ({close_calls} near-ties), \
+         worst logits relative error {worst:.2e}"
+    );
+    assert!(gpu.model().device.counters().dispatches > 0);
+    assert!(
+        sessions[1].graph_stats().is_some(),
+        "CUDA decode did not use a graph"
+    );
+    assert!(
+        agreed * 10 >= steps * 9,
+        "only {agreed}/{steps} greedy tokens equal"
+    );
+}
+
+/// Where the synthetic SmolLM2 is also written for `encore bench`, if set.
+fn bench_model_path() -> Option<PathBuf> {
+    std::env::var_os("ENCORE_SYNTHETIC_GGUF").map(PathBuf::from)
+}
+
+/// Decodes `tokens` tokens greedily after a short prompt; tokens per second.
+fn decode_speed(engine: &Engine, tokens: usize) -> f64 {
+    let mut session = engine.session(16 + tokens + 8).unwrap();
+    let prompt: Vec<u32> = (0..16u32).map(|i| i * 7919 % 49152).collect();
+    session.prefill(&prompt).unwrap();
+    let mut token = prompt[prompt.len() - 1];
+    // Warm-up: records and instantiates the decode graph.
+    for _ in 0..4 {
+        session.step(token).unwrap();
+        token = session.argmax().unwrap();
+    }
+    let start = Instant::now();
+    for _ in 0..tokens {
+        session.step(token).unwrap();
+        token = session.argmax().unwrap();
+    }
+    tokens as f64 / start.elapsed().as_secs_f64()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn synthetic_smollm2_decode_speed_on_cuda() {
+    let bytes = synthetic_gguf(&SyntheticSpec::smollm2_135m(1));
+    if let Some(path) = bench_model_path() {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        eprintln!("wrote {} ({} MB)", path.display(), bytes.len() >> 20);
+    }
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    for graphs in [true, false] {
+        let engine = Engine::from_gguf(&file, &device("cuda", graphs)).unwrap();
+        let weights = engine.model().weight_bytes() as f64;
+        let tok_s = decode_speed(&engine, 128);
+        println!(
+            "synthetic SmolLM2-135M Q4_1 on {}: decode {tok_s:.1} tok/s ({}), {:.0} GB/s of weights",
+            engine.model().device.name(),
+            if graphs { "graph replay" } else { "eager" },
+            tok_s * weights / 1e9
+        );
+        assert!(tok_s > 0.0);
+    }
+}

@@ -1,0 +1,500 @@
+//! Every op's CUDA kernel against its CPU body, on random inputs.
+//!
+//! Each test runs one op through [`Ops`] on the CPU device and on the CUDA
+//! device with the same inputs and compares, with the tolerance stated at
+//! the test. The tests need a CUDA GPU and are ignored by default;
+//! `scripts/gpu-suite.sh` builds and stages this binary and
+//! `scripts/gpu-run.sh` runs it on the GPU machine with `--ignored`.
+
+// Helpers fail a test the way assertions do: by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use encore::{Buffer, Config, Device, Encoder, Result};
+use encore_ops::kernels::attention::AttnShape;
+use encore_ops::{DType, Ops, Weight};
+use half::{bf16, f16};
+
+/// A kernel cache directory private to this test process.
+fn cache_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("encore-cuda-ops-{}", std::process::id()))
+}
+
+fn open(name: &str) -> Ops {
+    let config = Config {
+        cache_dir: Some(cache_dir()),
+        ..Config::default()
+    };
+    let device = Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"));
+    Ops::new(&device).unwrap_or_else(|e| panic!("ops on {name}: {e}"))
+}
+
+/// The CPU and the CUDA ops, in that order.
+fn both() -> [Ops; 2] {
+    [open("cpu"), open("cuda")]
+}
+
+/// Encodes one op with `f` and waits for it.
+fn run(ops: &Ops, f: impl FnOnce(&Ops, &mut Encoder) -> Result<()>) {
+    let mut enc = ops.device().encoder();
+    f(ops, &mut enc).unwrap_or_else(|e| panic!("{}: encode: {e}", ops.device().name()));
+    enc.commit_and_wait()
+        .unwrap_or_else(|e| panic!("{}: run: {e}", ops.device().name()));
+}
+
+fn upload<T: bytemuck::Pod>(ops: &Ops, data: &[T]) -> Buffer {
+    ops.device().buffer_from(data).unwrap()
+}
+
+/// A small xorshift generator: fresh inputs per run, reproducible from the printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        eprintln!("random seed {seed:#x}");
+        Rng(seed)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1), never exactly zero.
+    fn f32(&mut self) -> f32 {
+        let v = (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        if v == 0.0 {
+            0.5
+        } else {
+            v
+        }
+    }
+    /// Uniform in [lo, hi).
+    fn range(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Random weights: `rows` rows of `k` elements of `dtype` in GGUF block layout,
+/// with finite scales and every code used.
+fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec<u8> {
+    let n = rows * k;
+    let mut out = Vec::with_capacity(dtype.bytes_for(n).unwrap());
+    let scale = |rng: &mut Rng, amax: f32| f16::from_f32(rng.range(0.25, 1.0) * amax).to_le_bytes();
+    match dtype {
+        DType::F32 => (0..n).for_each(|_| out.extend(rng.f32().to_le_bytes())),
+        DType::F16 => (0..n).for_each(|_| out.extend(f16::from_f32(rng.f32()).to_le_bytes())),
+        DType::BF16 => (0..n).for_each(|_| out.extend(bf16::from_f32(rng.f32()).to_le_bytes())),
+        DType::Q8_0 => (0..n / 32).for_each(|_| {
+            out.extend(scale(rng, 1.0 / 127.0));
+            (0..32).for_each(|_| out.push(rng.next() as u8));
+        }),
+        DType::Q4_0 => (0..n / 32).for_each(|_| {
+            out.extend(scale(rng, 1.0 / 8.0));
+            (0..16).for_each(|_| out.push(rng.next() as u8));
+        }),
+        DType::Q4_1 => (0..n / 32).for_each(|_| {
+            let d = rng.range(0.25, 1.0) / 8.0;
+            out.extend(f16::from_f32(d).to_le_bytes());
+            out.extend(f16::from_f32(-7.5 * d + rng.range(-0.1, 0.1)).to_le_bytes());
+            (0..16).for_each(|_| out.push(rng.next() as u8));
+        }),
+    }
+    out
+}
+
+/// The weights as f32, row by row.
+fn dequantize(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Vec<f32> {
+    let row_bytes = dtype.bytes_for(k).unwrap();
+    let mut out = vec![0f32; rows * k];
+    for (r, dst) in out.chunks_exact_mut(k).enumerate() {
+        encore_ops::cpu::dequantize_row(dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], dst)
+            .unwrap();
+    }
+    out
+}
+
+/// Asserts `|gpu - cpu| <= rel * |cpu| + abs` elementwise, naming the worst element.
+fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], rel: f32, abs: f32) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let mut worst = (0usize, 0f32);
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{what}: element {i} is {g} on CUDA (CPU {c})"
+        );
+        let excess = (g - c).abs() - (rel * c.abs() + abs);
+        if excess > worst.1 {
+            worst = (i, excess);
+        }
+    }
+    let i = worst.0;
+    assert!(
+        worst.1 <= 0.0,
+        "{what}: element {i}: CUDA {} vs CPU {} (tolerance {rel} relative + {abs})",
+        gpu[i],
+        cpu[i]
+    );
+}
+
+/// Runs `f` on both devices with buffers it makes from the same inputs and
+/// returns the output it names, downloaded, as `[cpu, cuda]`.
+fn on_both<T: bytemuck::Pod>(pair: &[Ops; 2], f: impl Fn(&Ops) -> Buffer) -> [Vec<T>; 2] {
+    [0, 1].map(|i| f(&pair[i]).download::<T>().unwrap())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn rms_norm_matches_cpu() {
+    // Sums of squares are taken in f64 on both sides; the scale and the
+    // products are rounded the same way, so only the summation order differs.
+    let mut rng = Rng::new();
+    let pair = both();
+    for (rows, dim) in [(1, 576), (3, 576), (2, 100), (5, 2048)] {
+        let (x, w) = (rng.vec(rows * dim), rng.vec(dim));
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let (xb, wb) = (upload(ops, &x), upload(ops, &w));
+            let y = ops.device().alloc(rows * dim * 4).unwrap();
+            run(ops, |o, e| o.rms_norm(e, &xb, &wb, &y, rows, dim, 1e-5));
+            y
+        });
+        assert_close(&format!("rms_norm {rows}x{dim}"), &gpu, &cpu, 1e-5, 1e-7);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn elementwise_ops_match_cpu() {
+    let mut rng = Rng::new();
+    let pair = both();
+    for n in [1usize, 1000, 1536 * 7 + 3] {
+        let (a, b) = (rng.vec(n), rng.vec(n));
+        // add: exact.
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let (y, x) = (upload(ops, &a), upload(ops, &b));
+            run(ops, |o, e| o.add(e, &y, &x, n));
+            y
+        });
+        assert_close(&format!("add {n}"), &gpu, &cpu, 0.0, 0.0);
+        // silu_mul: expf differs from the CPU's exp by a few ulp.
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let (g, u) = (upload(ops, &a), upload(ops, &b));
+            let y = ops.device().alloc(n * 4).unwrap();
+            run(ops, |o, e| o.silu_mul(e, &g, &u, &y, n));
+            y
+        });
+        assert_close(&format!("silu_mul {n}"), &gpu, &cpu, 1e-5, 1e-7);
+    }
+    for (rows, n) in [(1usize, 576usize), (7, 192)] {
+        let (y0, bias) = (rng.vec(rows * n), rng.vec(n));
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let (y, b) = (upload(ops, &y0), upload(ops, &bias));
+            run(ops, |o, e| o.add_rows(e, &y, &b, rows, n));
+            y
+        });
+        assert_close(&format!("add_rows {rows}x{n}"), &gpu, &cpu, 0.0, 0.0);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn rope_matches_cpu_in_both_layouts() {
+    // The angles follow the same f32 recurrence; sin and cos differ by an ulp or two.
+    let mut rng = Rng::new();
+    let pair = both();
+    for neox in [false, true] {
+        for (rows, heads, head_dim, rope_dim, base, pos) in [
+            (1usize, 9usize, 64usize, 64usize, 100_000f32, 0u32),
+            (1, 3, 64, 64, 10_000.0, 77),
+            (5, 4, 64, 32, 10_000.0, 300),
+            (3, 2, 128, 128, 1_000_000.0, 1000),
+        ] {
+            let x0 = rng.vec(rows * heads * head_dim);
+            let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+                let (x, p) = (upload(ops, &x0), upload(ops, &[pos]));
+                run(ops, |o, e| {
+                    o.rope(
+                        e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, "rope",
+                    )
+                });
+                x
+            });
+            let what = format!(
+                "rope neox={neox} rows={rows} heads={heads} dims={head_dim}/{rope_dim} pos={pos}"
+            );
+            assert_close(&what, &gpu, &cpu, 1e-5, 1e-5);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn rope_rejects_a_rope_dim_it_cannot_rotate() {
+    for ops in both() {
+        let x = ops.device().alloc(64 * 4).unwrap();
+        let p = upload(&ops, &[0u32]);
+        let mut enc = ops.device().encoder();
+        assert!(ops
+            .rope(&mut enc, &x, &p, 1, 1, 64, 33, 1e4, false, "rope")
+            .is_err());
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn kv_store_matches_cpu_bit_for_bit() {
+    // f32 to f16 rounds to nearest even on both sides; the rest of the cache is untouched.
+    let mut rng = Rng::new();
+    let pair = both();
+    let (kv_dim, max_seq) = (192usize, 40usize);
+    let cache0: Vec<u16> = (0..kv_dim * max_seq)
+        .map(|_| f16::from_f32(rng.f32()).to_bits())
+        .collect();
+    for (rows, pos) in [(1usize, 0u32), (1, 39), (7, 12)] {
+        let src: Vec<f32> = rng
+            .vec(rows * kv_dim)
+            .iter()
+            .map(|v| v * 70_000.0)
+            .collect();
+        let [cpu, gpu] = on_both::<u16>(&pair, |ops| {
+            let (s, c, p) = (upload(ops, &src), upload(ops, &cache0), upload(ops, &[pos]));
+            run(ops, |o, e| {
+                o.kv_store(e, &s, &c, &p, rows, kv_dim, max_seq, "kv")
+            });
+            c
+        });
+        let differ = cpu.iter().zip(&gpu).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            differ, 0,
+            "kv_store rows={rows} pos={pos}: {differ} halves differ"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn attention_matches_cpu_for_decode_prefill_and_long_contexts() {
+    // Scores are summed in another order, and a probability may round to the
+    // neighbouring f16 (2^-11 relative); with |v| < 1 every output is within
+    // 1e-3 of the CPU's.
+    let mut rng = Rng::new();
+    let pair = both();
+    for (rows, heads, kv_heads, head_dim, max_seq, pos) in [
+        (1usize, 9usize, 3usize, 64usize, 256usize, 0u32),
+        (1, 9, 3, 64, 256, 37),
+        (1, 9, 3, 64, 256, 255),
+        (6, 9, 3, 64, 256, 0),
+        (5, 4, 2, 64, 256, 100),
+        (3, 8, 8, 128, 64, 20),
+        (2, 4, 1, 256, 32, 7),
+        (2, 4, 2, 10, 32, 5),
+        // Longer than the scores kept in shared memory: recomputed past 8192.
+        (2, 2, 1, 64, 8400, 8300),
+    ] {
+        let kv_dim = kv_heads * head_dim;
+        let q = rng.vec(rows * heads * head_dim);
+        let cache = |rng: &mut Rng| -> Vec<u16> {
+            (0..max_seq * kv_dim)
+                .map(|_| f16::from_f32(rng.f32()).to_bits())
+                .collect()
+        };
+        let (k, v) = (cache(&mut rng), cache(&mut rng));
+        let shape = AttnShape {
+            rows: rows as u32,
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            max_seq: max_seq as u32,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let (qb, kb, vb, p) = (
+                upload(ops, &q),
+                upload(ops, &k),
+                upload(ops, &v),
+                upload(ops, &[pos]),
+            );
+            let out = ops.device().alloc(q.len() * 4).unwrap();
+            run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+            out
+        });
+        let what = format!(
+            "attention rows={rows} heads={heads}/{kv_heads} head_dim={head_dim} pos={pos} max_seq={max_seq}"
+        );
+        assert_close(&what, &gpu, &cpu, 0.0, 1e-3);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn embed_matches_cpu_bit_for_bit_for_every_table_type() {
+    // Dequantization forms each value with the CPU's operations, unfused.
+    let mut rng = Rng::new();
+    let pair = both();
+    let (vocab, dim, rows) = (50usize, 96usize, 9usize);
+    for dtype in DType::ALL {
+        let table = random_weights(&mut rng, dtype, vocab, dim);
+        let mut tokens: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
+        tokens[rows - 1] = tokens[0];
+        tokens[1] = vocab as u32 - 1;
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let w = Weight {
+                buffer: upload(ops, &table),
+                dtype,
+                n: vocab,
+                k: dim,
+            };
+            let t = upload(ops, &tokens);
+            let y = ops.device().alloc(rows * dim * 4).unwrap();
+            run(ops, |o, e| o.embed(e, &w, &t, &y, rows));
+            y
+        });
+        assert_close(&format!("embed {dtype}"), &gpu, &cpu, 0.0, 0.0);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn argmax_matches_cpu_including_ties() {
+    let mut rng = Rng::new();
+    let pair = both();
+    for n in [1usize, 5, 1000, 49152, 100_003] {
+        let mut x = rng.vec(n);
+        if n > 10 {
+            // Two equal maxima: the first wins.
+            let (a, b) = (rng.below(n / 2), n / 2 + rng.below(n / 2));
+            x[a] = 2.0;
+            x[b] = 2.0;
+        }
+        let [cpu, gpu] = on_both::<u32>(&pair, |ops| {
+            let (xb, out) = (upload(ops, &x), ops.device().alloc(4).unwrap());
+            run(ops, |o, e| o.argmax(e, &xb, &out, n));
+            out
+        });
+        assert_eq!(gpu, cpu, "argmax of {n}");
+    }
+}
+
+/// `Σ_i |w_ji x_ri|` for every output, the scale of a dot product's rounding error.
+fn magnitudes(w: &[f32], x: &[f32], rows: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut exact = vec![0f32; rows * n];
+    let mut scale = vec![0f32; rows * n];
+    for r in 0..rows {
+        for j in 0..n {
+            let (wr, xr) = (&w[j * k..(j + 1) * k], &x[r * k..(r + 1) * k]);
+            exact[r * n + j] = wr
+                .iter()
+                .zip(xr)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>() as f32;
+            scale[r * n + j] = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+        }
+    }
+    (exact, scale)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn matmul_matches_cpu_for_every_weight_type() {
+    // CUDA multiplies dequantized weights with f32 activations: within 1e-5
+    // of Σ|w·x| from the exact (f64) product. The CPU quantizes activations
+    // to 8 bits for quantized weights, so it agrees with CUDA within 5e-3 of
+    // Σ|w·x| there, and within 1e-5 for float weights.
+    let mut rng = Rng::new();
+    let pair = both();
+    let shapes = [
+        // (rows, n, k, x offset in floats: 1 leaves x unaligned for 16-byte loads)
+        (1usize, 576usize, 576usize, 0usize),
+        (1, 192, 576, 1),
+        (1, 576, 1536, 0),
+        (1, 101, 64, 0),
+        (3, 100, 256, 0),
+        (7, 37, 320, 0),
+        (9, 64, 96, 1),
+        // Float weights only: rows not a whole number of 8-element vectors.
+        (2, 33, 100, 0),
+    ];
+    for dtype in DType::ALL {
+        for &(rows, n, k, offset) in &shapes {
+            if k % dtype.block_len() != 0 {
+                continue;
+            }
+            let w = random_weights(&mut rng, dtype, n, k);
+            let x = rng.vec(offset + rows * k);
+            let wf = dequantize(dtype, &w, n, k);
+            let (exact, scale) = magnitudes(&wf, &x[offset..], rows, n, k);
+            let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+                let weight = Weight {
+                    buffer: upload(ops, &w),
+                    dtype,
+                    n,
+                    k,
+                };
+                let xb = upload(ops, &x).view(offset * 4, rows * k * 4).unwrap();
+                let y = ops.device().alloc(rows * n * 4).unwrap();
+                run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
+                y
+            });
+            let what = format!("matmul {dtype} rows={rows} n={n} k={k} x+{offset}");
+            let cpu_tol = if dtype.is_quantized() { 5e-3 } else { 1e-5 };
+            for (i, ((g, c), (e, s))) in gpu
+                .iter()
+                .zip(&cpu)
+                .zip(exact.iter().zip(&scale))
+                .enumerate()
+            {
+                assert!(
+                    (g - e).abs() <= 1e-5 * s + 1e-7,
+                    "{what}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+                );
+                assert!(
+                    (g - c).abs() <= cpu_tol * s + 1e-7,
+                    "{what}: output {i}: CUDA {g} vs CPU {c} (Σ|w·x| = {s})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn matmul_with_a_large_output_matches_the_exact_product() {
+    // The output head's shape: 49152 columns of 576, Q8_0, decode and a prefill tile.
+    let mut rng = Rng::new();
+    let ops = open("cuda");
+    let (n, k, dtype) = (49152usize, 576usize, DType::Q8_0);
+    let w = random_weights(&mut rng, dtype, n, k);
+    let wf = dequantize(dtype, &w, n, k);
+    for rows in [1usize, 5] {
+        let x = rng.vec(rows * k);
+        let (exact, scale) = magnitudes(&wf, &x, rows, n, k);
+        let weight = Weight {
+            buffer: upload(&ops, &w),
+            dtype,
+            n,
+            k,
+        };
+        let xb = upload(&ops, &x);
+        let y = ops.device().alloc(rows * n * 4).unwrap();
+        run(&ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "output"));
+        let gpu = y.download::<f32>().unwrap();
+        for (i, (g, (e, s))) in gpu.iter().zip(exact.iter().zip(&scale)).enumerate() {
+            assert!(
+                (g - e).abs() <= 1e-5 * s + 1e-7,
+                "rows={rows}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+            );
+        }
+    }
+}
