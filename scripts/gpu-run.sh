@@ -77,8 +77,32 @@ else
     summary+=("bench encore: skipped (no encore binary or no $ENCORE_SYNTHETIC_GGUF)")
 fi
 
+# compute-sanitizer (memcheck and racecheck) over the CUDA runtime and op
+# suites, when asked for with ENCORE_GPU_SANITIZE=1. Its report goes into the
+# summary, which keeps the number of files under the device tool's limit.
+sanitized=()
+if [[ ${ENCORE_GPU_SANITIZE:-0} == 1 ]] && command -v compute-sanitizer >/dev/null; then
+    for t in .gpu/tests/*; do
+        name=$(basename "$t")
+        [[ $name == *gpu_fault* || $name == *cuda_engine* ]] && continue
+        for tool in memcheck racecheck; do
+            echo "== compute-sanitizer --tool $tool $name"
+            log=$(mktemp)
+            # API errors are not reported: the backend counts a kernel's
+            # parameters by probing cuFuncGetParamInfo until it answers
+            # CUDA_ERROR_INVALID_VALUE, which memcheck would list as errors.
+            timeout 240 compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 \
+                "$t" --ignored --test-threads=1 >"$log" 2>&1
+            rc=$?
+            (( rc == 0 )) || status=1
+            sanitized+=("sanitizer $tool $name: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^test result' "$log" | tr '\n' ' ')")
+            tail -n 5 "$log"
+        done
+    done
+fi
+
 echo "== summary"
-printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+printf '%s\n' "${summary[@]}" "${sanitized[@]}" | tee "$out/summary.txt"
 for b in .gpu/benches/*; do
     [[ -f "$out/bench-$(basename "$b").log" ]] || continue
     grep -vE '^\{' "$out/bench-$(basename "$b").log" | grep -E '^[a-z]+ +' || true
