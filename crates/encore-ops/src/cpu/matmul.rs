@@ -24,7 +24,7 @@ use crate::DType;
 
 /// Work (weight bytes x activation rows) below which one thread does the whole
 /// product: handing part of it to another thread costs microseconds.
-const SERIAL_WORK: usize = 32 * 1024;
+const SERIAL_WORK: usize = 256 * 1024;
 /// Tasks per thread, so that a thread slowed down by others is caught up.
 const TASKS_PER_THREAD: usize = 4;
 /// The fewest weight rows a task takes.

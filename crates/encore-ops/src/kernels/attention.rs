@@ -95,6 +95,7 @@ pub fn kv_store_def() -> KernelDef {
 /// accumulators over steps of 32, folded pairwise, then across lanes. The
 /// inputs are f16 values, so every product is exact and only the order of the
 /// additions matters; following ggml's order keeps scores bit-identical.
+#[inline(always)]
 fn dot_like_ggml(q: &[f32], k: &[f32]) -> f32 {
     let n = q.len().min(k.len());
     let body = n - n % 32;
@@ -124,42 +125,31 @@ fn dot_like_ggml(q: &[f32], k: &[f32]) -> f32 {
 /// path, rounded exactly as its AVX2 code rounds.
 mod f16_acc {
     #[cfg(target_arch = "x86_64")]
-    fn has_avx2() -> bool {
+    pub fn has_avx2() -> bool {
         std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
     }
 
     pub fn scale(acc: &mut [f32], s: f32) {
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: the CPU features were just detected.
-            unsafe { avx2::scale(acc, s) };
-            return;
-        }
         for a in acc {
             *a = half::f16::from_f32(*a * s).to_f32();
         }
     }
 
     pub fn mad(acc: &mut [f32], v: &[f32], s: f32) {
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: the CPU features were just detected.
-            unsafe { avx2::mad(acc, v, s) };
-            return;
-        }
         for (a, x) in acc.iter_mut().zip(v) {
             *a = half::f16::from_f32(x.mul_add(s, *a)).to_f32();
         }
     }
 
     #[cfg(target_arch = "x86_64")]
-    mod avx2 {
+    pub mod avx2 {
         use std::arch::x86_64::*;
 
+        #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn scale(acc: &mut [f32], s: f32) {
+        pub unsafe fn scale(acc: &mut [f32], s: f32) {
             let sv = _mm256_set1_ps(s);
             let mut chunks = acc.chunks_exact_mut(8);
             for c in &mut chunks {
@@ -175,8 +165,9 @@ mod f16_acc {
             }
         }
 
+        #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn mad(acc: &mut [f32], v: &[f32], s: f32) {
+        pub unsafe fn mad(acc: &mut [f32], v: &[f32], s: f32) {
             let sv = _mm256_set1_ps(s);
             let n = acc.len().min(v.len());
             let body = n - n % 8;
@@ -216,6 +207,60 @@ pub fn attend_head(
     scale: f32,
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if f16_acc::has_avx2() {
+        // SAFETY: the CPU features were just detected.
+        unsafe { attend_head_avx2(q, k, v, len, kv_dim, kv_off, scale, out) };
+        return;
+    }
+    attend_head_with(q, k, v, len, kv_dim, kv_off, scale, out, f16_acc::scale, f16_acc::mad);
+}
+
+/// [`attend_head`] compiled for AVX2, so the score dot products vectorize
+/// and the f16 accumulator steps are AVX2 code without a feature check each.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_head_avx2(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    len: usize,
+    kv_dim: usize,
+    kv_off: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_head_with(
+        q,
+        k,
+        v,
+        len,
+        kv_dim,
+        kv_off,
+        scale,
+        out,
+        // SAFETY: this function only runs where the features were detected.
+        |a, s| unsafe { f16_acc::avx2::scale(a, s) },
+        // SAFETY: as above.
+        |a, x, s| unsafe { f16_acc::avx2::mad(a, x, s) },
+    );
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_head_with(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    len: usize,
+    kv_dim: usize,
+    kv_off: usize,
+    scale: f32,
+    out: &mut [f32],
+    acc_scale: impl Fn(&mut [f32], f32),
+    acc_mad: impl Fn(&mut [f32], &[f32], f32),
+) {
     let hd = q.len().min(MAX_HEAD_DIM).min(out.len());
     let mut q16 = [0.0f32; MAX_HEAD_DIM];
     let q16 = &mut q16[..hd];
@@ -233,11 +278,11 @@ pub fn attend_head(
             let old = m;
             m = s;
             ms = (old - m).exp();
-            f16_acc::scale(acc, ms);
+            acc_scale(acc, ms);
         } else {
             vs = (s - m).exp();
         }
-        f16_acc::mad(acc, &v[base..base + hd], vs);
+        acc_mad(acc, &v[base..base + hd], vs);
         sum = sum * ms + vs;
     }
     let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
