@@ -56,8 +56,10 @@ fn upload_weight(device: &Device, f: &GgufFile, name: &str, n: usize, k: usize) 
             t.dims
         )));
     }
+    let buffer = device.buffer_from(f.tensor_data(t))?;
+    f.release_tensor(t);
     Ok(Weight {
-        buffer: device.buffer_from(f.tensor_data(t))?,
+        buffer,
         dtype: t.dtype,
         n,
         k,

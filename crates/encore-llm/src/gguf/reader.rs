@@ -234,6 +234,35 @@ impl GgufFile {
             .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))
     }
 
+    /// Tells the operating system that a tensor's mapped pages are no longer
+    /// needed, so they leave the resident set once the tensor has been copied
+    /// elsewhere (to a device). Reading the tensor again still works: the
+    /// pages come back from the file. Does nothing for owned bytes.
+    pub fn release_tensor(&self, tensor: &TensorInfo) {
+        const PAGE: usize = 4096;
+        let Bytes::Mapped(map) = &self.bytes else {
+            return;
+        };
+        let Some(start) = usize::try_from(self.data_offset)
+            .ok()
+            .and_then(|d| d.checked_add(usize::try_from(tensor.offset).ok()?))
+        else {
+            return;
+        };
+        let end = start.saturating_add(tensor.n_bytes).min(map.len());
+        let first = start / PAGE * PAGE;
+        if end <= first {
+            return;
+        }
+        // SAFETY: the map is private and read-only, so discarding its pages
+        // loses nothing: the next access reads them from the file again,
+        // with the same contents (the file must not change while mapped,
+        // as `open` already requires).
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+        };
+    }
+
     /// The bytes of a tensor of this file, without copying. Bounds were
     /// checked at open; a `TensorInfo` whose range is not inside this file
     /// (one from another file, say) gets an empty slice.
