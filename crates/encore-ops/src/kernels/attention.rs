@@ -213,7 +213,18 @@ pub fn attend_head(
         unsafe { attend_head_avx2(q, k, v, len, kv_dim, kv_off, scale, out) };
         return;
     }
-    attend_head_with(q, k, v, len, kv_dim, kv_off, scale, out, f16_acc::scale, f16_acc::mad);
+    attend_head_with(
+        q,
+        k,
+        v,
+        len,
+        kv_dim,
+        kv_off,
+        scale,
+        out,
+        f16_acc::scale,
+        f16_acc::mad,
+    );
 }
 
 /// [`attend_head`] compiled for AVX2, so the score dot products vectorize
