@@ -122,22 +122,7 @@ impl Session {
     fn record_step(&mut self) -> Result<GraphExec> {
         let device = self.model.device.clone();
         let mut enc = device.encoder();
-        let token = self.params.slot("token")?;
-        let pos = self.params.slot("pos")?;
-        self.model.encode_forward(
-            &mut enc,
-            &self.decode,
-            &token,
-            &pos,
-            &self.cache,
-            self.max_seq,
-        )?;
-        self.model.ops.argmax(
-            &mut enc,
-            &self.decode.logits,
-            &self.argmax_out,
-            self.model.config.vocab,
-        )?;
+        self.encode_step(&mut enc)?;
         let mut graph = enc.finish_graph()?;
         graph.set_params(&self.params);
         graph.mark_output(&self.decode.logits);
@@ -147,6 +132,22 @@ impl Session {
             graph.mark_output(&lc.v);
         }
         Ok(self.graphs.get_or_instantiate(&graph)?)
+    }
+
+    /// Encodes one decode step: the forward pass of the token in the
+    /// `token` parameter at position `pos`, then the device-side argmax.
+    fn encode_step(&self, enc: &mut encore::Encoder) -> Result<()> {
+        let token = self.params.slot("token")?;
+        let pos = self.params.slot("pos")?;
+        self.model
+            .encode_forward(enc, &self.decode, &token, &pos, &self.cache, self.max_seq)?;
+        self.model.ops.argmax(
+            enc,
+            &self.decode.logits,
+            &self.argmax_out,
+            self.model.config.vocab,
+        )?;
+        Ok(())
     }
 
     /// Runs one decode step for `token` at the current position. The logits
@@ -178,22 +179,7 @@ impl Session {
             let device = self.model.device.clone();
             let mut enc = device.encoder();
             enc.set_label("decode");
-            let token_slot = self.params.slot("token")?;
-            let pos_slot = self.params.slot("pos")?;
-            self.model.encode_forward(
-                &mut enc,
-                &self.decode,
-                &token_slot,
-                &pos_slot,
-                &self.cache,
-                self.max_seq,
-            )?;
-            self.model.ops.argmax(
-                &mut enc,
-                &self.decode.logits,
-                &self.argmax_out,
-                self.model.config.vocab,
-            )?;
+            self.encode_step(&mut enc)?;
             enc.commit_and_wait()?;
         }
         self.pos += 1;
