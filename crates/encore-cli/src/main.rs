@@ -185,7 +185,16 @@ fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
 
 fn load(args: &ModelArgs, device: &Device) -> Result<Engine, String> {
     let path = model_path(&args.model)?;
-    Engine::load(&path, device).map_err(|e| format!("{}: {e}", path.display()))
+    Engine::load(&path, device).map_err(|e| {
+        // Name the file once: I/O errors already carry its path.
+        let message = e.to_string();
+        let shown = path.display().to_string();
+        if message.contains(&shown) {
+            message
+        } else {
+            format!("{shown}: {message}")
+        }
+    })
 }
 
 /// Runs a command on a freshly opened device, then prints the profile and
