@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Test binaries as package:test.
-tests=(encore:gpu encore:gpu_fault encore-ops:cuda_ops encore-llm:cuda_engine)
+tests=(encore:gpu encore:gpu_fault encore-ops:cuda_ops encore-llm:cuda_engine encore-llm:concurrency encore-llm:memory)
 benches=(cuda)
 
 echo "== building test binaries (release)" >&2

@@ -22,6 +22,10 @@ const _: fn() = || {
 };
 
 fn engine(graphs: bool) -> Engine {
+    engine_on("cpu", graphs)
+}
+
+fn engine_on(device: &str, graphs: bool) -> Engine {
     let spec = SyntheticSpec {
         n_layer: 6,
         ..SyntheticSpec::tiny(11)
@@ -31,7 +35,7 @@ fn engine(graphs: bool) -> Engine {
         graphs,
         ..Config::default()
     };
-    let device = Device::open("cpu", &config).unwrap();
+    let device = Device::open(device, &config).unwrap();
     Engine::from_gguf(&file, &device).unwrap()
 }
 
@@ -49,7 +53,11 @@ fn generate(engine: &Engine, prompt: &str) -> (Vec<u32>, String) {
 }
 
 fn shared_engine_matches_single_threaded(graphs: bool) {
-    let engine = engine(graphs);
+    shared_engine_on_matches_single_threaded("cpu", graphs);
+}
+
+fn shared_engine_on_matches_single_threaded(device: &str, graphs: bool) {
+    let engine = engine_on(device, graphs);
     let prompts = prompts();
     let expected: Vec<_> = prompts.iter().map(|p| generate(&engine, p)).collect();
     assert!(
@@ -80,6 +88,13 @@ fn sixteen_threads_with_graph_replay() {
 #[test]
 fn sixteen_threads_eager() {
     shared_engine_matches_single_threaded(false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn sixteen_threads_on_cuda() {
+    shared_engine_on_matches_single_threaded("cuda", true);
+    shared_engine_on_matches_single_threaded("cuda", false);
 }
 
 /// Sessions driven step by step from several threads, interleaving their

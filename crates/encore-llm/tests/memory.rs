@@ -39,7 +39,7 @@ fn page_size() -> u64 {
 }
 
 /// A session of `max_seq` positions on the tiny synthetic model.
-fn session(max_seq: usize, graphs: bool) -> (Device, Session) {
+fn session(device: &str, max_seq: usize, graphs: bool) -> (Device, Session) {
     let spec = SyntheticSpec {
         context_length: max_seq,
         ..SyntheticSpec::tiny(5)
@@ -49,7 +49,7 @@ fn session(max_seq: usize, graphs: bool) -> (Device, Session) {
         graphs,
         ..Config::default()
     };
-    let device = Device::open("cpu", &config).unwrap();
+    let device = Device::open(device, &config).unwrap();
     let model = Model::load(&file, &device).unwrap();
     let session = Session::new(model, max_seq).unwrap();
     (device, session)
@@ -75,8 +75,8 @@ fn step(session: &mut Session, token: u32, read_logits: bool) -> u32 {
     session.argmax().unwrap()
 }
 
-fn windowed_decode(graphs: bool) {
-    let (device, mut session) = session(WINDOW, graphs);
+fn windowed_decode(device: &str, graphs: bool) {
+    let (device, mut session) = session(device, WINDOW, graphs);
     let mut token = 1;
     // Two full windows: every buffer, graph and scratch exists at full size.
     for i in 0..2 * WINDOW {
@@ -104,8 +104,8 @@ fn windowed_decode(graphs: bool) {
     );
 }
 
-fn long_context_decode() {
-    let (device, mut session) = session(STEPS + 1, true);
+fn long_context_decode(device: &str) {
+    let (device, mut session) = session(device, STEPS + 1, true);
     session.prefill(&[1]).unwrap();
     let mut token = 2;
     for i in 0..16 {
@@ -131,7 +131,15 @@ fn long_context_decode() {
 #[test]
 fn ten_thousand_steps_do_not_grow_memory() {
     // One test, so that no other test allocates in this process meanwhile.
-    windowed_decode(true);
-    windowed_decode(false);
-    long_context_decode();
+    windowed_decode("cpu", true);
+    windowed_decode("cpu", false);
+    long_context_decode("cpu");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn ten_thousand_steps_on_cuda_do_not_grow_memory() {
+    windowed_decode("cuda", true);
+    windowed_decode("cuda", false);
+    long_context_decode("cuda");
 }
