@@ -276,6 +276,7 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
         .collect();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut graph = None;
     for _ in 0..a.repeats.max(1) + 1 {
         let mut s = engine
             .session(a.prompt_tokens + a.gen_tokens + 1)
@@ -290,6 +291,7 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
             token = s.argmax().map_err(e)?;
         }
         decode.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        graph = s.graph_stats();
     }
     // The first repeat warms caches and records the decode graph.
     prefill.remove(0);
@@ -307,6 +309,12 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
                 "repeats": a.repeats,
                 "prefill_tok_s": p,
                 "decode_tok_s": d,
+                "decode_graph": graph.as_ref().map(|g| serde_json::json!({
+                    "before": shape_json(&g.before),
+                    "after": shape_json(&g.after),
+                    "fused": g.fused,
+                    "removed": g.removed,
+                })),
             })
         );
     } else {
@@ -319,6 +327,31 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
             d,
             a.repeats
         );
+        if let Some(g) = &graph {
+            println!(
+                "decode graph per token: recorded {}; after passes {} ({} fused)",
+                shape_text(&g.before),
+                shape_text(&g.after),
+                g.fused
+            );
+        }
     }
     Ok(())
+}
+
+fn shape_json(s: &encore::GraphShape) -> serde_json::Value {
+    serde_json::json!({
+        "dispatches": s.nodes,
+        "edges": s.edges,
+        "groups": s.groups,
+        "mean_group": s.mean_group,
+        "max_group": s.max_group,
+    })
+}
+
+fn shape_text(s: &encore::GraphShape) -> String {
+    format!(
+        "{} dispatches, {} edges, {} groups (mean {:.2}, max {})",
+        s.nodes, s.edges, s.groups, s.mean_group, s.max_group
+    )
 }

@@ -257,3 +257,42 @@ fn forward_matches_reference_for_every_weight_type() {
         check(spec, true);
     }
 }
+
+/// On the CPU a fused kernel runs the unfused operations' own code, so
+/// fusing the decode graph must not change a single bit of the logits.
+#[test]
+fn fused_decode_graph_gives_bit_identical_logits_on_cpu() {
+    let spec = SyntheticSpec::tiny(3);
+    let file = GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap();
+    let run = |fusion: bool| {
+        let config = Config {
+            graphs: true,
+            fusion,
+            ..Config::default()
+        };
+        let device = Device::open("cpu", &config).unwrap();
+        let model = Model::load(&file, &device).unwrap();
+        let mut session = Session::new(model, 32).unwrap();
+        session.prefill(&[5, 77, 200, 13]).unwrap();
+        let mut all = Vec::new();
+        for next in [17u32, 101, 3, 280] {
+            session.step(next).unwrap();
+            all.push(session.logits().unwrap());
+        }
+        (all, session.graph_stats().unwrap())
+    };
+    let (fused, fused_stats) = run(true);
+    let (plain, plain_stats) = run(false);
+    assert_eq!(plain_stats.fused, 0);
+    let layers = spec.n_layer;
+    assert!(fused_stats.fused >= 5 * layers, "{fused_stats:?}");
+    assert!(
+        fused_stats.after.nodes + 9 * layers <= plain_stats.after.nodes,
+        "{fused_stats:?} vs {plain_stats:?}"
+    );
+    for (step, (f, p)) in fused.iter().zip(&plain).enumerate() {
+        let f: Vec<u32> = f.iter().map(|v| v.to_bits()).collect();
+        let p: Vec<u32> = p.iter().map(|v| v.to_bits()).collect();
+        assert!(f == p, "decode step {step}: fused logits differ");
+    }
+}

@@ -3,10 +3,12 @@
 //! [`Ops`] loads every kernel on a device and encodes each operation with
 //! the exact byte ranges it reads and writes; [`kernels`] holds one file per
 //! operation with its math and its implementations; [`cpu`] holds the fast
-//! CPU math (quantized dot products) the CPU implementations call.
+//! CPU math (quantized dot products) the CPU implementations call;
+//! [`fusion`] holds the rules that fuse recorded dispatches of a graph.
 
 pub mod cpu;
 pub mod dtype;
+pub mod fusion;
 pub mod kernels;
 mod ops;
 

@@ -9,7 +9,7 @@
 use encore::graph::passes::FusionPattern;
 use encore::{Arg, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
 
-use crate::kernels::{argmax, attention, elementwise, embed, matmul, norm, rope};
+use crate::kernels::{argmax, attention, elementwise, embed, fused, matmul, norm, rope};
 use crate::DType;
 
 /// A weight matrix of `n` rows of `k` inputs in GGUF block layout.
@@ -57,6 +57,8 @@ pub struct Ops {
     silu_mul: Kernel,
     embed: Kernel,
     argmax: Kernel,
+    fused_matmul: Kernel,
+    rope_store: Kernel,
 }
 
 impl Ops {
@@ -75,6 +77,8 @@ impl Ops {
             silu_mul: load(elementwise::silu_mul_def())?,
             embed: load(embed::def())?,
             argmax: load(argmax::def())?,
+            fused_matmul: load(fused::def())?,
+            rope_store: load(rope::rope_store_def())?,
         })
     }
 
@@ -82,9 +86,10 @@ impl Ops {
         &self.device
     }
 
-    /// Fusion patterns for this device's kernels, for graph instantiation.
+    /// Fusion patterns for this device's kernels, for graph instantiation
+    /// (see [`crate::fusion`]).
     pub fn fusion_patterns(&self) -> Vec<FusionPattern> {
-        Vec::new()
+        crate::fusion::patterns(&self.fused_matmul, &self.rope_store)
     }
 
     /// `y = rms_norm(x) * w` over `rows` rows of `dim`.

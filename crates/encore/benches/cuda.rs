@@ -320,7 +320,7 @@ fn graph(d: &Device, k: &Kernel, bare: &Bare, summary: &mut Summary) -> Result<(
         ("bench", text("graph")),
         ("impl", text("encore")),
         ("nodes", NODES.to_string()),
-        ("edges", exec.stats().edges.to_string()),
+        ("edges", exec.stats().after.edges.to_string()),
         ("instantiate_ms", num(instantiate.as_secs_f64() * 1e3)),
         ("wall_us_per_node", num(w0)),
         ("device_us_per_node", num(d0)),

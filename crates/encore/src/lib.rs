@@ -53,7 +53,7 @@ pub use counters::Counters;
 pub use device::{list_devices, Device, DeviceInfo};
 pub use encoder::{Access, Arg, Encoder, Launch};
 pub use error::{Error, Result};
-pub use graph::{Graph, GraphCache, GraphExec, GraphStats, Node, NodeArg, Params};
+pub use graph::{Graph, GraphCache, GraphExec, GraphShape, GraphStats, Node, NodeArg, Params};
 pub use kernel::{CudaSource, Kernel, KernelDef, KernelKey, WeakKernel};
 pub use pool::PoolStats;
 pub use profile::{Profile, TimeStats};

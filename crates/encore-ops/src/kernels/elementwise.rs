@@ -53,7 +53,7 @@ pub fn add_def() -> KernelDef {
             let (y, x) = (a.write::<f32>(0)?, a.read::<f32>(1)?);
             super::need("y", y, n)?;
             super::need("x", x, n)?;
-            y[..n].iter_mut().zip(&x[..n]).for_each(|(y, x)| *y += x);
+            add_into(&mut y[..n], &x[..n]);
             Ok(())
         })
         .cuda(ADD_CUDA, "add")
@@ -61,6 +61,18 @@ pub fn add_def() -> KernelDef {
 
 pub fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
+}
+
+/// `y[i] += x[i]`.
+pub fn add_into(y: &mut [f32], x: &[f32]) {
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
+}
+
+/// `y[i] = silu(g[i]) * u[i]`.
+pub fn silu_mul_into(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((y, g), u) in y.iter_mut().zip(g).zip(u) {
+        *y = silu(*g) * u;
+    }
 }
 
 pub fn silu_mul_def() -> KernelDef {
@@ -72,9 +84,7 @@ pub fn silu_mul_def() -> KernelDef {
             super::need("g", g, n)?;
             super::need("u", u, n)?;
             super::need("y", y, n)?;
-            for ((y, g), u) in y[..n].iter_mut().zip(&g[..n]).zip(&u[..n]) {
-                *y = silu(*g) * u;
-            }
+            silu_mul_into(&g[..n], &u[..n], &mut y[..n]);
             Ok(())
         })
         .cuda(SILU_MUL_CUDA, "silu_mul")

@@ -87,23 +87,11 @@ pub struct MatmulShape {
 /// rows (a tile of one row, compiled separately, for decode), dequantizing
 /// each weight in registers and multiplying it with the f32 activations of
 /// every row in the tile; the lanes' partial sums meet in a warp reduction.
-///
-/// Lane layout: in Q8_0, Q4_0 and Q4_1 four lanes share a 32-weight block,
-/// each taking 8 weights (Q4: bytes `4s..4s+4` of `qs`, i.e. weights
-/// `4s..4s+4` and `16+4s..16+4s+4`), so a warp step covers 8 consecutive
-/// blocks; float weights take 8 consecutive elements a lane, 256 a step.
-/// Each lane loads the weights of [`MM_STEPS`](self) steps into registers
-/// before using any, so that many loads are in flight (the kernel is bound
-/// by memory latency at decode sizes). GGUF blocks are 18, 20 or 34 bytes,
-/// so quantized weights are read as the widest words their alignment allows
-/// (32-bit for Q4_1, 16-bit for Q4_0 and Q8_0), coalesced across the warp;
-/// float weights and activations are read 16 bytes at a time when aligned
-/// (float rows also need a length that is a multiple of 8), else one
-/// element at a time.
-///
-/// Per block: Q8_0 `d Σ q x`; Q4_0 `d (Σ n x - 8 Σ x)`; Q4_1 `d Σ n x + m Σ x`.
+/// The per-type dot products live in [`cuda_matmul_dots`], shared with the
+/// fused kernels.
 const MATMUL_CUDA: &str = concat!(
     cuda_ggml_types!(),
+    cuda_matmul_dots!(),
     r#"
 struct MatmulShape {
     unsigned int rows;
@@ -112,6 +100,65 @@ struct MatmulShape {
     unsigned int dtype;
 };
 
+template <int TILE>
+__device__ __forceinline__ void matmul_rows(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                                            float* __restrict__ y, const MatmulShape& s, unsigned int j,
+                                            unsigned int lane, bool x16, bool vec_float) {
+    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
+        const unsigned int rows = min((unsigned int)TILE, s.rows - r0);
+        float acc[TILE], sq[TILE];
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[t] = sq[t] = 0.f;
+        dot_row<false, TILE>(s.dtype, row, x + (size_t)r0 * s.k, nullptr, s.k, rows, lane, x16, vec_float, acc, sq);
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[t] = warp_sum(acc[t]);
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < TILE; ++t)
+                if (t < rows) y[(size_t)(r0 + t) * s.n + j] = acc[t];
+        }
+    }
+}
+
+extern "C" __global__ void
+matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+       MatmulShape s) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int j = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (j >= s.n) return;  // the whole warp leaves together
+    const unsigned char* row = w + (size_t)j * ggml_row_bytes(s.dtype, s.k);
+    const bool x16 = ((size_t)x & 15u) == 0;
+    const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
+    if (s.rows == 1) matmul_rows<1>(row, x, y, s, j, lane, x16, vec_float);
+    else matmul_rows<4>(row, x, y, s, j, lane, x16, vec_float);
+}
+"#
+);
+
+/// CUDA C: per-lane partial dot products of one weight row with a tile of
+/// up to `TILE` activation rows, for every weight type, used by `matmul`
+/// and the fused products. With `NORM`, each activation is multiplied by
+/// the norm weight `g` as it is loaded and its square joins `sq`, so a
+/// caller can scale the finished sums by `1 / rms` (RMSNorm folded into the
+/// product: the scale is the same for every element of a row).
+///
+/// Lane layout: in Q8_0, Q4_0 and Q4_1 four lanes share a 32-weight block,
+/// each taking 8 weights (Q4: bytes `4s..4s+4` of `qs`, i.e. weights
+/// `4s..4s+4` and `16+4s..16+4s+4`), so a warp step covers 8 consecutive
+/// blocks; float weights take 8 consecutive elements a lane, 256 a step.
+/// Every element of a row is touched by exactly one lane. Each lane loads
+/// the weights of `MM_STEPS` steps into registers before using any, so that
+/// many loads are in flight (the products are bound by memory latency at
+/// decode sizes). GGUF blocks are 18, 20 or 34 bytes, so quantized weights
+/// are read as the widest words their alignment allows (32-bit for Q4_1,
+/// 16-bit for Q4_0 and Q8_0), coalesced across the warp; float weights and
+/// activations are read 16 bytes at a time when aligned (float rows also
+/// need a length that is a multiple of 8), else one element at a time.
+///
+/// Per block: Q8_0 `d Σ q x`; Q4_0 `d (Σ n x - 8 Σ x)`; Q4_1 `d Σ n x + m Σ x`.
+macro_rules! cuda_matmul_dots {
+    () => {
+        r#"
 #define MM_WARPS 4
 #define MM_STEPS 4
 
@@ -125,136 +172,132 @@ __device__ __forceinline__ void load4(const float* __restrict__ p, float* v) {
     }
 }
 
-// Sums the tile's accumulators across the warp; lane 0 stores them.
-template <int TILE>
-__device__ __forceinline__ void store_tile(float* acc, float* __restrict__ y, const MatmulShape& s,
-                                           unsigned int r0, unsigned int j, unsigned int lane) {
+// Four activations at `x`, times the norm weights at `g` when NORM; their
+// squares (before the norm weights) join `sq`.
+template <bool VEC, bool NORM>
+__device__ __forceinline__ void load_x4(const float* __restrict__ x, const float* __restrict__ g, float* v,
+                                        float& sq) {
+    load4<VEC>(x, v);
+    if (NORM) {
+        float gv[4];
+        load4<VEC>(g, gv);
 #pragma unroll
-    for (int t = 0; t < TILE; ++t) acc[t] = warp_sum(acc[t]);
-    if (lane == 0) {
-#pragma unroll
-        for (int t = 0; t < TILE; ++t)
-            if (r0 + t < s.rows) y[(size_t)(r0 + t) * s.n + j] = acc[t];
+        for (int i = 0; i < 4; ++i) {
+            sq = fmaf(v[i], v[i], sq);
+            v[i] *= gv[i];
+        }
     }
 }
 
 // Q4_0 (18-byte blocks, HAS_MIN false) and Q4_1 (20-byte blocks, HAS_MIN true).
-template <bool HAS_MIN, bool VEC, int TILE>
-__device__ void mm_q4(const unsigned char* __restrict__ row, const float* __restrict__ x,
-                      float* __restrict__ y, const MatmulShape& s, unsigned int j, unsigned int lane) {
+template <bool HAS_MIN, bool VEC, bool NORM, int TILE>
+__device__ void dot_q4(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                       const float* __restrict__ g, unsigned int k, unsigned int rows, unsigned int lane,
+                       float* acc, float* sq) {
     const unsigned int bytes = HAS_MIN ? 20 : 18;
-    const unsigned int nb = s.k / 32, sub = lane & 3;
-    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
-        float acc[TILE];
+    const unsigned int nb = k / 32, sub = lane & 3;
+    for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
+        // Scale words (d, or d and m) and 8 codes of each step.
+        unsigned int head[MM_STEPS], codes[MM_STEPS];
 #pragma unroll
-        for (int t = 0; t < TILE; ++t) acc[t] = 0.f;
-        for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
-            // Scale words (d, or d and m) and 8 codes of each step.
-            unsigned int head[MM_STEPS], codes[MM_STEPS];
-#pragma unroll
-            for (int u = 0; u < MM_STEPS; ++u) {
-                const unsigned int b = b0 + 8 * u;
-                head[u] = 0u;
-                codes[u] = 0u;
-                if (b < nb) {
-                    const unsigned char* blk = row + (size_t)b * bytes;
-                    if (HAS_MIN) {
-                        head[u] = *reinterpret_cast<const unsigned int*>(blk);
-                        codes[u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
-                    } else {
-                        const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
-                        head[u] = h[0];
-                        codes[u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < MM_STEPS; ++u) {
-                const unsigned int b = b0 + 8 * u;
-                if (b >= nb) break;
-                const float d = f16_to_f32((f16_bits)(head[u] & 0xffffu));
-                const float m = HAS_MIN ? f16_to_f32((f16_bits)(head[u] >> 16)) : 0.f;
-                float lo[4], hi[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    lo[i] = (float)((codes[u] >> (8 * i)) & 15u);
-                    hi[i] = (float)((codes[u] >> (8 * i + 4)) & 15u);
-                }
-#pragma unroll
-                for (int t = 0; t < TILE; ++t) {
-                    if (r0 + t < s.rows) {
-                        const float* xb = x + (size_t)(r0 + t) * s.k + b * 32 + 4 * sub;
-                        float xl[4], xh[4];
-                        load4<VEC>(xb, xl);
-                        load4<VEC>(xb + 16, xh);
-                        float nx = 0.f, sx = 0.f;
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            nx = fmaf(lo[i], xl[i], nx);
-                            nx = fmaf(hi[i], xh[i], nx);
-                            sx += xl[i] + xh[i];
-                        }
-                        acc[t] += HAS_MIN ? fmaf(d, nx, m * sx) : d * fmaf(-8.f, sx, nx);
-                    }
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            head[u] = 0u;
+            codes[u] = 0u;
+            if (b < nb) {
+                const unsigned char* blk = row + (size_t)b * bytes;
+                if (HAS_MIN) {
+                    head[u] = *reinterpret_cast<const unsigned int*>(blk);
+                    codes[u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
+                } else {
+                    const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+                    head[u] = h[0];
+                    codes[u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
                 }
             }
         }
-        store_tile<TILE>(acc, y, s, r0, j, lane);
+#pragma unroll
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            if (b >= nb) break;
+            const float d = f16_to_f32((f16_bits)(head[u] & 0xffffu));
+            const float m = HAS_MIN ? f16_to_f32((f16_bits)(head[u] >> 16)) : 0.f;
+            float lo[4], hi[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                lo[i] = (float)((codes[u] >> (8 * i)) & 15u);
+                hi[i] = (float)((codes[u] >> (8 * i + 4)) & 15u);
+            }
+            const unsigned int e = b * 32 + 4 * sub;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                if (t < rows) {
+                    const float* xb = x + (size_t)t * k + e;
+                    float xl[4], xh[4];
+                    load_x4<VEC, NORM>(xb, g + e, xl, sq[t]);
+                    load_x4<VEC, NORM>(xb + 16, g + e + 16, xh, sq[t]);
+                    float nx = 0.f, sx = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        nx = fmaf(lo[i], xl[i], nx);
+                        nx = fmaf(hi[i], xh[i], nx);
+                        sx += xl[i] + xh[i];
+                    }
+                    acc[t] += HAS_MIN ? fmaf(d, nx, m * sx) : d * fmaf(-8.f, sx, nx);
+                }
+            }
+        }
     }
 }
 
 // Q8_0: 34-byte blocks, `d` then 32 signed codes.
-template <bool VEC, int TILE>
-__device__ void mm_q8_0(const unsigned char* __restrict__ row, const float* __restrict__ x,
-                        float* __restrict__ y, const MatmulShape& s, unsigned int j, unsigned int lane) {
-    const unsigned int nb = s.k / 32, sub = lane & 3;
-    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
-        float acc[TILE];
+template <bool VEC, bool NORM, int TILE>
+__device__ void dot_q8_0(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                         const float* __restrict__ g, unsigned int k, unsigned int rows, unsigned int lane,
+                         float* acc, float* sq) {
+    const unsigned int nb = k / 32, sub = lane & 3;
+    for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
+        // The scale and 8 codes (four 16-bit words) of each step.
+        unsigned short head[MM_STEPS], codes[MM_STEPS][4];
 #pragma unroll
-        for (int t = 0; t < TILE; ++t) acc[t] = 0.f;
-        for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
-            // The scale and 8 codes (four 16-bit words) of each step.
-            unsigned short head[MM_STEPS], codes[MM_STEPS][4];
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            head[u] = 0;
 #pragma unroll
-            for (int u = 0; u < MM_STEPS; ++u) {
-                const unsigned int b = b0 + 8 * u;
-                head[u] = 0;
+            for (int i = 0; i < 4; ++i) codes[u][i] = 0;
+            if (b < nb) {
+                const unsigned short* h = reinterpret_cast<const unsigned short*>(row + (size_t)b * 34);
+                head[u] = h[0];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) codes[u][i] = 0;
-                if (b < nb) {
-                    const unsigned short* h = reinterpret_cast<const unsigned short*>(row + (size_t)b * 34);
-                    head[u] = h[0];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) codes[u][i] = h[1 + 4 * sub + i];
-                }
+                for (int i = 0; i < 4; ++i) codes[u][i] = h[1 + 4 * sub + i];
             }
+        }
 #pragma unroll
-            for (int u = 0; u < MM_STEPS; ++u) {
-                const unsigned int b = b0 + 8 * u;
-                if (b >= nb) break;
-                const float d = f16_to_f32(head[u]);
-                float wq[8];
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            if (b >= nb) break;
+            const float d = f16_to_f32(head[u]);
+            float wq[8];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    wq[2 * i] = (float)(signed char)(codes[u][i] & 0xffu);
-                    wq[2 * i + 1] = (float)(signed char)(codes[u][i] >> 8);
-                }
+            for (int i = 0; i < 4; ++i) {
+                wq[2 * i] = (float)(signed char)(codes[u][i] & 0xffu);
+                wq[2 * i + 1] = (float)(signed char)(codes[u][i] >> 8);
+            }
+            const unsigned int e = b * 32 + 8 * sub;
 #pragma unroll
-                for (int t = 0; t < TILE; ++t) {
-                    if (r0 + t < s.rows) {
-                        const float* xb = x + (size_t)(r0 + t) * s.k + b * 32 + 8 * sub;
-                        float xv[8];
-                        load4<VEC>(xb, xv);
-                        load4<VEC>(xb + 4, xv + 4);
-                        float dot = 0.f;
+            for (int t = 0; t < TILE; ++t) {
+                if (t < rows) {
+                    const float* xb = x + (size_t)t * k + e;
+                    float xv[8];
+                    load_x4<VEC, NORM>(xb, g + e, xv, sq[t]);
+                    load_x4<VEC, NORM>(xb + 4, g + e + 4, xv + 4, sq[t]);
+                    float dot = 0.f;
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) dot = fmaf(wq[i], xv[i], dot);
-                        acc[t] = fmaf(d, dot, acc[t]);
-                    }
+                    for (int i = 0; i < 8; ++i) dot = fmaf(wq[i], xv[i], dot);
+                    acc[t] = fmaf(d, dot, acc[t]);
                 }
             }
         }
-        store_tile<TILE>(acc, y, s, r0, j, lane);
     }
 }
 
@@ -294,105 +337,100 @@ __device__ __forceinline__ float load1_weight(const unsigned char* __restrict__ 
 }
 
 // F32, F16 and BF16 weights.
-template <unsigned int TYPE, bool VEC, int TILE>
-__device__ void mm_float(const unsigned char* __restrict__ row, const float* __restrict__ x,
-                         float* __restrict__ y, const MatmulShape& s, unsigned int j, unsigned int lane) {
+template <unsigned int TYPE, bool VEC, bool NORM, int TILE>
+__device__ void dot_float(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                          const float* __restrict__ g, unsigned int k, unsigned int rows, unsigned int lane,
+                          float* acc, float* sq) {
     const unsigned int size = TYPE == GGML_F32 ? 4 : 2;
     const int words = TYPE == GGML_F32 ? 2 : 1;
-    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
-        float acc[TILE];
+    if (VEC) {
+        for (unsigned int i0 = 8 * lane; i0 < k; i0 += 256 * MM_STEPS) {
+            uint4 raw[MM_STEPS][2];
 #pragma unroll
-        for (int t = 0; t < TILE; ++t) acc[t] = 0.f;
-        if (VEC) {
-            for (unsigned int i0 = 8 * lane; i0 < s.k; i0 += 256 * MM_STEPS) {
-                uint4 raw[MM_STEPS][2];
+            for (int u = 0; u < MM_STEPS; ++u) {
+                const unsigned int i = i0 + 256 * u;
 #pragma unroll
-                for (int u = 0; u < MM_STEPS; ++u) {
-                    const unsigned int i = i0 + 256 * u;
+                for (int h = 0; h < words; ++h) raw[u][h] = make_uint4(0u, 0u, 0u, 0u);
+                if (i < k) load8_raw<TYPE>(row + (size_t)i * size, raw[u]);
+            }
 #pragma unroll
-                    for (int h = 0; h < words; ++h) raw[u][h] = make_uint4(0u, 0u, 0u, 0u);
-                    if (i < s.k) load8_raw<TYPE>(row + (size_t)i * size, raw[u]);
-                }
+            for (int u = 0; u < MM_STEPS; ++u) {
+                const unsigned int i = i0 + 256 * u;
+                if (i >= k) break;
+                float w[8];
+                widen8<TYPE>(raw[u], w);
 #pragma unroll
-                for (int u = 0; u < MM_STEPS; ++u) {
-                    const unsigned int i = i0 + 256 * u;
-                    if (i >= s.k) break;
-                    float w[8];
-                    widen8<TYPE>(raw[u], w);
+                for (int t = 0; t < TILE; ++t) {
+                    if (t < rows) {
+                        const float* xb = x + (size_t)t * k + i;
+                        float xv[8];
+                        load_x4<true, NORM>(xb, g + i, xv, sq[t]);
+                        load_x4<true, NORM>(xb + 4, g + i + 4, xv + 4, sq[t]);
 #pragma unroll
-                    for (int t = 0; t < TILE; ++t) {
-                        if (r0 + t < s.rows) {
-                            const float* xb = x + (size_t)(r0 + t) * s.k + i;
-                            float xv[8];
-                            load4<true>(xb, xv);
-                            load4<true>(xb + 4, xv + 4);
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) acc[t] = fmaf(w[e], xv[e], acc[t]);
-                        }
+                        for (int e = 0; e < 8; ++e) acc[t] = fmaf(w[e], xv[e], acc[t]);
                     }
                 }
             }
-        } else {
-            for (unsigned int i = lane; i < s.k; i += 32) {
-                const float w = load1_weight<TYPE>(row, i);
+        }
+    } else {
+        for (unsigned int i = lane; i < k; i += 32) {
+            const float w = load1_weight<TYPE>(row, i);
 #pragma unroll
-                for (int t = 0; t < TILE; ++t)
-                    if (r0 + t < s.rows) acc[t] = fmaf(w, x[(size_t)(r0 + t) * s.k + i], acc[t]);
+            for (int t = 0; t < TILE; ++t) {
+                if (t < rows) {
+                    float xv = x[(size_t)t * k + i];
+                    if (NORM) {
+                        sq[t] = fmaf(xv, xv, sq[t]);
+                        xv *= g[i];
+                    }
+                    acc[t] = fmaf(w, xv, acc[t]);
+                }
             }
         }
-        store_tile<TILE>(acc, y, s, r0, j, lane);
     }
 }
 
-// Dispatches on the weight type and on whether 16-byte loads are aligned.
-template <int TILE>
-__device__ __forceinline__ void matmul_tiles(const unsigned char* __restrict__ row, const float* __restrict__ x,
-                                             float* __restrict__ y, const MatmulShape& s, unsigned int j,
-                                             unsigned int lane, bool x16, bool vec_float) {
-    switch (s.dtype) {
+// Dispatches on the weight type and on whether 16-byte loads are aligned
+// (`x16`: activations, and norm weights when NORM; `vec_float`: also the
+// float weights, with rows a multiple of 8 long).
+template <bool NORM, int TILE>
+__device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char* __restrict__ row,
+                                        const float* __restrict__ x, const float* __restrict__ g,
+                                        unsigned int k, unsigned int rows, unsigned int lane, bool x16,
+                                        bool vec_float, float* acc, float* sq) {
+    switch (dtype) {
         case GGML_Q4_1:
-            if (x16) mm_q4<true, true, TILE>(row, x, y, s, j, lane);
-            else mm_q4<true, false, TILE>(row, x, y, s, j, lane);
+            if (x16) dot_q4<true, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_q4<true, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
         case GGML_Q4_0:
-            if (x16) mm_q4<false, true, TILE>(row, x, y, s, j, lane);
-            else mm_q4<false, false, TILE>(row, x, y, s, j, lane);
+            if (x16) dot_q4<false, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_q4<false, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
         case GGML_Q8_0:
-            if (x16) mm_q8_0<true, TILE>(row, x, y, s, j, lane);
-            else mm_q8_0<false, TILE>(row, x, y, s, j, lane);
+            if (x16) dot_q8_0<true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_q8_0<false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
         case GGML_F32:
-            if (vec_float) mm_float<GGML_F32, true, TILE>(row, x, y, s, j, lane);
-            else mm_float<GGML_F32, false, TILE>(row, x, y, s, j, lane);
+            if (vec_float) dot_float<GGML_F32, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_float<GGML_F32, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
         case GGML_F16:
-            if (vec_float) mm_float<GGML_F16, true, TILE>(row, x, y, s, j, lane);
-            else mm_float<GGML_F16, false, TILE>(row, x, y, s, j, lane);
+            if (vec_float) dot_float<GGML_F16, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_float<GGML_F16, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
         case GGML_BF16:
-            if (vec_float) mm_float<GGML_BF16, true, TILE>(row, x, y, s, j, lane);
-            else mm_float<GGML_BF16, false, TILE>(row, x, y, s, j, lane);
+            if (vec_float) dot_float<GGML_BF16, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_float<GGML_BF16, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
         default:
             break;
     }
 }
-
-extern "C" __global__ void
-matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-       MatmulShape s) {
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int j = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (j >= s.n) return;  // the whole warp leaves together
-    const unsigned char* row = w + (size_t)j * ggml_row_bytes(s.dtype, s.k);
-    const bool x16 = ((size_t)x & 15u) == 0;
-    const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
-    if (s.rows == 1) matmul_tiles<1>(row, x, y, s, j, lane, x16, vec_float);
-    else matmul_tiles<4>(row, x, y, s, j, lane, x16, vec_float);
-}
 "#
-);
+    };
+}
+pub(crate) use cuda_matmul_dots;
 
 /// Output columns per CUDA block (one warp each).
 pub const CUDA_COLUMNS_PER_BLOCK: u32 = 4;

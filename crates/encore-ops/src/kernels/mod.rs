@@ -10,6 +10,7 @@ pub mod argmax;
 pub mod attention;
 pub mod elementwise;
 pub mod embed;
+pub mod fused;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

@@ -108,3 +108,107 @@ pub fn def() -> KernelDef {
         })
         .cuda(ROPE_CUDA, "rope")
 }
+
+/// `rope_store`: RoPE of `rows` rows of K followed by their store into the
+/// f16 cache at the position parameter, in one dispatch; `x` itself is left
+/// as it was. Built by the fusion pass from `rope` then `kv_store`.
+///
+/// Arguments: `x: f32[rows, heads, head_dim]` (read), `pos: u32[1]` (read),
+/// `cache: f16[max_seq, heads * head_dim]` (write), [`RopeStoreShape`] (value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RopeStoreShape {
+    pub rope: RopeShape,
+    pub max_seq: u32,
+}
+
+/// CUDA `rope_store`: one thread per element pair `(row, head, e)` of
+/// `head_dim / 2` pairs a head: pair `e < rope_dim / 2` is rotated as
+/// `rope` rotates it, the rest are copied; both are rounded to f16 as
+/// `kv_store` rounds. Requires an even `head_dim` (checked by the fusion
+/// rule). A position past the cache writes nothing.
+const ROPE_STORE_CUDA: &str = concat!(
+    super::matmul::cuda_ggml_types!(),
+    r#"
+struct RopeShape {
+    unsigned int rows;
+    unsigned int heads;
+    unsigned int head_dim;
+    unsigned int rope_dim;
+    float base;
+    unsigned int neox;
+};
+
+struct RopeStoreShape {
+    RopeShape rope;
+    unsigned int max_seq;
+};
+
+extern "C" __global__ void rope_store(const float* __restrict__ x, const unsigned int* __restrict__ pos,
+                                      f16_bits* __restrict__ cache, RopeStoreShape rs) {
+    const RopeShape s = rs.rope;
+    const unsigned int half = s.rope_dim / 2, pairs = s.head_dim / 2;
+    if (s.rope_dim > s.head_dim || (s.rope_dim & 1u) || (s.head_dim & 1u)) return;
+    if ((unsigned long long)pos[0] + s.rows > rs.max_seq) return;
+    const unsigned int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= s.rows * s.heads * pairs) return;
+    const unsigned int e = g % pairs, row_head = g / pairs, r = row_head / s.heads;
+    const float* h = x + (size_t)row_head * s.head_dim;
+    f16_bits* out = cache + (size_t)pos[0] * s.heads * s.head_dim + (size_t)row_head * s.head_dim;
+    if (e >= half) {
+        const unsigned int i = s.rope_dim + 2 * (e - half);
+        out[i] = f32_to_f16(h[i]);
+        out[i + 1] = f32_to_f16(h[i + 1]);
+        return;
+    }
+    const float theta_scale = (float)pow((double)s.base, (double)(-2.0f / (float)s.rope_dim));
+    float theta = (float)(pos[0] + r);
+    for (unsigned int t = 0; t < e; ++t) theta = __fmul_rn(theta, theta_scale);
+    float sn, cs;
+    sincosf(theta, &sn, &cs);
+    const unsigned int ia = s.neox ? e : 2 * e, ib = s.neox ? e + half : 2 * e + 1;
+    const float a = h[ia], b = h[ib];
+    out[ia] = f32_to_f16(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+    out[ib] = f32_to_f16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs)));
+}
+"#
+);
+
+pub fn rope_store_def() -> KernelDef {
+    KernelDef::new("rope_store")
+        .op("rope_store")
+        .cpu("rope_store f16 v1", |a| {
+            use half::slice::HalfFloatSliceExt;
+            let rs: RopeStoreShape = a.scalar(3)?;
+            let s = rs.rope;
+            let pos = super::param(a, 1)? as usize;
+            let (hd, rd) = (s.head_dim as usize, s.rope_dim as usize);
+            if rd > hd || rd % 2 != 0 {
+                return Err(format!(
+                    "rope_dim {rd} must be even and at most head_dim {hd}"
+                ));
+            }
+            let (rows, dim) = (s.rows as usize, s.heads as usize * hd);
+            if pos + rows > rs.max_seq as usize {
+                return Err(format!(
+                    "position {} past the cache of {}",
+                    pos + rows,
+                    rs.max_seq
+                ));
+            }
+            let x = a.read::<f32>(0)?;
+            let cache = a.write::<half::f16>(2)?;
+            super::need("x", x, rows * dim)?;
+            super::need("cache", cache, (pos + rows) * dim)?;
+            let mut row = vec![0f32; dim];
+            for r in 0..rows {
+                row.copy_from_slice(&x[r * dim..(r + 1) * dim]);
+                for head in row.chunks_exact_mut(hd.max(1)) {
+                    rope_head(head, (pos + r) as u32, rd, s.base, s.neox != 0);
+                }
+                cache[(pos + r) * dim..(pos + r + 1) * dim].convert_from_f32_slice(&row);
+            }
+            Ok(())
+        })
+        .cuda(ROPE_STORE_CUDA, "rope_store")
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::passes::{self, FusionPattern, Options};
-use super::{Graph, GraphStats, Keep, Node, NodeArg, Params};
+use super::{Graph, GraphShape, GraphStats, Keep, Node, NodeArg, Params};
 use crate::backend::{ArgRec, DispatchRec, Executable, Program, Upload};
 use crate::counters::Counters;
 use crate::device::Device;
@@ -44,10 +44,8 @@ impl GraphExec {
     ) -> Result<GraphExec> {
         let device = graph.device.clone();
         let (nodes, outputs, params) = graph.clone().into_parts();
-        let recorded = nodes.len();
-        let barriers_in_recording_order = passes::recording_order_groups(&nodes)
-            .len()
-            .saturating_sub(1);
+        let recorded = passes::schedule(&nodes, false);
+        let before = GraphShape::new(nodes.len(), recorded.edges.len(), &recorded.group_ends);
         let (nodes, fused) = if options.fusion {
             passes::fuse(nodes, patterns, &outputs)
         } else {
@@ -99,25 +97,9 @@ impl GraphExec {
         program.group_ends = schedule.group_ends.clone();
         program.edges = schedule.edges.clone();
 
-        let groups = program.group_ends.len();
-        let mut sizes = Vec::with_capacity(groups);
-        let mut prev = 0u32;
-        for &end in &program.group_ends {
-            sizes.push((end - prev) as usize);
-            prev = end;
-        }
         let stats = GraphStats {
-            recorded,
-            nodes: nodes.len(),
-            edges: program.edges.len(),
-            barriers: groups.saturating_sub(1),
-            barriers_in_recording_order,
-            mean_group: if groups == 0 {
-                0.0
-            } else {
-                nodes.len() as f64 / groups as f64
-            },
-            max_group: sizes.iter().copied().max().unwrap_or(0),
+            before,
+            after: GraphShape::new(nodes.len(), program.edges.len(), &program.group_ends),
             fused,
             removed,
         };
@@ -176,7 +158,7 @@ impl GraphExec {
             graph_replays: 1,
             submissions: 1,
             dispatches: inner.nodes.len() as u64,
-            barriers: inner.stats.barriers as u64,
+            barriers: inner.stats.after.groups.saturating_sub(1) as u64,
             ..Counters::default()
         });
         let replay = device.next_replay();

@@ -102,23 +102,56 @@ impl Node {
     }
 }
 
-/// Statistics of a graph after its passes.
+/// The shape of a graph's dependency structure.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct GraphStats {
-    /// Nodes recorded.
-    pub recorded: usize,
-    /// Nodes after fusion and dead-node removal.
+pub struct GraphShape {
+    /// Dispatches.
     pub nodes: usize,
     /// Dependency edges (transitively reduced).
     pub edges: usize,
-    /// Barriers between concurrent groups.
-    pub barriers: usize,
-    /// Barriers the recording order would have needed.
-    pub barriers_in_recording_order: usize,
+    /// Concurrent groups (barriers + 1).
+    pub groups: usize,
     /// Mean dispatches per concurrent group.
     pub mean_group: f64,
     /// Largest concurrent group.
     pub max_group: usize,
+}
+
+impl GraphShape {
+    pub(crate) fn new(nodes: usize, edges: usize, group_ends: &[u32]) -> GraphShape {
+        let mut prev = 0u32;
+        let max_group = group_ends
+            .iter()
+            .map(|&end| {
+                let size = (end - prev) as usize;
+                prev = end;
+                size
+            })
+            .max()
+            .unwrap_or(0);
+        let groups = group_ends.len();
+        GraphShape {
+            nodes,
+            edges,
+            groups,
+            mean_group: if groups == 0 {
+                0.0
+            } else {
+                nodes as f64 / groups as f64
+            },
+            max_group,
+        }
+    }
+}
+
+/// Statistics of a graph before and after its passes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GraphStats {
+    /// As recorded: recording order, groups where the hazard tracker would
+    /// put barriers.
+    pub before: GraphShape,
+    /// As instantiated: after fusion, dead-node removal and scheduling.
+    pub after: GraphShape,
     /// Nodes created by fusion.
     pub fused: usize,
     /// Nodes removed because nothing read their outputs.

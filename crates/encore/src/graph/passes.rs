@@ -14,22 +14,33 @@ pub struct Options {
     pub schedule: bool,
 }
 
-/// Builds the fused node for a matched chain, or declines with `None`.
+/// Builds the fused node for a matched group, or declines with `None`.
 pub type FuseFn = Arc<dyn Fn(&[&Node]) -> Option<Node> + Send + Sync>;
 
-/// A fusion rule: a chain of op kinds linked by dataflow, and the builder of
-/// the node that replaces it. The op layer registers these; the pass knows no
+/// Which nodes a fusion pattern matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    /// A chain of op kinds linked by dataflow, in order. Each node after the
+    /// first must be the first later node that reads what its predecessor
+    /// wrote.
+    Chain(Vec<String>),
+    /// Up to `max` independent nodes of one op kind (at least two) that read
+    /// one identical byte range, such as projections of the same input.
+    Siblings { op: String, max: usize },
+}
+
+/// A fusion rule: which nodes it matches, and the builder of the node that
+/// replaces them. The op layer registers these; the pass knows no
 /// particular kernel.
 #[derive(Clone)]
 pub struct FusionPattern {
     pub name: String,
-    /// Op kinds of the chain, in order. Each node after the first must be the
-    /// first later node that reads what its predecessor wrote.
-    pub ops: Vec<String>,
+    pub matches: Match,
     pub build: FuseFn,
 }
 
 impl FusionPattern {
+    /// A chain pattern over `ops`.
     pub fn new(
         name: impl Into<String>,
         ops: &[&str],
@@ -37,15 +48,44 @@ impl FusionPattern {
     ) -> FusionPattern {
         FusionPattern {
             name: name.into(),
-            ops: ops.iter().map(|s| s.to_string()).collect(),
+            matches: Match::Chain(ops.iter().map(|s| s.to_string()).collect()),
             build: Arc::new(build),
+        }
+    }
+
+    /// A sibling pattern: up to `max` nodes of kind `op` sharing an input.
+    pub fn siblings(
+        name: impl Into<String>,
+        op: &str,
+        max: usize,
+        build: impl Fn(&[&Node]) -> Option<Node> + Send + Sync + 'static,
+    ) -> FusionPattern {
+        FusionPattern {
+            name: name.into(),
+            matches: Match::Siblings {
+                op: op.to_string(),
+                max,
+            },
+            build: Arc::new(build),
+        }
+    }
+
+    fn first_op(&self) -> Option<&str> {
+        match &self.matches {
+            Match::Chain(ops) => ops.first().map(String::as_str),
+            Match::Siblings { op, .. } => Some(op),
         }
     }
 }
 
 impl std::fmt::Debug for FusionPattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FusionPattern({}: {})", self.name, self.ops.join(" -> "))
+        match &self.matches {
+            Match::Chain(ops) => write!(f, "FusionPattern({}: {})", self.name, ops.join(" -> ")),
+            Match::Siblings { op, max } => {
+                write!(f, "FusionPattern({}: up to {max} x {op})", self.name)
+            }
+        }
     }
 }
 
@@ -75,14 +115,16 @@ fn next_reader(nodes: &[Node], from: usize) -> Option<usize> {
     })
 }
 
-/// Replaces every chain matching a pattern with the pattern's fused node.
-/// Returns the new node list and how many fused nodes it holds.
+/// Replaces every group of nodes matching a pattern with the pattern's fused
+/// node, pattern by pattern in table order (so a later pattern can extend
+/// what an earlier one built). Returns the new node list and how many fused
+/// nodes were made.
 ///
 /// A match is applied only when it preserves results: the fused node takes
-/// the place of the chain's last node, so no node between the chain's
-/// members may conflict with an earlier member, and every range a member
-/// writes that is read outside the chain (or is a graph output) must still be
-/// written by the fused node.
+/// the place of the group's last node, so no node between the members may
+/// conflict with an earlier member, and every range a member writes that is
+/// read outside the group before being overwritten (or is a graph output)
+/// must still be written by the fused node.
 pub fn fuse(
     mut nodes: Vec<Node>,
     patterns: &[FusionPattern],
@@ -91,13 +133,19 @@ pub fn fuse(
     let outputs = output_ranges(outputs);
     let mut fused = 0;
     for pattern in patterns {
-        let Some(first_op) = pattern.ops.first() else {
+        let Some(first_op) = pattern.first_op() else {
             continue;
         };
         let mut i = 0;
         while i < nodes.len() {
             if nodes[i].op() == first_op {
-                if let Some((chain, node)) = match_chain(&nodes, i, pattern, &outputs) {
+                let found = match &pattern.matches {
+                    Match::Chain(ops) => match_chain(&nodes, i, ops, pattern, &outputs),
+                    Match::Siblings { max, .. } => {
+                        match_siblings(&nodes, i, *max, pattern, &outputs)
+                    }
+                };
+                if let Some((chain, node)) = found {
                     // `chain` ascends; the fused node takes the last member's place.
                     let last = chain[chain.len() - 1];
                     nodes[last] = node;
@@ -117,53 +165,108 @@ pub fn fuse(
 fn match_chain(
     nodes: &[Node],
     start: usize,
+    ops: &[String],
     pattern: &FusionPattern,
     outputs: &[AccessRange],
 ) -> Option<(Vec<usize>, Node)> {
     let mut chain = vec![start];
-    for op in pattern.ops.iter().skip(1) {
+    for op in ops.iter().skip(1) {
         let next = next_reader(nodes, *chain.last()?)?;
         if nodes[next].op() != op {
             return None;
         }
         chain.push(next);
     }
-    let last = *chain.last()?;
-    // Moving members to the last position must not cross a conflicting node.
-    for (k, &member) in chain.iter().enumerate().take(chain.len() - 1) {
-        let until = chain[k + 1];
-        for between in member + 1..until {
-            if !chain.contains(&between) && nodes[member].conflicts(&nodes[between]) {
-                return None;
-            }
+    build_checked(nodes, chain, pattern, outputs)
+}
+
+/// Later nodes of the same kind that read a range `start` reads, exactly,
+/// and do not depend on `start` or on each other; the largest group the
+/// pattern's builder accepts wins.
+fn match_siblings(
+    nodes: &[Node],
+    start: usize,
+    max: usize,
+    pattern: &FusionPattern,
+    outputs: &[AccessRange],
+) -> Option<(Vec<usize>, Node)> {
+    let first = &nodes[start];
+    let shared: Vec<AccessRange> = first.reads().collect();
+    let mut group = vec![start];
+    for j in start + 1..nodes.len() {
+        if group.len() >= max {
+            break;
         }
-        for between in until..last {
-            if !chain.contains(&between) && nodes[member].conflicts(&nodes[between]) {
+        let candidate = &nodes[j];
+        if candidate.op() != first.op() {
+            continue;
+        }
+        let shares = candidate.reads().any(|r| {
+            shared
+                .iter()
+                .any(|s| s.alloc == r.alloc && s.start == r.start && s.end == r.end)
+        });
+        if shares && group.iter().all(|&g| !nodes[g].conflicts(candidate)) {
+            group.push(j);
+        }
+    }
+    while group.len() >= 2 {
+        if let Some(found) = build_checked(nodes, group.clone(), pattern, outputs) {
+            return Some(found);
+        }
+        group.pop();
+    }
+    None
+}
+
+/// Builds the fused node for `members` (ascending) if moving them all to
+/// the last member's place keeps every result.
+fn build_checked(
+    nodes: &[Node],
+    members: Vec<usize>,
+    pattern: &FusionPattern,
+    outputs: &[AccessRange],
+) -> Option<(Vec<usize>, Node)> {
+    let last = *members.last()?;
+    // Moving members to the last position must not cross a conflicting node.
+    for &member in &members[..members.len() - 1] {
+        for between in member + 1..last {
+            if !members.contains(&between) && nodes[member].conflicts(&nodes[between]) {
                 return None;
             }
         }
     }
-    let members: Vec<&Node> = chain.iter().map(|&c| &nodes[c]).collect();
-    let node = (pattern.build)(&members)?;
-    // Ranges written by the chain and needed outside it must still be written.
+    let group: Vec<&Node> = members.iter().map(|&c| &nodes[c]).collect();
+    let node = (pattern.build)(&group)?;
+    // Ranges written by the group and needed outside it must still be written.
     let produced: Vec<AccessRange> = node.writes().collect();
-    for &member in &chain {
+    for &member in &members {
         for w in nodes[member].writes() {
-            let needed_later = nodes
-                .iter()
-                .enumerate()
-                .skip(last + 1)
-                .any(|(_, n)| n.reads().any(|r| overlaps(&r, &w)))
-                || outputs.iter().any(|o| overlaps(o, &w));
             let covered = produced
                 .iter()
                 .any(|p| p.alloc == w.alloc && p.start <= w.start && w.end <= p.end);
-            if needed_later && !covered {
+            if !covered && needed_after(nodes, last, &w, outputs) {
                 return None;
             }
         }
     }
-    Some((chain, node))
+    Some((members, node))
+}
+
+/// Whether the bytes of `w` are read after node `last` before a later node
+/// overwrites all of them, or survive to the end as part of a graph output.
+fn needed_after(nodes: &[Node], last: usize, w: &AccessRange, outputs: &[AccessRange]) -> bool {
+    for n in &nodes[last + 1..] {
+        if n.reads().any(|r| overlaps(&r, w)) {
+            return true;
+        }
+        if n.writes()
+            .any(|o| o.alloc == w.alloc && o.start <= w.start && w.end <= o.end)
+        {
+            return false;
+        }
+    }
+    outputs.iter().any(|o| overlaps(o, w))
 }
 
 /// Removes nodes none of whose writes are read by a later node or overlap a

@@ -1,0 +1,264 @@
+//! `fused_matmul`: up to three matrix products that share their input, with
+//! an optional RMSNorm of the input before them and one of three epilogues.
+//! The graph's fusion pass builds it from recorded `rms_norm`, `matmul`,
+//! `silu_mul` and `add` dispatches (see [`crate::fusion`]); nothing encodes
+//! it directly.
+//!
+//! With `xn = norm ? rms_norm(x) * g : x` and `p_i[r, j] = Σ_c w_i[j, c] xn[r, c]`:
+//! - [`EPILOGUE_STORE`]: `y_i = p_i` for each weight `i` (Q, K and V);
+//! - [`EPILOGUE_ACCUMULATE`]: `y_0 += p_0` (a projection into the residual);
+//! - [`EPILOGUE_SWIGLU`]: `y_0 = silu(p_0) * p_1` (gate and up).
+//!
+//! Arguments: `x: f32[rows, k]` (read), `g: f32[k]` (read; empty without
+//! norm), `w0, w1, w2` (read, GGUF blocks; empty when unused), `y0, y1, y2:
+//! f32[rows, n_i]` (write, read-write for accumulate; empty when unused),
+//! [`FusedShape`] (value).
+//!
+//! The CPU body runs the unfused operations' own code in sequence, so a
+//! fused graph gives bit-identical results on the CPU. The CUDA kernel folds
+//! the norm into the product: each warp sums the squares of the activations
+//! it reads anyway and scales its finished dot product by `1 / rms`.
+
+use std::cell::Cell;
+
+use encore::KernelDef;
+
+use super::matmul::{cuda_ggml_types, cuda_matmul_dots};
+use crate::DType;
+
+/// `y_i = p_i`.
+pub const EPILOGUE_STORE: u32 = 0;
+/// `y_0 += p_0`.
+pub const EPILOGUE_ACCUMULATE: u32 = 1;
+/// `y_0 = silu(p_0) * p_1`.
+pub const EPILOGUE_SWIGLU: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct FusedShape {
+    pub rows: u32,
+    pub k: u32,
+    /// Output columns of each weight (0 when unused).
+    pub n: [u32; 3],
+    /// ggml type id of each weight.
+    pub dtype: [u32; 3],
+    /// Weights in use, 1 to 3.
+    pub weights: u32,
+    pub epilogue: u32,
+    /// 1: RMSNorm the input with `g` first.
+    pub norm: u32,
+    pub eps: f32,
+}
+
+impl FusedShape {
+    /// Output columns the CUDA kernel assigns warps to.
+    pub fn columns(&self) -> u32 {
+        if self.epilogue == EPILOGUE_SWIGLU {
+            self.n[0]
+        } else {
+            self.n.iter().take(self.weights as usize).sum()
+        }
+    }
+}
+
+/// CUDA: one warp per output column, four warps a block, as `matmul`. In
+/// the store and accumulate epilogues the columns of all weights are laid
+/// end to end, so one launch covers Q, K and V; in the SwiGLU epilogue warp
+/// `j` takes row `j` of both the gate and the up weights.
+const FUSED_CUDA: &str = concat!(
+    cuda_ggml_types!(),
+    cuda_matmul_dots!(),
+    r#"
+struct FusedShape {
+    unsigned int rows;
+    unsigned int k;
+    unsigned int n[3];
+    unsigned int dtype[3];
+    unsigned int weights;
+    unsigned int epilogue;
+    unsigned int norm;
+    float eps;
+};
+
+#define EPILOGUE_STORE 0u
+#define EPILOGUE_ACCUMULATE 1u
+#define EPILOGUE_SWIGLU 2u
+
+struct Column {
+    const unsigned char* row;   // weight row
+    const unsigned char* row2;  // up-weight row (SwiGLU)
+    float* y;
+    unsigned int j, n, dtype, dtype2;
+};
+
+template <bool NORM, int TILE>
+__device__ void fused_rows(const Column& c, const float* __restrict__ x, const float* __restrict__ g,
+                           const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
+    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
+        const unsigned int rows = min((unsigned int)TILE, s.rows - r0);
+        const float* xt = x + (size_t)r0 * s.k;
+        float acc[TILE], sq[TILE], acc2[TILE], sq2[TILE];
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[t] = sq[t] = acc2[t] = sq2[t] = 0.f;
+        dot_row<NORM, TILE>(c.dtype, c.row, xt, g, s.k, rows, lane, x16, vec_float, acc, sq);
+        if (s.epilogue == EPILOGUE_SWIGLU)
+            dot_row<NORM, TILE>(c.dtype2, c.row2, xt, g, s.k, rows, lane, x16, vec_float2, acc2, sq2);
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) {
+            acc[t] = warp_sum(acc[t]);
+            if (s.epilogue == EPILOGUE_SWIGLU) acc2[t] = warp_sum(acc2[t]);
+            if (NORM) {
+                const float inv = 1.0f / sqrtf(warp_sum(sq[t]) / (float)s.k + s.eps);
+                acc[t] *= inv;
+                acc2[t] *= inv;
+            }
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                if (t >= rows) break;
+                float* out = c.y + (size_t)(r0 + t) * c.n + c.j;
+                if (s.epilogue == EPILOGUE_SWIGLU) *out = acc[t] / (1.0f + expf(-acc[t])) * acc2[t];
+                else if (s.epilogue == EPILOGUE_ACCUMULATE) *out += acc[t];
+                else *out = acc[t];
+            }
+        }
+    }
+}
+
+extern "C" __global__ void
+fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const unsigned char* __restrict__ w0,
+             const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
+             float* y2, FusedShape s) {
+    const unsigned int lane = threadIdx.x & 31u;
+    unsigned int col = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    const unsigned char* const ws[3] = {w0, w1, w2};
+    float* const ys[3] = {y0, y1, y2};
+    Column c;
+    unsigned int i = 0;
+    if (s.epilogue != EPILOGUE_SWIGLU) {
+        // Find the weight whose columns hold `col`.
+        const unsigned int weights = min(s.weights, 3u);
+        while (i < weights && col >= s.n[i]) col -= s.n[i++];
+        if (i >= weights) return;  // the whole warp leaves together
+    } else if (col >= s.n[0]) {
+        return;
+    }
+    c.j = col;
+    c.n = s.n[i];
+    c.dtype = s.dtype[i];
+    c.dtype2 = s.dtype[1];
+    c.y = ys[i];
+    c.row = ws[i] + (size_t)col * ggml_row_bytes(s.dtype[i], s.k);
+    c.row2 = w1 + (size_t)col * ggml_row_bytes(s.dtype[1], s.k);
+    const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
+    const bool vec_float = x16 && ((size_t)ws[i] & 15u) == 0 && s.k % 8 == 0;
+    const bool vec_float2 = x16 && ((size_t)w1 & 15u) == 0 && s.k % 8 == 0;
+    if (s.norm) {
+        if (s.rows == 1) fused_rows<true, 1>(c, x, g, s, lane, x16, vec_float, vec_float2);
+        else fused_rows<true, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
+    } else {
+        if (s.rows == 1) fused_rows<false, 1>(c, x, g, s, lane, x16, vec_float, vec_float2);
+        else fused_rows<false, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
+    }
+}
+"#
+);
+
+thread_local! {
+    static NORMED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static PRODUCTS: Cell<[Vec<f32>; 2]> = const { Cell::new([Vec::new(), Vec::new()]) };
+    static QUANT: Cell<crate::cpu::QuantizedActivations> =
+        Cell::new(crate::cpu::QuantizedActivations::new());
+}
+
+/// The CPU body: the unfused operations in sequence, with per-thread scratch
+/// buffers taken out for the call (the products run on the worker pool,
+/// which may start another fused product on this thread meanwhile).
+fn run_cpu(a: &encore::CpuArgs<'_>) -> Result<(), String> {
+    let s: FusedShape = a.scalar(8)?;
+    let (rows, k) = (s.rows as usize, s.k as usize);
+    let weights = s.weights as usize;
+    if !(1..=3).contains(&weights)
+        || s.epilogue > EPILOGUE_SWIGLU
+        || (s.epilogue == EPILOGUE_SWIGLU && (weights != 2 || s.n[0] != s.n[1]))
+        || (s.epilogue == EPILOGUE_ACCUMULATE && weights != 1)
+    {
+        return Err(format!("inconsistent fused shape {s:?}"));
+    }
+    let x = a.read::<f32>(0)?;
+    super::need("x", x, rows * k)?;
+    let mut normed = NORMED.with(Cell::take);
+    let mut products = PRODUCTS.with(Cell::take);
+    let mut quant = QUANT.with(Cell::take);
+    let result = (|| {
+        let input: &[f32] = if s.norm != 0 {
+            let g = a.read::<f32>(1)?;
+            super::need("g", g, k)?;
+            normed.resize(rows * k, 0.0);
+            for (xr, yr) in x[..rows * k]
+                .chunks_exact(k.max(1))
+                .zip(normed.chunks_exact_mut(k.max(1)))
+            {
+                super::norm::rms_norm_row(xr, &g[..k], yr, s.eps);
+            }
+            &normed
+        } else {
+            &x[..rows * k]
+        };
+        let product = |i: usize, out: &mut [f32], quant: &mut _| -> Result<(), String> {
+            let dtype = DType::from_ggml_id(s.dtype[i]).ok_or("unsupported weight type")?;
+            let n = s.n[i] as usize;
+            let w_bytes = dtype
+                .bytes_for(k)
+                .and_then(|b| b.checked_mul(n))
+                .ok_or("row length not a whole number of blocks")?;
+            let w = a.read::<u8>(2 + i)?;
+            super::need("w", w, w_bytes)?;
+            crate::cpu::matmul_with_scratch(dtype, &w[..w_bytes], n, k, input, out, quant)
+                .map_err(|e| e.to_string())
+        };
+        match s.epilogue {
+            EPILOGUE_STORE => {
+                for i in 0..weights {
+                    let n = rows * s.n[i] as usize;
+                    let y = a.write::<f32>(5 + i)?;
+                    super::need("y", y, n)?;
+                    product(i, &mut y[..n], &mut quant)?;
+                }
+            }
+            EPILOGUE_ACCUMULATE => {
+                let n = rows * s.n[0] as usize;
+                let [p, _] = &mut products;
+                p.resize(n, 0.0);
+                product(0, p, &mut quant)?;
+                let y = a.write::<f32>(5)?;
+                super::need("y", y, n)?;
+                super::elementwise::add_into(&mut y[..n], p);
+            }
+            _ => {
+                let n = rows * s.n[0] as usize;
+                let [gate, up] = &mut products;
+                gate.resize(n, 0.0);
+                up.resize(n, 0.0);
+                product(0, gate, &mut quant)?;
+                product(1, up, &mut quant)?;
+                let y = a.write::<f32>(5)?;
+                super::need("y", y, n)?;
+                super::elementwise::silu_mul_into(gate, up, &mut y[..n]);
+            }
+        }
+        Ok(())
+    })();
+    NORMED.with(|c| c.set(normed));
+    PRODUCTS.with(|c| c.set(products));
+    QUANT.with(|c| c.set(quant));
+    result
+}
+
+pub fn def() -> KernelDef {
+    KernelDef::new("fused_matmul")
+        .op("fused_matmul")
+        .cpu("fused_matmul v1", run_cpu)
+        .cuda(FUSED_CUDA, "fused_matmul")
+}
