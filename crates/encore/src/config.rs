@@ -2,7 +2,9 @@
 //!
 //! Every behaviour switch lives in [`Config`]. Programs build it with
 //! [`Config::from_env`], which starts from the defaults and applies these
-//! environment overrides; nothing else in Encore reads the environment.
+//! environment overrides; nothing else in Encore reads the environment
+//! (except the CUDA backend's NVTX loader, for the variable through which a
+//! profiling tool names itself, below).
 //!
 //! | variable | field | values | default |
 //! | --- | --- | --- | --- |
@@ -14,8 +16,27 @@
 //! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels | the user cache dir + `/encore` |
-//! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture | unset |
+//! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges (below) | unset |
 //! | `ENCORE_CAPTURE_AT` | [`Config::capture_at`] | which graph replay to capture (1-based) | `1` |
+//!
+//! The one-shot capture writes the chosen graph replay (a decode step) as a
+//! Chrome trace. On CUDA that replay also runs inside a CUDA profiler range
+//! (`cuProfilerStart`/`cuProfilerStop`) and an NVTX range named
+//! `encore graph replay N`, with one nested NVTX range per dispatch named by
+//! its kernel and label (`matmul attn_q`), in the NVTX domain `encore`. So
+//! Nsight Systems records exactly that step:
+//!
+//! ```text
+//! ENCORE_CAPTURE=step.json ENCORE_CAPTURE_AT=3 \
+//!   nsys profile --capture-range=cudaProfilerApi --trace=cuda,nvtx -o step \
+//!   encore generate ...
+//! nsys stats --report nvtx_sum,cuda_gpu_kern_sum step.nsys-rep
+//! ```
+//!
+//! and Nsight Compute profiles only its kernels with
+//! `ncu --profile-from-start off --nvtx`. The NVTX tool is found the way
+//! NVTX itself finds it, through `NVTX_INJECTION64_PATH`, which these tools
+//! set; that variable is theirs, not an Encore setting.
 
 use std::path::PathBuf;
 

@@ -10,7 +10,8 @@
 //! The one-shot capture ([`Config::capture`], `ENCORE_CAPTURE=PATH` with
 //! `ENCORE_CAPTURE_AT=N`) writes the Nth graph replay of a device alone, in
 //! the same format, whether or not a trace is being recorded; on CUDA the
-//! backend also opens a profiler range around it.
+//! backend also opens a profiler range and NVTX ranges (the step, and each
+//! dispatch) around it, for Nsight tools (see [`crate::config`]).
 //!
 //! ```
 //! use encore::{Arg, Device, KernelDef, Launch};

@@ -172,9 +172,10 @@ pub(crate) trait Backend: Send + Sync {
         0
     }
     /// Called just before the launch that a one-shot capture records
-    /// (`ENCORE_CAPTURE`); `name` says which (`graph replay 3`). A backend
-    /// may open a profiler range or NVTX range here. The launch that follows
-    /// asks for dispatch timing.
+    /// (`ENCORE_CAPTURE`); `name` says which (`graph replay 3`), on the
+    /// thread that then launches it. A backend may open a profiler range
+    /// here and mark the launch for tools (CUDA: NVTX ranges for the step
+    /// and each dispatch). The launch that follows asks for dispatch timing.
     fn capture_begin(&self, _name: &str) {}
     /// Called once the captured launch's completion (or failure) has been
     /// observed, exactly once per [`Backend::capture_begin`].

@@ -4,16 +4,22 @@
 //! program's concurrent groups run one dispatch after another here; native
 //! graphs (see `graph.rs`) are where groups run concurrently. Completion of
 //! a submission is an event recorded after its last launch.
+//!
+//! The launch a one-shot capture records runs here too (graphs run eagerly
+//! when timed), inside an NVTX range for the step and one per dispatch, so
+//! Nsight tools can attribute each kernel to its dispatch.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUevent, CUfunction, CUmodule, CUresult, CUstream};
 use parking_lot::Mutex;
 
 use super::driver::Context;
+use super::nvtx;
 use crate::backend::{ArgRec, BackendSubmission, DispatchRec, Program, Timing, Upload};
 use crate::error::{Error, Result};
 
@@ -181,6 +187,15 @@ pub(super) struct Queue {
     /// Held while enqueueing, so one submission's launches stay contiguous.
     pub(super) params: Mutex<Params>,
     events: Mutex<Vec<CUevent>>,
+    /// The capture armed by [`Queue::arm_capture`], until a run takes it.
+    capture: Mutex<Option<ArmedCapture>>,
+}
+
+/// A one-shot capture about to be launched: the next program run on
+/// `thread` (the one that armed it) gets NVTX ranges named after `step`.
+struct ArmedCapture {
+    thread: ThreadId,
+    step: String,
 }
 
 // SAFETY: the stream handle is usable from any thread with the context
@@ -207,7 +222,36 @@ impl Queue {
             stream,
             params: Mutex::new(Params::new()),
             events: Mutex::new(Vec::new()),
+            capture: Mutex::new(None),
         })
+    }
+
+    /// Marks the next program this thread runs as the captured step named
+    /// `step`: it opens an NVTX range for the step and one per dispatch.
+    pub(super) fn arm_capture(&self, step: &str) {
+        *self.capture.lock() = Some(ArmedCapture {
+            thread: std::thread::current().id(),
+            step: format!("encore {step}"),
+        });
+    }
+
+    /// Drops an armed capture that no run took (its launch failed first).
+    pub(super) fn disarm_capture(&self) {
+        self.capture.lock().take();
+    }
+
+    /// The step name of the capture armed by this thread, if any; taken
+    /// once. Other threads' submissions never take it.
+    fn take_capture(&self) -> Option<String> {
+        let mut armed = self.capture.lock();
+        let mine = armed
+            .as_ref()
+            .is_some_and(|a| a.thread == std::thread::current().id());
+        if mine {
+            armed.take().map(|a| a.step)
+        } else {
+            None
+        }
     }
 
     /// A timing-capable event from the pool.
@@ -266,17 +310,26 @@ impl Queue {
 
     /// Runs a program eagerly: uploads, then every dispatch in order, with
     /// a start and an end event (and an event pair per dispatch when timing).
+    /// The captured step also gets its NVTX ranges.
     pub(super) fn run(
         self: &Arc<Self>,
         program: &Program,
         uploads: &[Upload],
         timing: bool,
     ) -> Result<Box<dyn BackendSubmission>> {
+        let step = self.take_capture().filter(|_| nvtx::enabled());
         let mut params = self.params.lock();
         self.ctx.bind()?;
         self.ctx.usable()?;
         let mut pending = Pending::new(self);
-        let outcome = self.enqueue(&mut params, program, uploads, timing, &mut pending);
+        let outcome = self.enqueue(
+            &mut params,
+            program,
+            uploads,
+            timing,
+            step.as_deref(),
+            &mut pending,
+        );
         drop(params);
         match outcome {
             Ok(()) => Ok(Box::new(pending.into_submission())),
@@ -289,14 +342,19 @@ impl Queue {
         }
     }
 
+    /// Enqueues the uploads and launches of `run`. With `step`, the whole
+    /// step and each dispatch (named by kernel and label, `matmul attn_q`)
+    /// are NVTX ranges, closed on every path out.
     fn enqueue(
         &self,
         params: &mut Params,
         program: &Program,
         uploads: &[Upload],
         timing: bool,
+        step: Option<&str>,
         pending: &mut Pending,
     ) -> Result<()> {
+        let _step_range = step.map(nvtx::Range::push);
         self.upload(uploads)?;
         pending.start = self.event()?;
         self.record(pending.start)?;
@@ -304,6 +362,8 @@ impl Queue {
             pending.marks.reserve(2 * program.dispatches.len());
         }
         for d in &program.dispatches {
+            let _dispatch_range =
+                step.map(|_| nvtx::Range::push(&format!("{} {}", d.kernel.name(), d.label)));
             let kernel = params.build(program, d)?;
             if timing {
                 let e = self.event()?;
