@@ -77,6 +77,74 @@ else
     summary+=("bench encore: skipped (no encore binary or no $ENCORE_SYNTHETIC_GGUF)")
 fi
 
+# The default model, when staged in parts by `scripts/gpu-suite.sh
+# --real-model`: greedy continuations on CUDA must equal the CPU backend's
+# (first 32 tokens of several raw prompts), and the CUDA bench on it.
+if [[ -x .gpu/bin/encore ]] && compgen -G ".gpu-model/part-*" >/dev/null && wanted real "$@"; then
+    echo "== real model"
+    model=/tmp/encore-real/SmolLM2-135M-Instruct.Q4_1.gguf
+    mkdir -p "$(dirname "$model")"
+    cat .gpu-model/part-* >"$model"
+    {
+        sha256sum "$model"
+        same=0
+        total=0
+        while IFS= read -r prompt; do
+            total=$((total + 1))
+            cpu=$(.gpu/bin/encore generate --model "$model" --device cpu --temperature 0 --raw -n 32 "$prompt" 2>/dev/null)
+            gpu=$(.gpu/bin/encore generate --model "$model" --device cuda --temperature 0 --raw -n 32 "$prompt" 2>/dev/null)
+            if [[ "$cpu" == "$gpu" ]]; then
+                same=$((same + 1))
+                echo "SAME $prompt"
+            else
+                echo "DIFF $prompt"
+                echo "  cpu:  ${cpu:0:200}"
+                echo "  cuda: ${gpu:0:200}"
+            fi
+        done <<'PROMPTS'
+The capital of France is
+Once upon a time
+def fibonacci(n):
+The quick brown fox
+In 1969, the first
+Water boils at
+My favorite food is
+The meaning of life is
+PROMPTS
+        echo "greedy CPU vs CUDA on the real model: $same of $total identical over 32 tokens"
+        timeout 120 .gpu/bin/encore bench --device cuda --model "$model" --repeats 5
+        timeout 120 .gpu/bin/encore bench --device cuda --model "$model" --prompt-tokens 512 --gen-tokens 128 --repeats 5
+    } 2>&1 | tee "$out/real-model.log"
+    summary+=("$(grep -E 'greedy CPU vs CUDA' "$out/real-model.log")")
+    summary+=("$(grep -E '^device' "$out/real-model.log" | sed 's/^/real model: /')")
+fi
+
+# The one-shot capture under an Nsight tool: the captured decode step must
+# appear as an NVTX range with one range per dispatch inside it. With Nsight
+# Systems the ranges are listed; with Nsight Compute, kernels are profiled
+# only inside the captured step's range, so profiled kernels prove the range.
+if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]] && wanted nvtx "$@"; then
+    echo "== nvtx capture"
+    gen=(.gpu/bin/encore generate --model "$ENCORE_SYNTHETIC_GGUF" --device cuda --temperature 0 --raw -n 8 hi)
+    export ENCORE_CAPTURE=/tmp/encore-step3.json ENCORE_CAPTURE_AT=3
+    if command -v nsys >/dev/null; then
+        {
+            timeout 180 nsys profile --capture-range=cudaProfilerApi --trace=cuda,nvtx \
+                --force-overwrite=true -o /tmp/encore-nvtx "${gen[@]}"
+            timeout 120 nsys stats --report nvtx_sum --force-export=true /tmp/encore-nvtx.nsys-rep
+        } >"$out/nvtx.log" 2>&1
+    elif command -v ncu >/dev/null; then
+        for filter in "encore@encore graph replay 3/" "encore graph replay 3/"; do
+            echo "-- ncu --nvtx-include '$filter'"
+            timeout 180 ncu --nvtx --nvtx-include "$filter" --launch-count 4 --section LaunchStats "${gen[@]}" 2>&1 \
+                | grep -E "^  [a-z_]+|NVTX|==PROF==|==WARNING==|==ERROR==" | head -40
+        done >"$out/nvtx.log" 2>&1
+    fi
+    unset ENCORE_CAPTURE ENCORE_CAPTURE_AT
+    ranges=$(grep -cE "graph replay 3|fused_matmul|attention|rope" "$out/nvtx.log" 2>/dev/null)
+    summary+=("nvtx capture: ${ranges:-0} matching lines (nvtx.log)")
+fi
+
 # compute-sanitizer (memcheck and racecheck) over the CUDA runtime and op
 # suites, when asked for with ENCORE_GPU_SANITIZE=1. Its report goes into the
 # summary, which keeps the number of files under the device tool's limit.

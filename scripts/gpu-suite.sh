@@ -7,9 +7,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# With --real-model, also split the default model into .gpu-model/ in two
+# parts small enough for two device calls (the device tool carries 64 MiB).
+if [[ ${1:-} == --real-model ]]; then
+    model=${ENCORE_REAL_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/encore/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+    [[ -f $model ]] || { echo "set ENCORE_REAL_MODEL to the default model's GGUF file" >&2; exit 1; }
+    rm -rf .gpu-model && mkdir -p .gpu-model
+    split -b 33M -d "$model" .gpu-model/part-
+    ls -l .gpu-model >&2
+    cat <<'CALL'
+Then, right after each other (the machine keeps .gpu and the first part while warm):
+  run(command="true", carry=[".gpu", ".gpu-model/part-00"])
+  run(command="bash .gpu/run.sh real", carry=[".gpu-model/part-01", ".gpu-model/part-02"])
+CALL
+fi
+
 # Test binaries as package:test.
 tests=(encore:gpu encore:gpu_fault encore-ops:cuda_ops encore-llm:cuda_engine encore-llm:concurrency encore-llm:memory)
-benches=(cuda)
+# Benchmarks as package:bench.
+benches=(encore:cuda encore-ops:cuda_kernels)
 
 echo "== building test binaries (release)" >&2
 test_json=""
@@ -23,9 +39,11 @@ for pkg in $(printf '%s\n' "${tests[@]}" | cut -d: -f1 | sort -u); do
 done
 
 echo "== building benchmarks (release)" >&2
-bench_args=()
-for b in "${benches[@]}"; do bench_args+=(--bench "$b"); done
-bench_json=$(cargo bench -p encore "${bench_args[@]}" --no-run --message-format=json)
+bench_json=""
+for b in "${benches[@]}"; do
+    bench_json+=$(cargo bench -p "${b%%:*}" --bench "${b#*:}" --no-run --message-format=json)
+    bench_json+=$'\n'
+done
 
 echo "== building the encore binary (release)" >&2
 cli=yes
@@ -49,7 +67,7 @@ for t in "${tests[@]#*:}"; do
     [[ -n "$exe" && -x "$exe" ]] || { echo "no executable for test $t" >&2; exit 1; }
     strip -o ".gpu/tests/$t" "$exe"
 done
-for b in "${benches[@]}"; do
+for b in "${benches[@]#*:}"; do
     exe=$(executable "$bench_json" bench "$b")
     [[ -n "$exe" && -x "$exe" ]] || { echo "no executable for bench $b" >&2; exit 1; }
     strip -o ".gpu/benches/$b" "$exe"

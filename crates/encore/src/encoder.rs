@@ -137,6 +137,12 @@ pub(crate) struct Retained {
 }
 
 impl Retained {
+    fn retain_buffer(&mut self, buf: &Buffer) {
+        self.allocations
+            .entry(buf.alloc.id)
+            .or_insert_with(|| buf.alloc.clone());
+    }
+
     fn retain_kernel(&mut self, kernel: &Kernel) {
         if !self.kernels.iter().any(|k| k.same(kernel)) {
             self.kernels.push(kernel.clone());
@@ -262,10 +268,7 @@ impl Encoder {
         }
         for arg in args {
             if let Arg::Buffer(buf, _) = arg {
-                self.retained
-                    .allocations
-                    .entry(buf.alloc.id)
-                    .or_insert_with(|| buf.alloc.clone());
+                self.retained.retain_buffer(buf);
             }
         }
         self.retained.retain_kernel(kernel);
@@ -407,4 +410,23 @@ fn self_overlap(accesses: &[AccessRange]) -> Option<&'static str> {
         }
     }
     None
+}
+
+/// Host time of a submission's lifetime retention alone, for benchmarks:
+/// the bookkeeping [`Encoder::dispatch`] does for each of `dispatches`
+/// (every buffer it binds and its kernel, deduplicated), then the release a
+/// completed submission does. Lets a benchmark set the cost of invariant 1
+/// against the time of the step it protects.
+#[doc(hidden)]
+pub fn retention_cost(dispatches: &[(&Kernel, &[Buffer])]) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    let mut retained = Retained::default();
+    for (kernel, buffers) in dispatches {
+        for b in *buffers {
+            retained.retain_buffer(b);
+        }
+        retained.retain_kernel(kernel);
+    }
+    drop(std::hint::black_box(retained));
+    start.elapsed()
 }
