@@ -51,9 +51,9 @@ pub use buffer::Buffer;
 pub use config::{Config, ProfileMode};
 pub use counters::Counters;
 pub use device::{list_devices, Device, DeviceInfo};
-pub use encoder::{Access, Arg, Encoder, Launch};
 #[doc(hidden)]
 pub use encoder::retention_cost;
+pub use encoder::{Access, Arg, Encoder, Launch};
 pub use error::{Error, Result};
 pub use graph::{Graph, GraphCache, GraphExec, GraphShape, GraphStats, Node, NodeArg, Params};
 pub use kernel::{CudaSource, Kernel, KernelDef, KernelKey, WeakKernel};

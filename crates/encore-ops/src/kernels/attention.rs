@@ -9,9 +9,11 @@
 //!
 //! `attention`: for query row `r` (position `pos + r`) and head `h`, with KV
 //! head `h / (heads / kv_heads)`: `s[t] = scale * q[r, h] · K[t]` for
-//! `t <= pos + r`, `p = softmax(s)`, `out[r, h] = sum_t p[t] V[t]`. Q and the
-//! probabilities are rounded to f16 before their products, as llama.cpp does
-//! with an f16 cache. Arguments: `q: f32[rows, heads * head_dim]` (read),
+//! `t <= pos + r`, `p = softmax(s)`, `out[r, h] = sum_t p[t] V[t]`. The CPU
+//! follows llama.cpp's CPU flash attention step by step: below
+//! [`FA_TILE_Q`] rows, Q and the weighted sum of V are rounded to f16; from
+//! [`FA_TILE_Q`] rows on, everything stays f32, in tiles of [`FA_TILE_KV`]
+//! positions. Arguments: `q: f32[rows, heads * head_dim]` (read),
 //! `k, v: f16[max_seq, kv_dim]` (read), `pos: u32[1]` (read),
 //! `out: f32[rows, heads * head_dim]` (write), [`AttnShape`] (value).
 
@@ -294,19 +296,175 @@ fn attend_head_with(
             vs = (s - m).exp();
         }
         acc_mad(acc, &v[base..base + hd], vs);
-        sum = sum * ms + vs;
+        // Fused: GCC contracts ggml's `S = S*ms + vs` into one FMA.
+        sum = sum.mul_add(ms, vs);
     }
     let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    acc.iter_mut().for_each(|a| *a *= inv);
+}
+
+/// Query rows from which llama.cpp's CPU flash attention takes its tiled
+/// path (ggml's `GGML_FA_TILE_Q`), which rounds differently: a batch of this
+/// many rows or more is attended as [`attend_head_tiled`] does.
+pub const FA_TILE_Q: usize = 64;
+
+/// Positions per tile of the tiled path (ggml's `GGML_FA_TILE_KV`).
+pub const FA_TILE_KV: usize = 64;
+
+/// Transposes K, the cache widened to f32 (`[len, kv_heads * hd]`), into
+/// tiles of [`FA_TILE_KV`] positions: `kt[((g * tiles + t) * hd + d) * FA_TILE_KV + j]`
+/// is element `d` of KV head `g` at position `t * FA_TILE_KV + j`, zero past
+/// `len`. [`attend_head_tiled`] reads one KV head's tiles.
+pub fn transpose_k_tiles(k: &[f32], len: usize, kv_heads: usize, hd: usize, kt: &mut Vec<f32>) {
+    let tiles = len.div_ceil(FA_TILE_KV);
+    let kv_dim = kv_heads * hd;
+    kt.clear();
+    kt.resize(kv_heads * tiles * hd * FA_TILE_KV, 0.0);
+    for g in 0..kv_heads {
+        for pos in 0..len {
+            let (t, j) = (pos / FA_TILE_KV, pos % FA_TILE_KV);
+            let base = (g * tiles + t) * hd * FA_TILE_KV + j;
+            let row = &k[pos * kv_dim + g * hd..pos * kv_dim + (g + 1) * hd];
+            for (d, x) in row.iter().enumerate() {
+                kt[base + d * FA_TILE_KV] = *x;
+            }
+        }
+    }
+}
+
+/// Attention of one query head over positions `0..len`, as llama.cpp's tiled
+/// CPU flash attention computes it for batches of [`FA_TILE_Q`] rows or more.
+/// `kt` holds this head's KV head in tiles ([`transpose_k_tiles`]); `v` is the
+/// cache widened to f32 (`[len, kv_dim]`), read at `kv_off`.
+///
+/// Per tile of [`FA_TILE_KV`] positions: f32 scores, each a chain of fused
+/// multiply-adds over the dimensions, times `scale`; the running maximum
+/// moves to the tile's, rescaling the sum and the f32 accumulator by `exp`;
+/// the weights are [`ggml_expf`](super::elementwise::ggml_expf) of the score
+/// minus the maximum, summed eight lanes at a time into an f64 total; each
+/// output element adds the tile's `weight * V` in position order, fused.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_head_tiled(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    len: usize,
+    kv_dim: usize,
+    kv_off: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if f16_acc::has_avx2() {
+        // SAFETY: the CPU features were just detected.
+        unsafe { attend_head_tiled_avx2(q, kt, v, len, kv_dim, kv_off, scale, out) };
+        return;
+    }
+    attend_head_tiled_with(q, kt, v, len, kv_dim, kv_off, scale, out);
+}
+
+/// [`attend_head_tiled`] compiled with FMA, so the fused steps are single
+/// instructions and the loops over a tile vectorize.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_head_tiled_avx2(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    len: usize,
+    kv_dim: usize,
+    kv_off: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_head_tiled_with(q, kt, v, len, kv_dim, kv_off, scale, out);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_head_tiled_with(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    len: usize,
+    kv_dim: usize,
+    kv_off: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    const T: usize = FA_TILE_KV;
+    let hd = q.len().min(out.len());
+    let acc = &mut out[..hd];
+    acc.fill(0.0);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    let mut p = [0.0f32; T];
+    for (t, tile) in kt.chunks_exact(hd * T).take(len.div_ceil(T)).enumerate() {
+        let t0 = t * T;
+        let n = (len - t0).min(T);
+        p.fill(0.0);
+        for (d, kd) in tile.chunks_exact(T).enumerate() {
+            let qd = q[d];
+            for (s, k) in p.iter_mut().zip(kd) {
+                *s = k.mul_add(qd, *s);
+            }
+        }
+        p.iter_mut().for_each(|s| *s *= scale);
+        p[n..].fill(f32::NEG_INFINITY);
+        let tile_max = p.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let m_new = m.max(tile_max);
+        if m_new > m {
+            let ms = (m - m_new).exp();
+            acc.iter_mut().for_each(|a| *a *= ms);
+            sum *= ms;
+        }
+        m = m_new;
+        let mut total = 0.0f64;
+        for lanes in p.chunks_exact_mut(8) {
+            for x in lanes.iter_mut() {
+                *x = super::elementwise::ggml_expf(*x - m);
+            }
+            // ggml's horizontal sum of eight lanes.
+            let w = [
+                lanes[0] + lanes[4],
+                lanes[1] + lanes[5],
+                lanes[2] + lanes[6],
+                lanes[3] + lanes[7],
+            ];
+            total += f64::from((w[0] + w[2]) + (w[1] + w[3]));
+        }
+        sum = (f64::from(sum) + total) as f32;
+        for (j, &pj) in p[..n].iter().enumerate() {
+            let base = (t0 + j) * kv_dim + kv_off;
+            for (a, x) in acc.iter_mut().zip(&v[base..base + hd]) {
+                *a = x.mul_add(pj, *a);
+            }
+        }
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     acc.iter_mut().for_each(|a| *a *= inv);
 }
 
 /// The largest head size the CPU attention supports.
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// Per-thread scratch of the CPU attention: the cache's K and V widened to
+/// f32, and K in tiles for the tiled path.
+#[derive(Default)]
+struct Wide {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    k_tiles: Vec<f32>,
+}
+
 thread_local! {
-    /// Per-thread scratch: the cache widened to f32.
-    static WIDE: std::cell::Cell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+    static WIDE: std::cell::Cell<Wide> = const {
+        std::cell::Cell::new(Wide {
+            k: Vec::new(),
+            v: Vec::new(),
+            k_tiles: Vec::new(),
+        })
+    };
 }
 
 /// CUDA `attention`: one block of [`CUDA_ATTENTION_THREADS`] threads per
@@ -526,7 +684,7 @@ pub fn attention_shared_bytes(max_seq: u32) -> u32 {
 pub fn attention_def() -> KernelDef {
     KernelDef::new("attention")
         .op("attention")
-        .cpu("attention f16-cache flash v3", |a| {
+        .cpu("attention f16-cache flash tiled v4", |a| {
             let s: AttnShape = a.scalar(5)?;
             let pos = super::param(a, 3)? as usize;
             let (rows, heads, kvh, hd) = (
@@ -559,13 +717,18 @@ pub fn attention_def() -> KernelDef {
             let group = heads / kvh;
             // The widened cache is taken out of its per-thread slot while rayon
             // runs the heads, so a task stolen by this thread cannot find it borrowed.
-            let (mut kf, mut vf) = WIDE.with(|w| w.take());
+            let mut w = WIDE.with(|w| w.take());
             {
-                kf.resize(len * kv_dim, 0.0);
-                vf.resize(len * kv_dim, 0.0);
-                k[..len * kv_dim].convert_to_f32_slice(&mut kf);
-                v[..len * kv_dim].convert_to_f32_slice(&mut vf);
-                let (kf, vf) = (&*kf, &*vf);
+                w.k.resize(len * kv_dim, 0.0);
+                w.v.resize(len * kv_dim, 0.0);
+                k[..len * kv_dim].convert_to_f32_slice(&mut w.k);
+                v[..len * kv_dim].convert_to_f32_slice(&mut w.v);
+                let tiled = rows >= FA_TILE_Q;
+                if tiled {
+                    transpose_k_tiles(&w.k, len, kvh, hd, &mut w.k_tiles);
+                }
+                let head_tiles = len.div_ceil(FA_TILE_KV) * hd * FA_TILE_KV;
+                let (kf, vf, kt) = (&*w.k, &*w.v, &*w.k_tiles);
                 out[..rows * heads * hd]
                     .par_chunks_mut(hd)
                     .enumerate()
@@ -573,11 +736,52 @@ pub fn attention_def() -> KernelDef {
                         let (r, h) = (i / heads, i % heads);
                         let qh = &q[i * hd..(i + 1) * hd];
                         let off = (h / group) * hd;
-                        attend_head(qh, kf, vf, pos + r + 1, kv_dim, off, s.scale, o);
+                        if tiled {
+                            let g = h / group;
+                            let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
+                            attend_head_tiled(qh, kt, vf, pos + r + 1, kv_dim, off, s.scale, o);
+                        } else {
+                            attend_head(qh, kf, vf, pos + r + 1, kv_dim, off, s.scale, o);
+                        }
                     });
             }
-            WIDE.with(|w| w.replace((kf, vf)));
+            WIDE.with(|c| c.replace(w));
             Ok(())
         })
         .cuda(ATTENTION_CUDA, "attention")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiled_and_single_row_paths_agree_closely() {
+        // The two paths round differently (f16 against f32 accumulation), but
+        // compute the same attention.
+        let (hd, kv_heads, len) = (64usize, 2usize, 150usize);
+        let kv_dim = kv_heads * hd;
+        let mut seed = 1u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            half::f16::from_f32((seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0).to_f32()
+        };
+        let k: Vec<f32> = (0..len * kv_dim).map(|_| rnd() * 2.0).collect();
+        let v: Vec<f32> = (0..len * kv_dim).map(|_| rnd()).collect();
+        let q: Vec<f32> = (0..hd).map(|_| rnd() * 2.0).collect();
+        let mut kt = Vec::new();
+        transpose_k_tiles(&k, len, kv_heads, hd, &mut kt);
+        let head_tiles = len.div_ceil(FA_TILE_KV) * hd * FA_TILE_KV;
+        for g in 0..kv_heads {
+            for n in [1, 63, 64, 65, 150] {
+                let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
+                attend_head(&q, &k, &v, n, kv_dim, g * hd, 0.125, &mut a);
+                let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
+                attend_head_tiled(&q, kt, &v, n, kv_dim, g * hd, 0.125, &mut b);
+                for (x, y) in a.iter().zip(&b) {
+                    assert!((x - y).abs() < 2e-3, "len {n} head {g}: {x} vs {y}");
+                }
+            }
+        }
+    }
 }

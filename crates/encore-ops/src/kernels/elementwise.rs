@@ -5,6 +5,7 @@
 //!   `b: f32[n]` (read), `[rows, n]: [u32; 2]`.
 //! - `silu_mul`: `y[i] = silu(g[i]) * u[i]`, `silu(v) = v / (1 + e^-v)` —
 //!   `g: f32[n]` (read), `u: f32[n]` (read), `y: f32[n]` (write), `n: u32`.
+//!   On the CPU `e^x` is [`ggml_expf`], as in llama.cpp's SwiGLU.
 
 use encore::KernelDef;
 
@@ -34,16 +35,18 @@ extern "C" __global__ void add_rows(float* __restrict__ y, const float* __restri
 }
 "#;
 
-/// CUDA `silu_mul`: `y[i] = g[i] / (1 + e^-g[i]) * u[i]`, one thread per element.
-const SILU_MUL_CUDA: &str = r#"
+/// CUDA `silu_mul`: `y[i] = silu(g[i]) * u[i]` with the CPU's exponential,
+/// one thread per element.
+const SILU_MUL_CUDA: &str = concat!(
+    super::matmul::cuda_ggml_types!(),
+    r#"
 extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u,
                                     float* __restrict__ y, unsigned int n) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float v = g[i];
-        y[i] = v / (1.0f + expf(-v)) * u[i];
-    }
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(silu(g[i]), u[i]);
 }
-"#;
+"#
+);
 
 pub fn add_def() -> KernelDef {
     KernelDef::new("add")
@@ -59,8 +62,64 @@ pub fn add_def() -> KernelDef {
         .cuda(ADD_CUDA, "add")
 }
 
+/// `e^x` as ggml's AVX2 `ggml_v_expf` computes it, one lane at a time: a
+/// polynomial within about 1.5 ulp of `exp`, with its fused multiply-adds.
+/// llama.cpp's SwiGLU uses it (on every element when the row length is a
+/// multiple of 8), so following it keeps the activations bit-identical.
+#[inline]
+pub fn ggml_expf(x: f32) -> f32 {
+    // ggml's constants (hexadecimal floats in its source).
+    const SHIFT: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+    const C0: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+    const C1: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+    const C2: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+    const C3: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+    const C4: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+    let z = x.mul_add(LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = C0
+        .mul_add(b, C1)
+        .mul_add(u, C2.mul_add(b, C3))
+        .mul_add(u, C4 * b);
+    if n.abs() <= 126.0 {
+        return k.mul_add(j, k);
+    }
+    // Past 2^126 the scale `k` would overflow: split it in two factors.
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// `v / (1 + e^-v)` with [`ggml_expf`], as ggml's `ggml_v_silu`.
+#[inline]
 pub fn silu(v: f32) -> f32 {
-    v / (1.0 + (-v).exp())
+    v / (1.0 + ggml_expf(0.0 - v))
+}
+
+fn silu_mul_rows(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((y, g), u) in y.iter_mut().zip(g).zip(u) {
+        *y = silu(*g) * u;
+    }
+}
+
+/// [`silu_mul_rows`] compiled with FMA, so `mul_add` is one instruction and
+/// the loop can be vectorized.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_rows_fma(g: &[f32], u: &[f32], y: &mut [f32]) {
+    silu_mul_rows(g, u, y);
 }
 
 /// `y[i] += x[i]`.
@@ -68,17 +127,22 @@ pub fn add_into(y: &mut [f32], x: &[f32]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
 }
 
-/// `y[i] = silu(g[i]) * u[i]`.
+/// `y[i] = silu(g[i]) * u[i]`, with hardware FMA where the CPU has it
+/// (the results are the same either way: `mul_add` is always fused).
 pub fn silu_mul_into(g: &[f32], u: &[f32], y: &mut [f32]) {
-    for ((y, g), u) in y.iter_mut().zip(g).zip(u) {
-        *y = silu(*g) * u;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU features were just detected.
+        unsafe { silu_mul_rows_fma(g, u, y) };
+        return;
     }
+    silu_mul_rows(g, u, y);
 }
 
 pub fn silu_mul_def() -> KernelDef {
     KernelDef::new("silu_mul")
         .op("silu_mul")
-        .cpu("silu_mul f32 v1", |a| {
+        .cpu("silu_mul f32 ggml-exp v2", |a| {
             let n = a.scalar::<u32>(3)? as usize;
             let (g, u, y) = (a.read::<f32>(0)?, a.read::<f32>(1)?, a.write::<f32>(2)?);
             super::need("g", g, n)?;
@@ -104,4 +168,34 @@ pub fn add_rows_def() -> KernelDef {
             Ok(())
         })
         .cuda(ADD_ROWS_CUDA, "add_rows")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ggml_expf_matches_ggml_bit_for_bit() {
+        // Results of ggml's AVX2 `ggml_v_expf` (through `ggml_vec_soft_max_f32`).
+        for (x, bits) in [
+            (0.0f32, 0x3f80_0000u32),
+            (1.0, 0x402d_f855),
+            (-1.0, 0x3ebc_5ab2),
+            (0.5, 0x3fd3_094c),
+            (-0.5, 0x3f1b_4597),
+            (10.0, 0x46ac_14f0),
+            (-10.0, 0x383e_6bce),
+            (80.0, 0x792a_bbcf),
+            (88.7, 0x7f7a_37fc),
+            (89.0, 0x7f80_0000),
+            (-87.5, 0x006c_b2bb),
+            (-90.0, 0x0008_ec28),
+            (-100.0, 0x0000_001b),
+            (-104.0, 0),
+            (-150.0, 0),
+            (f32::NEG_INFINITY, 0),
+        ] {
+            assert_eq!(ggml_expf(x).to_bits(), bits, "e^{x}");
+        }
+    }
 }

@@ -118,7 +118,7 @@ __device__ void fused_rows(const Column& c, const float* __restrict__ x, const f
             for (int t = 0; t < TILE; ++t) {
                 if (t >= rows) break;
                 float* out = c.y + (size_t)(r0 + t) * c.n + c.j;
-                if (s.epilogue == EPILOGUE_SWIGLU) *out = acc[t] / (1.0f + expf(-acc[t])) * acc2[t];
+                if (s.epilogue == EPILOGUE_SWIGLU) *out = __fmul_rn(silu(acc[t]), acc2[t]);
                 else if (s.epilogue == EPILOGUE_ACCUMULATE) *out += acc[t];
                 else *out = acc[t];
             }

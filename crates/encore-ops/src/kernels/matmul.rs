@@ -63,6 +63,32 @@ __device__ __forceinline__ unsigned long long ggml_row_bytes(unsigned int dtype,
     }
 }
 
+// e^x as ggml's AVX2 `ggml_v_expf` computes it (see the CPU's `ggml_expf`):
+// the same fused multiply-adds in the same order, so the same bits.
+__device__ __forceinline__ float ggml_expf(float x) {
+    const float shift = __uint_as_float(0x4b400000u), log2e = __uint_as_float(0x3fb8aa3bu);
+    const float ln2_hi = __uint_as_float(0x3f317200u), ln2_lo = __uint_as_float(0x35bfbe8eu);
+    const float c0 = __uint_as_float(0x3c072010u), c1 = __uint_as_float(0x3d2b9f17u);
+    const float c2 = __uint_as_float(0x3e2aaf33u), c3 = __uint_as_float(0x3efffedbu);
+    const float c4 = __uint_as_float(0x3f7ffff6u);
+    const float z = fmaf(x, log2e, shift);
+    const float n = __fsub_rn(z, shift);
+    const float b = fmaf(-n, ln2_lo, fmaf(-n, ln2_hi, x));
+    const unsigned int e = __float_as_uint(z) << 23;
+    const float k = __uint_as_float(e + __float_as_uint(1.0f));
+    const float u = __fmul_rn(b, b);
+    const float j = fmaf(fmaf(fmaf(c0, b, c1), u, fmaf(c2, b, c3)), u, __fmul_rn(c4, b));
+    if (fabsf(n) <= 126.0f) return fmaf(k, j, k);
+    const unsigned int g = n <= 0.0f ? 0x82000000u : 0u;
+    const float s1 = __uint_as_float(g + 0x7f000000u);
+    const float s2 = __uint_as_float(e - g);
+    if (fabsf(n) > 192.0f) return __fmul_rn(s1, s1);
+    return __fmul_rn(fmaf(s2, j, s2), s1);
+}
+
+// silu(v) = v / (1 + e^-v), as the CPU computes it.
+__device__ __forceinline__ float silu(float v) { return v / __fadd_rn(1.0f, ggml_expf(-v)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

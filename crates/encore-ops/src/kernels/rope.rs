@@ -25,8 +25,28 @@ pub struct RopeShape {
 }
 
 /// Rotates one head vector at position `pos`. Angles advance by repeated
-/// multiplication in f32, as ggml computes them, so results match llama.cpp.
+/// multiplication in f32, as ggml computes them, and each rotated value is a
+/// fused multiply-add over the other, rounded product (`fma(a, c, -(b s))`,
+/// `fma(a, s, b c)`), as GCC compiles ggml's rope, so results match llama.cpp.
 pub fn rope_head(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU feature was just detected.
+        unsafe { rope_head_fma(x, pos, rope_dim, base, neox) };
+        return;
+    }
+    rope_head_with(x, pos, rope_dim, base, neox);
+}
+
+/// [`rope_head`] compiled with FMA, so `mul_add` is one instruction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn rope_head_fma(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
+    rope_head_with(x, pos, rope_dim, base, neox);
+}
+
+#[inline(always)]
+fn rope_head_with(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
     let theta_scale = base.powf(-2.0 / rope_dim as f32);
     let mut theta = pos as f32;
     let half = rope_dim / 2;
@@ -38,8 +58,8 @@ pub fn rope_head(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool
             (2 * i, 2 * i + 1)
         };
         let (a, b) = (x[ia], x[ib]);
-        x[ia] = a * c - b * s;
-        x[ib] = a * s + b * c;
+        x[ia] = a.mul_add(c, -(b * s));
+        x[ib] = a.mul_add(s, b * c);
         theta *= theta_scale;
     }
 }
@@ -49,9 +69,11 @@ pub fn rope_head(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool
 /// in f64, rounded to f32: the correctly rounded value the CPU's `powf`
 /// gives in all but rare cases), then `theta = (pos + row) * theta_scale^i`
 /// by `i` f32 multiplications (at most `rope_dim / 2 - 1`, cheap next to
-/// the memory traffic). Products are rounded separately, without fused
-/// multiply-adds, as on the CPU. A shape the CPU rejects changes nothing
-/// here; [`crate::Ops::rope`] rejects it before dispatch.
+/// the memory traffic). Each output is one fused multiply-add over the
+/// other product rounded alone, as on the CPU (and in llama.cpp); only
+/// `sincosf` may differ from the CPU's `sin_cos` by an ulp. A shape the CPU
+/// rejects changes nothing here; [`crate::Ops::rope`] rejects it before
+/// dispatch.
 const ROPE_CUDA: &str = r#"
 struct RopeShape {
     unsigned int rows;
@@ -76,8 +98,8 @@ extern "C" __global__ void rope(float* __restrict__ x, const unsigned int* __res
     float* h = x + (size_t)row_head * s.head_dim;
     const unsigned int ia = s.neox ? i : 2 * i, ib = s.neox ? i + half : 2 * i + 1;
     const float a = h[ia], b = h[ib];
-    h[ia] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-    h[ib] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+    h[ia] = fmaf(a, cs, -__fmul_rn(b, sn));
+    h[ib] = fmaf(a, sn, __fmul_rn(b, cs));
 }
 "#;
 
@@ -87,7 +109,7 @@ pub const CUDA_BLOCK: u32 = 128;
 pub fn def() -> KernelDef {
     KernelDef::new("rope")
         .op("rope")
-        .cpu("rope f32 v1", |a| {
+        .cpu("rope f32 fma v2", |a| {
             let s: RopeShape = a.scalar(2)?;
             let pos = super::param(a, 1)?;
             let (hd, rd) = (s.head_dim as usize, s.rope_dim as usize);
@@ -168,8 +190,8 @@ extern "C" __global__ void rope_store(const float* __restrict__ x, const unsigne
     sincosf(theta, &sn, &cs);
     const unsigned int ia = s.neox ? e : 2 * e, ib = s.neox ? e + half : 2 * e + 1;
     const float a = h[ia], b = h[ib];
-    out[ia] = f32_to_f16(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
-    out[ib] = f32_to_f16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs)));
+    out[ia] = f32_to_f16(fmaf(a, cs, -__fmul_rn(b, sn)));
+    out[ib] = f32_to_f16(fmaf(a, sn, __fmul_rn(b, cs)));
 }
 "#
 );
