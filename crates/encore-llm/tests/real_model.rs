@@ -81,20 +81,16 @@ fn chat_prompt_gets_an_answer_and_stops() {
 }
 
 #[test]
-fn decode_graph_is_fused_and_scheduled_into_concurrent_groups() {
+fn decode_graph_is_scheduled_into_concurrent_groups() {
     let e = engine(true);
     let mut s = e.session(16).unwrap();
     s.prefill(&[1, 504, 3458]).unwrap();
     s.step(314).unwrap();
     let stats = s.graph_stats().unwrap();
-    let layers = e.model().config.n_layer;
-    // Per layer: norm+QKV, rope_q, rope+store K, store V, attention,
-    // O+residual, norm+gate/up+SwiGLU, down+residual.
-    assert!(stats.before.nodes >= 17 * layers, "{stats:?}");
-    assert!(stats.after.nodes <= 8 * layers + 4, "{stats:?}");
-    assert!(stats.fused >= 5 * layers, "{stats:?}");
-    // rope_q, rope+store K and store V are independent: they run together.
-    assert!(stats.after.max_group >= 3, "{stats:?}");
-    assert!(stats.after.groups < stats.before.groups, "{stats:?}");
+    // q, k and v projections (and gate and up) share their input: they run together.
+    assert!(stats.after.mean_group > 1.2, "{stats:?}");
+    assert!(stats.after.groups <= stats.before.groups, "{stats:?}");
+    // The CPU applies no fusion rules (see `Ops::fusion_patterns`).
+    assert_eq!(stats.fused, 0, "{stats:?}");
     assert_eq!(stats.removed, 0, "{stats:?}");
 }

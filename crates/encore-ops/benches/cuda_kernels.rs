@@ -46,7 +46,7 @@ fn time_chain(ops: &Ops, outputs: &[&Buffer], one: &dyn Fn(&mut Encoder)) -> (f6
     for b in outputs {
         graph.mark_output(b);
     }
-    let exec = graph.instantiate(&ops.fusion_patterns()).unwrap();
+    let exec = graph.instantiate(&ops.all_fusion_patterns()).unwrap();
     for _ in 0..3 {
         exec.replay(&[]).unwrap().wait().unwrap();
     }

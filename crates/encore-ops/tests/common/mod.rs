@@ -1,0 +1,179 @@
+//! Helpers shared by the op test suites: random inputs and a
+//! transformer-block-shaped graph.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use encore::{Buffer, GraphStats};
+use encore_ops::{DType, Ops, Weight};
+use half::{bf16, f16};
+
+pub fn upload<T: bytemuck::Pod>(ops: &Ops, data: &[T]) -> Buffer {
+    ops.device().buffer_from(data).unwrap()
+}
+
+/// A small xorshift generator: fresh inputs per run, reproducible from the printed seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn new() -> Rng {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        eprintln!("random seed {seed:#x}");
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1), never exactly zero.
+    pub fn f32(&mut self) -> f32 {
+        let v = (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        if v == 0.0 {
+            0.5
+        } else {
+            v
+        }
+    }
+    /// Uniform in [lo, hi).
+    pub fn range(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Random weights: `rows` rows of `k` elements of `dtype` in GGUF block layout,
+/// with finite scales and every code used.
+pub fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec<u8> {
+    let n = rows * k;
+    let mut out = Vec::with_capacity(dtype.bytes_for(n).unwrap());
+    let scale = |rng: &mut Rng, amax: f32| f16::from_f32(rng.range(0.25, 1.0) * amax).to_le_bytes();
+    match dtype {
+        DType::F32 => (0..n).for_each(|_| out.extend(rng.f32().to_le_bytes())),
+        DType::F16 => (0..n).for_each(|_| out.extend(f16::from_f32(rng.f32()).to_le_bytes())),
+        DType::BF16 => (0..n).for_each(|_| out.extend(bf16::from_f32(rng.f32()).to_le_bytes())),
+        DType::Q8_0 => (0..n / 32).for_each(|_| {
+            out.extend(scale(rng, 1.0 / 127.0));
+            (0..32).for_each(|_| out.push(rng.next() as u8));
+        }),
+        DType::Q4_0 => (0..n / 32).for_each(|_| {
+            out.extend(scale(rng, 1.0 / 8.0));
+            (0..16).for_each(|_| out.push(rng.next() as u8));
+        }),
+        DType::Q4_1 => (0..n / 32).for_each(|_| {
+            let d = rng.range(0.25, 1.0) / 8.0;
+            out.extend(f16::from_f32(d).to_le_bytes());
+            out.extend(f16::from_f32(-7.5 * d + rng.range(-0.1, 0.1)).to_le_bytes());
+            (0..16).for_each(|_| out.push(rng.next() as u8));
+        }),
+    }
+    out
+}
+
+/// One transformer-block-shaped graph over `ops`' device, recorded unfused
+/// and instantiated with the device's fusion rules (or none). Returns the
+/// residual, the rotated queries, the K and V caches (as f32) and the stats.
+pub fn block_graph(
+    ops: &Ops,
+    rng_seed: u64,
+    dtype: DType,
+    rows: usize,
+    fusion: bool,
+) -> (Vec<Vec<f32>>, GraphStats) {
+    let (k, heads, kv_heads, head_dim, ff, max_seq, pos) = (256, 4, 2, 64, 96, 16, 5u32);
+    let (nq, nkv) = (heads * head_dim, kv_heads * head_dim);
+    let mut rng = Rng(rng_seed);
+    let d = ops.device();
+    let weight = |rng: &mut Rng, n: usize, kk: usize| Weight {
+        buffer: upload(ops, &random_weights(rng, dtype, n, kk)),
+        dtype,
+        n,
+        k: kk,
+    };
+    let (wq, wk, wv) = (
+        weight(&mut rng, nq, k),
+        weight(&mut rng, nkv, k),
+        weight(&mut rng, nkv, k),
+    );
+    let wo = weight(&mut rng, k, nq);
+    let (wg, wu, wd) = (
+        weight(&mut rng, ff, k),
+        weight(&mut rng, ff, k),
+        weight(&mut rng, k, ff),
+    );
+    let x = upload(ops, &rng.vec(rows * k));
+    let (g1, g2) = (upload(ops, &rng.vec(k)), upload(ops, &rng.vec(k)));
+    let p = upload(ops, &[pos]);
+    let f = |n: usize| d.alloc(n * 4).unwrap();
+    let (xn, q, kk, v, proj) = (
+        f(rows * k),
+        f(rows * nq),
+        f(rows * nkv),
+        f(rows * nkv),
+        f(rows * k),
+    );
+    let (gate, up, act) = (f(rows * ff), f(rows * ff), f(rows * ff));
+    let kc = upload(ops, &vec![f16::ZERO; max_seq * nkv]);
+    let vc = upload(ops, &vec![f16::ZERO; max_seq * nkv]);
+    let mut e = d.encoder();
+    let eps = 1e-5;
+    ops.rms_norm(&mut e, &x, &g1, &xn, rows, k, eps).unwrap();
+    ops.matmul(&mut e, &wq, &xn, &q, rows, "q").unwrap();
+    ops.matmul(&mut e, &wk, &xn, &kk, rows, "k").unwrap();
+    ops.matmul(&mut e, &wv, &xn, &v, rows, "v").unwrap();
+    ops.rope(
+        &mut e, &q, &p, rows, heads, head_dim, head_dim, 1e4, false, "rope_q",
+    )
+    .unwrap();
+    ops.rope(
+        &mut e, &kk, &p, rows, kv_heads, head_dim, head_dim, 1e4, false, "rope_k",
+    )
+    .unwrap();
+    ops.kv_store(&mut e, &kk, &kc, &p, rows, nkv, max_seq, "k_store")
+        .unwrap();
+    ops.kv_store(&mut e, &v, &vc, &p, rows, nkv, max_seq, "v_store")
+        .unwrap();
+    ops.matmul(&mut e, &wo, &q, &proj, rows, "o").unwrap();
+    ops.add(&mut e, &x, &proj, rows * k).unwrap();
+    ops.rms_norm(&mut e, &x, &g2, &xn, rows, k, eps).unwrap();
+    ops.matmul(&mut e, &wg, &xn, &gate, rows, "gate").unwrap();
+    ops.matmul(&mut e, &wu, &xn, &up, rows, "up").unwrap();
+    ops.silu_mul(&mut e, &gate, &up, &act, rows * ff).unwrap();
+    ops.matmul(&mut e, &wd, &act, &proj, rows, "down").unwrap();
+    ops.add(&mut e, &x, &proj, rows * k).unwrap();
+    let mut graph = e.finish_graph().unwrap();
+    for b in [&x, &q, &kc, &vc] {
+        graph.mark_output(b);
+    }
+    let patterns = if fusion {
+        ops.all_fusion_patterns()
+    } else {
+        Vec::new()
+    };
+    let exec = graph.instantiate(&patterns).unwrap();
+    exec.replay(&[]).unwrap().wait().unwrap();
+    let cache = |b: &Buffer| -> Vec<f32> {
+        b.download::<f16>()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_f32())
+            .collect()
+    };
+    let out = vec![
+        x.download::<f32>().unwrap(),
+        q.download::<f32>().unwrap(),
+        cache(&kc),
+        cache(&vc),
+    ];
+    (out, exec.stats().clone())
+}

@@ -1,0 +1,43 @@
+//! The fusion rules on the CPU: a transformer-block-shaped graph fuses into
+//! the expected dispatches, and since each fused CPU body runs the unfused
+//! operations' own code, the fused graph's results equal the unfused
+//! graph's bit for bit, for every weight type, for one row and several.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use encore::{Config, Device};
+use encore_ops::{DType, Ops};
+
+mod common;
+use common::{block_graph, Rng};
+
+#[test]
+fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
+    let ops = Ops::new(&Device::open("cpu", &Config::default()).unwrap()).unwrap();
+    let seed = Rng::new().next();
+    for dtype in DType::ALL {
+        for rows in [1usize, 3] {
+            let (fused, stats) = block_graph(&ops, seed, dtype, rows, true);
+            let (plain, plain_stats) = block_graph(&ops, seed, dtype, rows, false);
+            assert_eq!(plain_stats.after.nodes, 16);
+            assert_eq!(plain_stats.fused, 0);
+            // norm+QKV, rope q, rope+store K, store V, O+add, norm+gate/up+SwiGLU, down+add.
+            assert_eq!(stats.after.nodes, 7, "{dtype} rows={rows}: {stats:?}");
+            for (name, (f, p)) in ["residual", "rotated q", "k cache", "v cache"]
+                .iter()
+                .zip(fused.iter().zip(&plain))
+            {
+                let f: Vec<u32> = f.iter().map(|v| v.to_bits()).collect();
+                let p: Vec<u32> = p.iter().map(|v| v.to_bits()).collect();
+                assert!(f == p, "{dtype} rows={rows}: fused {name} differs");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cpu_applies_no_fusion_rules_by_default() {
+    let ops = Ops::new(&Device::open("cpu", &Config::default()).unwrap()).unwrap();
+    assert!(ops.fusion_patterns().is_empty());
+    assert!(ops.all_fusion_patterns().len() >= 5);
+}
