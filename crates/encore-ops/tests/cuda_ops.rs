@@ -448,11 +448,12 @@ fn fused_block_graph_matches_unfused_and_cpu() {
     // Fused against unfused on CUDA: both multiply in f32; folding the norm
     // into the products changes only the rounding order, 1e-4 of the rms
     // (4e-3 in the f16 caches, where that can move a value by one f16 step).
-    // Against the CPU, which quantizes activations to 8 bits for quantized
-    // weights, the error compounds through the block's seven products on
-    // random weights: within 8% of the outputs' rms (float weights: 1e-4).
-    // That catches a wrong layout or rule (errors of the order of the rms);
-    // the fused-against-unfused check above is the precise one.
+    // Against the CPU (float weights only): within 1e-4 of the rms, 4e-3 in
+    // the f16 caches. With quantized weights the CPU multiplies 8-bit
+    // activations, whose error scales with Σ|w·x| rather than with the
+    // outputs; each unfused op is checked against the CPU at that scale in
+    // its own test above, and `tests/fusion.rs` checks that the CPU's fused
+    // graph equals its unfused graph bit for bit.
     let seed = Rng::new().next();
     let cpu = open("cpu");
     let cuda = open("cuda");
@@ -466,27 +467,25 @@ fn fused_block_graph_matches_unfused_and_cpu() {
             // norm+QKV, rope q, rope+store K, store V, O+add, norm+gate/up+SwiGLU, down+add.
             assert_eq!(stats.after.nodes, 7, "{dtype} rows={rows}: {stats:?}");
             assert_eq!(cpu_stats.after.nodes, 7);
-            let loose = if dtype.is_quantized() { 8e-2 } else { 1e-4 };
             for (i, name) in names.iter().enumerate() {
                 let what = format!("{dtype} rows={rows} {name}");
                 // The caches hold f16: one step is 2^-11 of a value, and
                 // values reach about 4 rms, so a rounding flip is 2e-3 rms.
-                let (tight, loose) = if i >= 2 {
-                    (4e-3, f32::max(loose, 4e-3))
-                } else {
-                    (1e-4, loose)
-                };
+                let tol = if i >= 2 { 4e-3 } else { 1e-4 };
                 assert_close_to_rms(
                     &format!("{what} fused vs unfused"),
                     &fused[i],
                     &plain[i],
-                    tight,
+                    tol,
                 );
+                if dtype.is_quantized() {
+                    continue;
+                }
                 assert_close_to_rms(
                     &format!("{what} CUDA vs CPU"),
                     &fused[i],
                     &reference[i],
-                    loose,
+                    tol,
                 );
             }
         }
