@@ -64,6 +64,39 @@ fn rope_head_with(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: boo
     }
 }
 
+/// CUDA C shared by `rope` and `rope_store`: the shape and the rotation of
+/// one pair, as the CPU's [`rope_head`] computes it.
+macro_rules! cuda_rope_common {
+    () => {
+        r#"
+struct RopeShape {
+    unsigned int rows;
+    unsigned int heads;
+    unsigned int head_dim;
+    unsigned int rope_dim;
+    float base;
+    unsigned int neox;
+};
+
+// Pair `i` of a head at position `p`: its element indices, and the pair
+// rotated by `theta = p * theta_scale^i` (the CPU's f32 recurrence).
+__device__ __forceinline__ float2 rope_pair(const RopeShape& s, unsigned int i, unsigned int p, const float* h,
+                                            unsigned int& ia, unsigned int& ib) {
+    const unsigned int half = s.rope_dim / 2;
+    const float theta_scale = (float)pow((double)s.base, (double)(-2.0f / (float)s.rope_dim));
+    float theta = (float)p;
+    for (unsigned int t = 0; t < i; ++t) theta = __fmul_rn(theta, theta_scale);
+    float sn, cs;
+    sincosf(theta, &sn, &cs);
+    ia = s.neox ? i : 2 * i;
+    ib = s.neox ? i + half : 2 * i + 1;
+    const float a = h[ia], b = h[ib];
+    return make_float2(fmaf(a, cs, -__fmul_rn(b, sn)), fmaf(a, sn, __fmul_rn(b, cs)));
+}
+"#
+    };
+}
+
 /// CUDA: one thread per rotated pair `(row, head, i)`. The angle follows
 /// the CPU's recurrence exactly: `theta_scale = base^(-2 / rope_dim)` (`pow`
 /// in f64, rounded to f32: the correctly rounded value the CPU's `powf`
@@ -74,34 +107,23 @@ fn rope_head_with(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: boo
 /// `sincosf` may differ from the CPU's `sin_cos` by an ulp. A shape the CPU
 /// rejects changes nothing here; [`crate::Ops::rope`] rejects it before
 /// dispatch.
-const ROPE_CUDA: &str = r#"
-struct RopeShape {
-    unsigned int rows;
-    unsigned int heads;
-    unsigned int head_dim;
-    unsigned int rope_dim;
-    float base;
-    unsigned int neox;
-};
-
+const ROPE_CUDA: &str = concat!(
+    cuda_rope_common!(),
+    r#"
 extern "C" __global__ void rope(float* __restrict__ x, const unsigned int* __restrict__ pos, RopeShape s) {
     const unsigned int half = s.rope_dim / 2;
     if (half == 0 || s.rope_dim > s.head_dim || (s.rope_dim & 1u)) return;
     const unsigned int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= s.rows * s.heads * half) return;
     const unsigned int i = g % half, row_head = g / half, r = row_head / s.heads;
-    const float theta_scale = (float)pow((double)s.base, (double)(-2.0f / (float)s.rope_dim));
-    float theta = (float)(pos[0] + r);
-    for (unsigned int t = 0; t < i; ++t) theta = __fmul_rn(theta, theta_scale);
-    float sn, cs;
-    sincosf(theta, &sn, &cs);
     float* h = x + (size_t)row_head * s.head_dim;
-    const unsigned int ia = s.neox ? i : 2 * i, ib = s.neox ? i + half : 2 * i + 1;
-    const float a = h[ia], b = h[ib];
-    h[ia] = fmaf(a, cs, -__fmul_rn(b, sn));
-    h[ib] = fmaf(a, sn, __fmul_rn(b, cs));
+    unsigned int ia, ib;
+    const float2 v = rope_pair(s, i, pos[0] + r, h, ia, ib);
+    h[ia] = v.x;
+    h[ib] = v.y;
 }
-"#;
+"#
+);
 
 /// CUDA threads per block.
 pub const CUDA_BLOCK: u32 = 128;
@@ -151,16 +173,8 @@ pub struct RopeStoreShape {
 /// rule). A position past the cache writes nothing.
 const ROPE_STORE_CUDA: &str = concat!(
     super::matmul::cuda_ggml_types!(),
+    cuda_rope_common!(),
     r#"
-struct RopeShape {
-    unsigned int rows;
-    unsigned int heads;
-    unsigned int head_dim;
-    unsigned int rope_dim;
-    float base;
-    unsigned int neox;
-};
-
 struct RopeStoreShape {
     RopeShape rope;
     unsigned int max_seq;
@@ -183,15 +197,10 @@ extern "C" __global__ void rope_store(const float* __restrict__ x, const unsigne
         out[i + 1] = f32_to_f16(h[i + 1]);
         return;
     }
-    const float theta_scale = (float)pow((double)s.base, (double)(-2.0f / (float)s.rope_dim));
-    float theta = (float)(pos[0] + r);
-    for (unsigned int t = 0; t < e; ++t) theta = __fmul_rn(theta, theta_scale);
-    float sn, cs;
-    sincosf(theta, &sn, &cs);
-    const unsigned int ia = s.neox ? e : 2 * e, ib = s.neox ? e + half : 2 * e + 1;
-    const float a = h[ia], b = h[ib];
-    out[ia] = f32_to_f16(fmaf(a, cs, -__fmul_rn(b, sn)));
-    out[ib] = f32_to_f16(fmaf(a, sn, __fmul_rn(b, cs)));
+    unsigned int ia, ib;
+    const float2 v = rope_pair(s, e, pos[0] + r, h, ia, ib);
+    out[ia] = f32_to_f16(v.x);
+    out[ib] = f32_to_f16(v.y);
 }
 "#
 );
