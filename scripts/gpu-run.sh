@@ -55,8 +55,9 @@ for b in .gpu/benches/*; do
     summary+=("bench $name: rc=$rc")
 done
 
-# Decode speed of the engine on CUDA: graph replay (the default), eager
-# steps, and graph replay with per-dispatch GPU times.
+# Decode speed of the engine on CUDA: graph replay (the default), without
+# early launch, again with it (to see the run-to-run spread), eager steps,
+# and graph replay with per-dispatch GPU times.
 if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]]; then
     echo "== bench encore"
     bench=(.gpu/bin/encore bench --device cuda --model "$ENCORE_SYNTHETIC_GGUF")
@@ -64,6 +65,10 @@ if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]]; then
         echo "-- graph replay"
         timeout 120 "${bench[@]}" 2>&1
         rc=$?
+        echo "-- graph replay, early launch off (ENCORE_EARLY_LAUNCH=0)"
+        ENCORE_EARLY_LAUNCH=0 timeout 120 "${bench[@]}" 2>&1
+        echo "-- graph replay again"
+        timeout 120 "${bench[@]}" 2>&1
         echo "-- eager (ENCORE_GRAPHS=0)"
         ENCORE_GRAPHS=0 timeout 120 "${bench[@]}" 2>&1
         echo "-- graph replay, per-dispatch profile"

@@ -14,6 +14,7 @@
 //! | `ENCORE_GRAPHS` | [`Config::graphs`] | `0` runs decode steps eagerly instead of replaying graphs | `1` |
 //! | `ENCORE_FUSION` | [`Config::fusion`] | `0` disables the graph fusion pass | `1` |
 //! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
+//! | `ENCORE_EARLY_LAUNCH` | [`Config::early_launch`] | `0` makes every graph edge wait for full completion | `1` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges (below) | unset |
@@ -84,6 +85,10 @@ pub struct Config {
     pub fusion: bool,
     /// Run the graph scheduling pass.
     pub schedule: bool,
+    /// Let CUDA graphs start a kernel declared programmatic while the
+    /// kernels it depends on finish (programmatic dependent launch, sm_90
+    /// and later; ignored elsewhere).
+    pub early_launch: bool,
     /// What to measure.
     pub profile: ProfileMode,
     /// Where compiled kernels persist; `None` disables the disk cache.
@@ -103,6 +108,7 @@ impl Default for Config {
             graphs: true,
             fusion: true,
             schedule: true,
+            early_launch: true,
             profile: ProfileMode::Off,
             cache_dir: default_cache_dir(),
             capture: None,
@@ -145,6 +151,9 @@ impl Config {
         }
         if let Some(v) = get("ENCORE_SCHEDULE") {
             c.schedule = parse_bool("ENCORE_SCHEDULE", &v)?;
+        }
+        if let Some(v) = get("ENCORE_EARLY_LAUNCH") {
+            c.early_launch = parse_bool("ENCORE_EARLY_LAUNCH", &v)?;
         }
         if let Some(v) = get("ENCORE_PROFILE") {
             c.profile = ProfileMode::parse(&v).ok_or_else(|| Error::Config {

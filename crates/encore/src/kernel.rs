@@ -25,6 +25,32 @@ use crate::error::Result;
 /// returns an error message on failure.
 pub type CpuFn = Arc<dyn Fn(&CpuArgs<'_>) -> std::result::Result<(), String> + Send + Sync>;
 
+/// CUDA C the runtime puts before every kernel's source.
+///
+/// `encore_grid_wait()` waits until every dispatch this one depends on has
+/// finished and its writes are visible, then lets the dispatches that depend
+/// on this one start their blocks (PTX `griddepcontrol`; nothing on GPUs
+/// before sm_90 or when the kernel was launched the ordinary way). A kernel
+/// declared [`KernelDef::programmatic`] calls it in every thread before its
+/// first access to memory another dispatch writes. Calling it only after
+/// that wait keeps the early start one kernel deep: the next kernel's blocks
+/// arrive while this one computes, never further ahead.
+///
+/// `encore_prefetch_l2(p)` asks for the 128-byte line at `p` in L2; it may
+/// run before the wait (it reads nothing into registers).
+pub const CUDA_PRELUDE: &str = r#"// Encore runtime prelude.
+__device__ __forceinline__ void encore_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void encore_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+// End of the Encore runtime prelude.
+"#;
+
 /// CUDA C source and the name of its `extern "C" __global__` entry point.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CudaSource {
@@ -41,6 +67,7 @@ pub struct KernelDef {
     cpu: Option<(String, CpuFn)>,
     cuda: Option<CudaSource>,
     options: Vec<String>,
+    programmatic: bool,
 }
 
 impl fmt::Debug for KernelDef {
@@ -51,6 +78,7 @@ impl fmt::Debug for KernelDef {
             .field("cpu", &self.cpu.as_ref().map(|(d, _)| d))
             .field("cuda", &self.cuda.as_ref().map(|c| &c.entry))
             .field("options", &self.options)
+            .field("programmatic", &self.programmatic)
             .finish()
     }
 }
@@ -65,6 +93,7 @@ impl KernelDef {
             cpu: None,
             cuda: None,
             options: Vec::new(),
+            programmatic: false,
         }
     }
 
@@ -86,13 +115,35 @@ impl KernelDef {
         self
     }
 
-    /// Adds the CUDA implementation: full source and entry point name.
+    /// Adds the CUDA implementation: full source and entry point name. The
+    /// runtime's [`CUDA_PRELUDE`] is put before the source (and so is part of
+    /// the content address).
     pub fn cuda(mut self, source: impl Into<String>, entry: impl Into<String>) -> KernelDef {
         self.cuda = Some(CudaSource {
-            source: source.into(),
+            source: format!("{CUDA_PRELUDE}{}", source.into()),
             entry: entry.into(),
         });
         self
+    }
+
+    /// Declares that the CUDA kernel may be launched before the dispatches it
+    /// depends on have finished (programmatic dependent launch, sm_90 and
+    /// later), because every thread calls `encore_grid_wait()` (from
+    /// [`CUDA_PRELUDE`]) before it first touches memory another dispatch
+    /// writes, and on every path before it returns. Before that call a
+    /// kernel may only compute from its arguments and prefetch (read-only
+    /// weights, say). Graphs then give the kernel programmatic edges: its
+    /// blocks start while the previous kernel finishes, which hides launch
+    /// latency. A kernel marked so whose source never calls
+    /// `encore_grid_wait()` fails to compile with [`crate::Error::Compile`].
+    pub fn programmatic(mut self) -> KernelDef {
+        self.programmatic = true;
+        self
+    }
+
+    /// Whether [`KernelDef::programmatic`] was declared.
+    pub fn is_programmatic(&self) -> bool {
+        self.programmatic
     }
 
     /// Adds a compile option (such as `--use_fast_math`), part of the key.

@@ -56,7 +56,7 @@ pub use encoder::retention_cost;
 pub use encoder::{Access, Arg, Encoder, Launch};
 pub use error::{Error, Result};
 pub use graph::{Graph, GraphCache, GraphExec, GraphShape, GraphStats, Node, NodeArg, Params};
-pub use kernel::{CudaSource, Kernel, KernelDef, KernelKey, WeakKernel};
+pub use kernel::{CudaSource, Kernel, KernelDef, KernelKey, WeakKernel, CUDA_PRELUDE};
 pub use pool::PoolStats;
 pub use profile::{Profile, TimeStats};
 pub use submission::{DispatchTime, Submission};

@@ -538,6 +538,109 @@ fn a_native_graph_with_real_edges_equals_eager_execution() {
     }
 }
 
+const EARLY: &str = r#"
+// y[i] = x[i] * a + b after spinning `cycles` clock cycles, waiting for the
+// kernels before it first: launched early, it must still see their writes.
+extern "C" __global__ void early(const float* x, float* y, float a, float b, unsigned int n,
+                                 unsigned long long cycles) {
+    encore_grid_wait();
+    long long start = clock64();
+    while ((unsigned long long)(clock64() - start) < cycles) { }
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fadd_rn(__fmul_rn(x[i], a), b);
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn early_launched_graph_kernels_see_every_write_before_them() {
+    // A kernel declared programmatic that never waits is refused.
+    let d = cuda();
+    let careless = KernelDef::new("careless")
+        .cuda(SLOW_COPY, "slow_copy")
+        .programmatic();
+    match d.load_kernel(&careless) {
+        Err(Error::Compile { log, .. }) => assert!(log.contains("encore_grid_wait"), "{log}"),
+        other => panic!("expected a compile error, got {:?}", other.map(|_| ())),
+    }
+
+    let n = 1u32 << 14;
+    let host = Rng::new().vec(n as usize);
+    let bytes = n as usize * 4;
+    for early in [true, false] {
+        let d = Device::open(
+            "cuda",
+            &Config {
+                early_launch: early,
+                ..config()
+            },
+        )
+        .unwrap();
+        let k = d
+            .load_kernel(&KernelDef::new("early").cuda(EARLY, "early").programmatic())
+            .unwrap();
+        let x = d.buffer_from(&host).unwrap();
+        let [a, b, c] = [(); 3].map(|_| d.alloc(bytes).unwrap());
+        let launch = Launch::cover(n, 128);
+        // A chain where each step would read stale data if it ran early:
+        // a = 2x+1 (slow), b = 3a-1 (slow), c = b+0.5, then x = c/2, which
+        // overwrites what the first step read (ordered only through the chain).
+        let step = |enc: &mut encore::Encoder,
+                    src: &Buffer,
+                    dst: &Buffer,
+                    mul: f32,
+                    add: f32,
+                    cycles: u64,
+                    label: &'static str| {
+            enc.dispatch(
+                &k,
+                &[
+                    Arg::read(src),
+                    Arg::write(dst),
+                    Arg::value(&mul),
+                    Arg::value(&add),
+                    Arg::value(&n),
+                    Arg::value(&cycles),
+                ],
+                launch,
+                label,
+            )
+            .unwrap();
+        };
+        let mut enc = d.encoder();
+        step(&mut enc, &x, &a, 2.0, 1.0, 2_000_000, "a");
+        step(&mut enc, &a, &b, 3.0, -1.0, 200_000, "b");
+        step(&mut enc, &b, &c, 1.0, 0.5, 0, "c");
+        step(&mut enc, &c, &x, 0.5, 0.0, 0, "x");
+        let mut graph = enc.finish_graph().unwrap();
+        graph.mark_output(&x);
+        graph.mark_output(&c);
+        let exec = graph.instantiate(&[]).unwrap();
+        let mut expected = host.clone();
+        for replay in 0..3 {
+            exec.replay(&[]).unwrap().wait().unwrap();
+            let mut want_c = Vec::with_capacity(expected.len());
+            for v in &mut expected {
+                let a = *v * 2.0 + 1.0;
+                let b = a * 3.0 - 1.0;
+                let c = b + 0.5;
+                want_c.push(c);
+                *v = c * 0.5;
+            }
+            assert_eq!(
+                c.download::<f32>().unwrap(),
+                want_c,
+                "early {early}, replay {replay}"
+            );
+            assert_eq!(
+                x.download::<f32>().unwrap(),
+                expected,
+                "early {early}, replay {replay}"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn device_time_is_reported_per_submission_and_per_dispatch() {

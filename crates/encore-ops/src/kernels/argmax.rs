@@ -25,6 +25,7 @@ __device__ __forceinline__ void argmax_take(float& v, unsigned int& i, float ov,
 }
 
 extern "C" __global__ void argmax(const float* __restrict__ x, unsigned int* __restrict__ out, unsigned int n) {
+    encore_grid_wait();
     __shared__ float best_v[32];
     __shared__ unsigned int best_i[32];
     float v = __uint_as_float(0xff800000u);  // -infinity (NVRTC has no math.h)
@@ -79,4 +80,5 @@ pub fn def() -> KernelDef {
             Ok(())
         })
         .cuda(ARGMAX_CUDA, "argmax")
+        .programmatic()
 }

@@ -55,6 +55,7 @@ struct KvShape {
 
 extern "C" __global__ void kv_store(const float* __restrict__ src, f16_bits* __restrict__ cache,
                                     const unsigned int* __restrict__ pos, KvShape s) {
+    encore_grid_wait();
     const unsigned long long p = pos[0];
     if (p + s.rows > s.max_seq) return;
     const unsigned int n = s.rows * s.kv_dim;
@@ -91,6 +92,7 @@ pub fn kv_store_def() -> KernelDef {
             Ok(())
         })
         .cuda(KV_STORE_CUDA, "kv_store")
+        .programmatic()
 }
 
 /// `q · k` summed as ggml's AVX2 `ggml_vec_dot_f16` sums it: four 8-lane
@@ -653,6 +655,7 @@ attention(const float* __restrict__ q, const f16_bits* __restrict__ k, const f16
           const unsigned int* __restrict__ pos, float* __restrict__ out, AttnShape s) {
     extern __shared__ float scores[];
     __shared__ AttScratch scratch;
+    encore_grid_wait();
     if (s.kv_heads == 0 || s.heads % s.kv_heads != 0 || s.head_dim > ATT_MAX_HEAD) return;
     const unsigned long long p = pos[0];
     if (p + s.rows > s.max_seq || blockIdx.x >= s.heads || blockIdx.y >= s.rows) return;
@@ -749,6 +752,7 @@ pub fn attention_def() -> KernelDef {
             Ok(())
         })
         .cuda(ATTENTION_CUDA, "attention")
+        .programmatic()
 }
 
 #[cfg(test)]

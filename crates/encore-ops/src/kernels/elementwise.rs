@@ -16,6 +16,7 @@ pub const CUDA_BLOCK: u32 = 256;
 /// CUDA `add`: `y[i] += x[i]`, one thread per element.
 const ADD_CUDA: &str = r#"
 extern "C" __global__ void add(float* __restrict__ y, const float* __restrict__ x, unsigned int n) {
+    encore_grid_wait();
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         y[i] += x[i];
 }
@@ -29,6 +30,7 @@ struct RowsCols {
 };
 
 extern "C" __global__ void add_rows(float* __restrict__ y, const float* __restrict__ b, RowsCols s) {
+    encore_grid_wait();
     const unsigned int total = s.rows * s.n;
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
         y[i] += b[i % s.n];
@@ -42,6 +44,7 @@ const SILU_MUL_CUDA: &str = concat!(
     r#"
 extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u,
                                     float* __restrict__ y, unsigned int n) {
+    encore_grid_wait();
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         y[i] = __fmul_rn(silu(g[i]), u[i]);
 }
@@ -60,6 +63,7 @@ pub fn add_def() -> KernelDef {
             Ok(())
         })
         .cuda(ADD_CUDA, "add")
+        .programmatic()
 }
 
 /// `e^x` as ggml's AVX2 `ggml_v_expf` computes it, one lane at a time: a
@@ -152,6 +156,7 @@ pub fn silu_mul_def() -> KernelDef {
             Ok(())
         })
         .cuda(SILU_MUL_CUDA, "silu_mul")
+        .programmatic()
 }
 
 pub fn add_rows_def() -> KernelDef {
@@ -168,6 +173,7 @@ pub fn add_rows_def() -> KernelDef {
             Ok(())
         })
         .cuda(ADD_ROWS_CUDA, "add_rows")
+        .programmatic()
 }
 
 #[cfg(test)]

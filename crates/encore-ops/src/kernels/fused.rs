@@ -136,14 +136,24 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     float* const ys[3] = {y0, y1, y2};
     Column c;
     unsigned int i = 0;
+    bool live;
     if (s.epilogue != EPILOGUE_SWIGLU) {
         // Find the weight whose columns hold `col`.
         const unsigned int weights = min(s.weights, 3u);
         while (i < weights && col >= s.n[i]) col -= s.n[i++];
-        if (i >= weights) return;  // the whole warp leaves together
-    } else if (col >= s.n[0]) {
-        return;
+        live = i < weights;
+    } else {
+        live = col < s.n[0];
     }
+    // The weights are read-only: fetch this warp's rows into L2 while the
+    // previous kernel finishes.
+    if (live) {
+        prefetch_row(ws[i] + (size_t)col * ggml_row_bytes(s.dtype[i], s.k), ggml_row_bytes(s.dtype[i], s.k), lane);
+        if (s.epilogue == EPILOGUE_SWIGLU)
+            prefetch_row(w1 + (size_t)col * ggml_row_bytes(s.dtype[1], s.k), ggml_row_bytes(s.dtype[1], s.k), lane);
+    }
+    encore_grid_wait();
+    if (!live) return;  // the whole warp leaves together
     c.j = col;
     c.n = s.n[i];
     c.dtype = s.dtype[i];
@@ -261,4 +271,5 @@ pub fn def() -> KernelDef {
         .op("fused_matmul")
         .cpu("fused_matmul v1", run_cpu)
         .cuda(FUSED_CUDA, "fused_matmul")
+        .programmatic()
 }

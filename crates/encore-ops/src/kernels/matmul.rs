@@ -151,8 +151,12 @@ matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* 
        MatmulShape s) {
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int j = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (j >= s.n) return;  // the whole warp leaves together
     const unsigned char* row = w + (size_t)j * ggml_row_bytes(s.dtype, s.k);
+    // The weights are read-only: fetch this warp's row into L2 while the
+    // previous kernel finishes.
+    if (j < s.n) prefetch_row(row, ggml_row_bytes(s.dtype, s.k), lane);
+    encore_grid_wait();
+    if (j >= s.n) return;  // the whole warp leaves together
     const bool x16 = ((size_t)x & 15u) == 0;
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
     if (s.rows == 1) matmul_rows<1>(row, x, y, s, j, lane, x16, vec_float);
@@ -187,6 +191,13 @@ macro_rules! cuda_matmul_dots {
         r#"
 #define MM_WARPS 4
 #define MM_STEPS 4
+
+// Asks for the 128-byte lines of `bytes` bytes at `row` in L2, spread over the warp's lanes.
+__device__ __forceinline__ void prefetch_row(const unsigned char* row, unsigned long long bytes, unsigned int lane) {
+    const unsigned long long end = (unsigned long long)row + bytes;
+    for (unsigned long long a = ((unsigned long long)row & ~127ull) + 128ull * lane; a < end; a += 32ull * 128ull)
+        encore_prefetch_l2((const void*)a);
+}
 
 template <bool VEC>
 __device__ __forceinline__ void load4(const float* __restrict__ p, float* v) {
@@ -499,4 +510,5 @@ pub fn def() -> KernelDef {
             result.map_err(|e| e.to_string())
         })
         .cuda(MATMUL_CUDA, "matmul")
+        .programmatic()
 }

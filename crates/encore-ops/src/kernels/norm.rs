@@ -38,6 +38,7 @@ struct NormShape {
 
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ y, NormShape s) {
+    encore_grid_wait();
     __shared__ double partial[32];
     __shared__ float scale_shared;
     const unsigned int r = blockIdx.x;
@@ -91,4 +92,5 @@ pub fn def() -> KernelDef {
             Ok(())
         })
         .cuda(RMS_NORM_CUDA, "rms_norm")
+        .programmatic()
 }

@@ -111,6 +111,7 @@ const ROPE_CUDA: &str = concat!(
     cuda_rope_common!(),
     r#"
 extern "C" __global__ void rope(float* __restrict__ x, const unsigned int* __restrict__ pos, RopeShape s) {
+    encore_grid_wait();
     const unsigned int half = s.rope_dim / 2;
     if (half == 0 || s.rope_dim > s.head_dim || (s.rope_dim & 1u)) return;
     const unsigned int g = blockIdx.x * blockDim.x + threadIdx.x;
@@ -151,6 +152,7 @@ pub fn def() -> KernelDef {
             Ok(())
         })
         .cuda(ROPE_CUDA, "rope")
+        .programmatic()
 }
 
 /// `rope_store`: RoPE of `rows` rows of K followed by their store into the
@@ -182,6 +184,7 @@ struct RopeStoreShape {
 
 extern "C" __global__ void rope_store(const float* __restrict__ x, const unsigned int* __restrict__ pos,
                                       f16_bits* __restrict__ cache, RopeStoreShape rs) {
+    encore_grid_wait();
     const RopeShape s = rs.rope;
     const unsigned int half = s.rope_dim / 2, pairs = s.head_dim / 2;
     if (s.rope_dim > s.head_dim || (s.rope_dim & 1u) || (s.head_dim & 1u)) return;
@@ -242,4 +245,5 @@ pub fn rope_store_def() -> KernelDef {
             Ok(())
         })
         .cuda(ROPE_STORE_CUDA, "rope_store")
+        .programmatic()
 }

@@ -269,14 +269,18 @@ pub(super) fn device_count() -> usize {
 
 /// The driver's CUDA version as `major.minor` (`13.0`).
 pub(super) fn driver_version() -> String {
+    match driver_version_number() {
+        Some(v) => format!("{}.{}", v / 1000, (v % 1000) / 10),
+        None => "unknown".into(),
+    }
+}
+
+/// The CUDA version the driver supports, as `1000 * major + 10 * minor`.
+pub(super) fn driver_version_number() -> Option<i32> {
     let mut v = 0;
     // SAFETY: writes one integer; callable before and after cuInit.
     let code = unsafe { sys::cuDriverGetVersion(&mut v) };
-    if code == CUresult::CUDA_SUCCESS {
-        format!("{}.{}", v / 1000, (v % 1000) / 10)
-    } else {
-        "unknown".into()
-    }
+    (code == CUresult::CUDA_SUCCESS).then_some(v)
 }
 
 /// What a GPU is, in words: name, architecture, memory.

@@ -6,6 +6,14 @@
 //! of the previous group (through one empty join node when that takes fewer
 //! edges). The executable owns the program, and with it every kernel it
 //! launches; the runtime above retains the buffers.
+//!
+//! With early launch on (sm_90 and later), an edge into a kernel declared
+//! [`crate::KernelDef::programmatic`] is a programmatic edge: that kernel's
+//! blocks may start once the kernels before it have reached their own
+//! `encore_grid_wait()`, and they wait there for those kernels to finish.
+//! Every programmatic kernel waits before touching shared memory, and no
+//! kernel finishes before its wait returns, so ordering stays transitive:
+//! a kernel that waited for its direct predecessors also waited for theirs.
 
 use std::sync::Arc;
 
@@ -40,7 +48,13 @@ impl Drop for GraphGuard {
 }
 
 impl CudaGraph {
-    pub(super) fn build(queue: &Arc<Queue>, program: Arc<Program>) -> Result<CudaGraph> {
+    /// Builds and instantiates the graph of `program`; `early` gives kernels
+    /// declared programmatic programmatic edges (see the module docs).
+    pub(super) fn build(
+        queue: &Arc<Queue>,
+        program: Arc<Program>,
+        early: bool,
+    ) -> Result<CudaGraph> {
         let ctx = &queue.ctx;
         let n = program.dispatches.len();
         if let Some(&(from, to)) = program
@@ -95,22 +109,21 @@ impl CudaGraph {
             nodes.push(node);
         }
 
-        let (from, to) = if program.edges.is_empty() {
-            group_edges(&program, &nodes, graph.0, ctx)?
+        let early_into: Vec<bool> = program
+            .dispatches
+            .iter()
+            .map(|d| early && d.kernel.def().is_programmatic())
+            .collect();
+        let edges = if program.edges.is_empty() {
+            group_edges(&program, &nodes, &early_into, graph.0, ctx)?
         } else {
-            program
-                .edges
-                .iter()
-                .map(|&(a, b)| (nodes[a as usize], nodes[b as usize]))
-                .unzip()
+            let mut edges = Edges::default();
+            for &(a, b) in program.edges.iter() {
+                edges.push(nodes[a as usize], nodes[b as usize], early_into[b as usize]);
+            }
+            edges
         };
-        if !from.is_empty() {
-            // SAFETY: `from` and `to` have equal lengths and hold nodes of this graph.
-            let code = unsafe {
-                sys::cuGraphAddDependencies(graph.0, from.as_ptr(), to.as_ptr(), from.len())
-            };
-            ctx.check(code, || format!("add {} graph edges", from.len()))?;
-        }
+        edges.add_to(graph.0, ctx)?;
         if nodes.is_empty() {
             let mut empty: CUgraphNode = std::ptr::null_mut();
             // SAFETY: adds one node without dependencies, so the graph is not empty.
@@ -132,16 +145,86 @@ impl CudaGraph {
     }
 }
 
+/// A graph's edges; `data[i]` says whether edge `i` is programmatic.
+#[derive(Default)]
+struct Edges {
+    from: Vec<CUgraphNode>,
+    to: Vec<CUgraphNode>,
+    data: Vec<sys::CUgraphEdgeData>,
+}
+
+impl Edges {
+    fn push(&mut self, from: CUgraphNode, to: CUgraphNode, programmatic: bool) {
+        self.from.push(from);
+        self.to.push(to);
+        self.data.push(if programmatic {
+            sys::CUgraphEdgeData {
+                from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
+                to_port: 0,
+                type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+                reserved: [0; 5],
+            }
+        } else {
+            // All zeros: full completion of `from`, with its writes visible.
+            sys::CUgraphEdgeData {
+                from_port: 0,
+                to_port: 0,
+                type_: 0,
+                reserved: [0; 5],
+            }
+        });
+    }
+
+    fn add_to(&self, graph: CUgraph, ctx: &super::driver::Context) -> Result<()> {
+        if self.from.is_empty() {
+            return Ok(());
+        }
+        let programmatic = self.data.iter().filter(|d| d.type_ != 0).count();
+        let code = if programmatic == 0 {
+            // SAFETY: `from` and `to` have equal lengths and hold nodes of this graph.
+            unsafe {
+                sys::cuGraphAddDependencies(
+                    graph,
+                    self.from.as_ptr(),
+                    self.to.as_ptr(),
+                    self.from.len(),
+                )
+            }
+        } else {
+            // SAFETY: as above, with one edge annotation per edge; early
+            // launch is only asked for on drivers that have this call
+            // (CUDA 12.3 and later, checked when the backend opened).
+            unsafe {
+                sys::cuGraphAddDependencies_v2(
+                    graph,
+                    self.from.as_ptr(),
+                    self.to.as_ptr(),
+                    self.data.as_ptr(),
+                    self.from.len(),
+                )
+            }
+        };
+        ctx.check(code, || {
+            format!(
+                "add {} graph edges ({programmatic} programmatic)",
+                self.from.len()
+            )
+        })
+    }
+}
+
 /// Edges that order each concurrent group after the previous one.
 fn group_edges(
     program: &Program,
     nodes: &[CUgraphNode],
+    early_into: &[bool],
     graph: CUgraph,
     ctx: &super::driver::Context,
-) -> Result<(Vec<CUgraphNode>, Vec<CUgraphNode>)> {
-    let (mut from, mut to) = (Vec::new(), Vec::new());
+) -> Result<Edges> {
+    let mut edges = Edges::default();
     let mut previous: &[CUgraphNode] = &[];
     for group in program.groups() {
+        let early = early_into.get(group.clone()).unwrap_or(&[]);
         let current = nodes.get(group).unwrap_or(&[]);
         if previous.len() > 1
             && current.len() > 1
@@ -152,18 +235,15 @@ fn group_edges(
             let code = unsafe { sys::cuGraphAddEmptyNode(&mut join, graph, std::ptr::null(), 0) };
             ctx.check(code, || "add a join node".into())?;
             for &p in previous {
-                from.push(p);
-                to.push(join);
+                edges.push(p, join, false);
             }
             for &c in current {
-                from.push(join);
-                to.push(c);
+                edges.push(join, c, false);
             }
         } else {
             for &p in previous {
-                for &c in current {
-                    from.push(p);
-                    to.push(c);
+                for (&c, &e) in current.iter().zip(early) {
+                    edges.push(p, c, e);
                 }
             }
         }
@@ -171,7 +251,7 @@ fn group_edges(
             previous = current;
         }
     }
-    Ok((from, to))
+    Ok(edges)
 }
 
 impl Drop for CudaGraph {

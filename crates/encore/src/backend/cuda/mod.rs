@@ -45,7 +45,7 @@ use super::{Backend, BackendKind, BackendSubmission, Executable, Program, RawMem
 use crate::config::Config;
 use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, KernelCache, KernelDef};
+use crate::kernel::{Kernel, KernelCache, KernelDef, CUDA_PRELUDE};
 
 /// The number of CUDA GPUs (0 when there is no driver).
 pub(crate) fn device_count() -> usize {
@@ -79,6 +79,8 @@ pub(crate) struct CudaBackend {
     toolchain: String,
     cache_dir: Option<PathBuf>,
     disk_hits: AtomicU64,
+    /// Programmatic graph edges: asked for, sm_90 or later, driver 12.3 or later.
+    early_launch: bool,
 }
 
 impl CudaBackend {
@@ -97,6 +99,9 @@ impl CudaBackend {
             toolchain: format!("{compiler}-driver-{}", driver::driver_version()),
             cache_dir: config.cache_dir.clone(),
             disk_hits: AtomicU64::new(0),
+            early_launch: config.early_launch
+                && major >= 9
+                && driver::driver_version_number().is_some_and(|v| v >= 12030),
         }))
     }
 
@@ -263,6 +268,16 @@ impl Backend for CudaBackend {
             kernel: def.name().to_string(),
             backend: "cuda".into(),
         })?;
+        let own = source
+            .source
+            .strip_prefix(CUDA_PRELUDE)
+            .unwrap_or(&source.source);
+        if def.is_programmatic() && !own.contains("encore_grid_wait()") {
+            return Err(Error::Compile {
+                kernel: def.name().to_string(),
+                log: "declared programmatic, but the source never calls encore_grid_wait()".into(),
+            });
+        }
         let path = self.cache_path(def);
         if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             match self.load(def, &image, &source.entry) {
@@ -318,7 +333,11 @@ impl Backend for CudaBackend {
     }
 
     fn instantiate(&self, program: Arc<Program>) -> Result<Box<dyn Executable>> {
-        Ok(Box::new(graph::CudaGraph::build(&self.queue, program)?))
+        Ok(Box::new(graph::CudaGraph::build(
+            &self.queue,
+            program,
+            self.early_launch,
+        )?))
     }
 
     fn synchronize(&self) -> Result<()> {
