@@ -214,9 +214,12 @@ mod tests {
             "ENCORE_SERIAL" => Some("1".into()),
             "ENCORE_THREADS" => Some("3".into()),
             "ENCORE_PROFILE" => Some("dispatches".into()),
+            "ENCORE_EARLY_LAUNCH" => Some("0".into()),
             _ => None,
         })
         .unwrap();
+        assert!(!c.early_launch);
+        assert!(Config::default().early_launch);
         assert!(c.serial);
         assert_eq!(c.cpu_threads(), 3);
         assert_eq!(c.profile, ProfileMode::Dispatches);

@@ -31,3 +31,43 @@ pub(crate) fn need<T>(what: &str, s: &[T], n: usize) -> Result<(), String> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every CUDA kernel may be launched early in a graph, so each must wait
+    /// for its predecessors before it touches their memory (see
+    /// `encore::KernelDef::programmatic`). The runtime refuses a programmatic
+    /// kernel whose source never waits; this checks that none of ours opted out.
+    #[test]
+    fn every_cuda_kernel_is_programmatic_and_waits() {
+        let defs = [
+            norm::def(),
+            matmul::def(),
+            rope::def(),
+            rope::rope_store_def(),
+            attention::kv_store_def(),
+            attention::attention_def(),
+            elementwise::add_def(),
+            elementwise::add_rows_def(),
+            elementwise::silu_mul_def(),
+            embed::def(),
+            argmax::def(),
+            fused::def(),
+        ];
+        for def in defs {
+            let Some(cuda) = def.cuda_impl() else {
+                panic!("{} has no CUDA source", def.name());
+            };
+            assert!(def.is_programmatic(), "{} is not programmatic", def.name());
+            let own = &cuda.source[encore::CUDA_PRELUDE.len()..];
+            assert!(
+                cuda.source.starts_with(encore::CUDA_PRELUDE)
+                    && own.contains("encore_grid_wait();"),
+                "{} never calls encore_grid_wait()",
+                def.name()
+            );
+        }
+    }
+}
