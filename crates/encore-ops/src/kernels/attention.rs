@@ -17,10 +17,10 @@
 //! `k, v: f16[max_seq, kv_dim]` (read), `pos: u32[1]` (read),
 //! `out: f32[rows, heads * head_dim]` (write), [`AttnShape`] (value).
 
+use encore::parallel;
 use encore::KernelDef;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -840,7 +840,7 @@ pub fn attention_def() -> KernelDef {
             let group = heads / kvh;
             let out = &mut out[..rows * heads * hd];
             if rows < FA_TILE_Q {
-                out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+                parallel::for_each_chunk_mut(out, hd, |i, o| {
                     let (r, h) = (i / heads, i % heads);
                     let qh = &q[i * hd..(i + 1) * hd];
                     let off = (h / group) * hd;
@@ -848,9 +848,8 @@ pub fn attention_def() -> KernelDef {
                 });
                 return Ok(());
             }
-            // The tiled path reads the cache widened to f32. The widened cache
-            // is taken out of its per-thread slot while rayon runs the heads,
-            // so a task stolen by this thread cannot find it borrowed.
+            // The tiled path reads the cache widened to f32, from a per-thread
+            // slot that is taken out for the call.
             let mut w = WIDE.with(|w| w.take());
             {
                 w.k.resize(len * kv_dim, 0.0);
@@ -860,7 +859,7 @@ pub fn attention_def() -> KernelDef {
                 transpose_k_tiles(&w.k, len, kvh, hd, &mut w.k_tiles);
                 let head_tiles = len.div_ceil(FA_TILE_KV) * hd * FA_TILE_KV;
                 let (vf, kt) = (&*w.v, &*w.k_tiles);
-                out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+                parallel::for_each_chunk_mut(out, hd, |i, o| {
                     let (r, h) = (i / heads, i % heads);
                     let qh = &q[i * hd..(i + 1) * hd];
                     let g = h / group;
