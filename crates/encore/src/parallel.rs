@@ -1,5 +1,5 @@
-//! A small pool of worker threads for CPU kernels, with fork/join in well
-//! under a microsecond.
+//! A small pool of worker threads for CPU kernels, with fork/join in a
+//! microsecond or two.
 //!
 //! ```
 //! use encore::parallel::{self, WorkerPool};
@@ -253,10 +253,13 @@ impl Shared {
                 std::thread::yield_now();
             }
         }
+        // Take the workers' panic even when re-raising this thread's, so
+        // that it is not reported by the next job.
+        let theirs = self.panic.lock().take();
         if let Err(p) = mine {
             resume_unwind(p);
         }
-        if let Some(p) = self.panic.lock().take() {
+        if let Some(p) = theirs {
             resume_unwind(p);
         }
     }
@@ -472,6 +475,16 @@ mod tests {
         let payload = result.unwrap_err();
         assert_eq!(payload.downcast_ref::<&str>(), Some(&"task 37 failed"));
         assert_eq!(done.load(Ordering::Relaxed), 99);
+        // When tasks panic on both threads, one panic is re-raised and the
+        // other is not left behind for the next job.
+        for _ in 0..20 {
+            let all_fail = catch_unwind(AssertUnwindSafe(|| {
+                pool.install(|| for_each(64, |_| std::panic::panic_any("every task fails")))
+            }));
+            assert!(all_fail.is_err());
+            let clean = catch_unwind(AssertUnwindSafe(|| pool.install(|| for_each(64, |_| {}))));
+            assert!(clean.is_ok());
+        }
         // The pool still works, and is no longer installed.
         assert_eq!(super::threads(), 1);
         let sum = AtomicUsize::new(0);
