@@ -8,8 +8,8 @@
 //! `smollm2/*` runs every matrix product of one token (decode) or of 128
 //! tokens (prefill, with the head on the last token only), each layer with its
 //! own weights so that they stream from memory as in a real model. `pool`
-//! variants run the token inside one `ThreadPool::install` instead of handing
-//! each product from the calling thread to rayon. A JSON line per variant
+//! variants run the token with a worker pool installed (as the CPU backend
+//! does), the others on the calling thread alone. A JSON line per variant
 //! summarizes ms per token, tokens per second and GB/s.
 
 use std::time::Instant;
@@ -214,8 +214,8 @@ fn forward(model: &Model, work: &mut Work) {
 fn whole_model(c: &mut Criterion) {
     let model = Model::new();
     let bytes = model.bytes();
-    let pool = rayon::ThreadPoolBuilder::new().build();
-    let Ok(pool) = pool else {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let Ok(pool) = encore::parallel::WorkerPool::new(threads) else {
         return;
     };
     let mut group = c.benchmark_group("smollm2");
@@ -252,7 +252,7 @@ fn whole_model(c: &mut Criterion) {
             let median = times[times.len() / 2];
             summary.push(format!(
                 "{{\"bench\":\"smollm2/{id}\",\"threads\":{},\"tokens\":{m},\"ms_per_token\":{:.3},\"tokens_per_s\":{:.1},\"weight_gb_per_s\":{:.1}}}",
-                pool.current_num_threads(),
+                if in_pool { pool.threads() } else { 1 },
                 median * 1e3 / m as f64,
                 m as f64 / median,
                 bytes as f64 / median / 1e9,

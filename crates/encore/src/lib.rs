@@ -40,6 +40,7 @@ mod error;
 pub mod graph;
 pub mod hazard;
 mod kernel;
+pub mod parallel;
 mod pool;
 mod profile;
 mod submission;

@@ -418,11 +418,10 @@ fn unknown_and_unavailable_devices_are_typed_errors() {
 /// dispatch's work interleaves with its neighbours' when they share a group.
 fn axpy_kernel(d: &Device) -> encore::Kernel {
     d.load_kernel(&KernelDef::new("mix").cpu("mix v1", |a| {
-        use rayon::prelude::*;
         let scale: f32 = a.scalar(2)?;
         let x = a.read::<f32>(0)?;
         let y = a.write::<f32>(1)?;
-        y.par_chunks_mut(7).enumerate().for_each(|(c, chunk)| {
+        encore::parallel::for_each_chunk_mut(y, 7, |c, chunk| {
             for (i, v) in chunk.iter_mut().enumerate() {
                 let xi = x[(c * 7 + i) % x.len()];
                 *v = *v * 0.5 + xi * scale;

@@ -493,9 +493,7 @@ pub fn def() -> KernelDef {
             super::need("x", x, rows * k)?;
             super::need("y", y, rows * n)?;
             // Quantized activations are staged in a per-thread buffer that grows
-            // once and is reused by later products on that thread. It is taken
-            // out for the call: while rayon waits inside it, this thread may run
-            // another product that wants the buffer too.
+            // once and is reused by later products on that thread.
             let mut scratch = SCRATCH.with(|s| s.take());
             let result = crate::cpu::matmul_with_scratch(
                 dtype,

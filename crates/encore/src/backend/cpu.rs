@@ -1,9 +1,11 @@
 //! The CPU backend: host memory, Rust kernels, a queue thread and a worker pool.
 //!
-//! Submissions run in order on one queue thread, like a device stream. The
-//! dispatches of one concurrent group run in parallel on the worker pool, and
-//! kernels may parallelize inside (rayon), so a wrong hazard decision shows up
-//! as a wrong answer in tests rather than hiding behind serial execution.
+//! Submissions run in order on one queue thread, like a device stream, with a
+//! [`WorkerPool`] of the configured size installed on it. The dispatches of
+//! one concurrent group run in parallel on the pool, and kernels spread their
+//! own work over it ([`crate::parallel`]) when they run alone, so a wrong
+//! hazard decision shows up as a wrong answer in tests rather than hiding
+//! behind serial execution.
 
 use std::alloc::Layout;
 use std::any::Any;
@@ -23,6 +25,7 @@ use crate::config::Config;
 use crate::encoder::{Access, Launch};
 use crate::error::{Error, Result};
 use crate::kernel::{CpuFn, KernelDef};
+use crate::parallel::{self, WorkerPool};
 
 const ALIGN: usize = 64;
 
@@ -256,29 +259,24 @@ pub(crate) struct CpuBackend {
 impl CpuBackend {
     pub(crate) fn new(config: &Config) -> Result<CpuBackend> {
         let threads = config.cpu_threads();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("encore-cpu-{i}"))
-            .build()
-            .map_err(|e| Error::DeviceUnavailable {
-                name: "cpu".into(),
-                reason: format!("cannot start {threads} worker threads: {e}"),
-            })?;
+        let pool = WorkerPool::new(threads)?;
         let (sender, receiver) = mpsc::channel::<Job>();
         let state = Arc::new(QueueState::default());
         let thread_state = state.clone();
         let thread = std::thread::Builder::new()
             .name("encore-cpu-queue".into())
             .spawn(move || {
-                for job in receiver {
-                    let outcome = pool.install(|| run_job(&job));
-                    *job.done.outcome.lock() = Some(outcome);
-                    job.done.cv.notify_all();
-                    drop(job);
-                    let mut c = thread_state.counts.lock();
-                    c.1 += 1;
-                    thread_state.idle.notify_all();
-                }
+                pool.install(|| {
+                    for job in receiver {
+                        let outcome = run_job(&job);
+                        *job.done.outcome.lock() = Some(outcome);
+                        job.done.cv.notify_all();
+                        drop(job);
+                        let mut c = thread_state.counts.lock();
+                        c.1 += 1;
+                        thread_state.idle.notify_all();
+                    }
+                })
             })
             .map_err(|e| Error::DeviceUnavailable {
                 name: "cpu".into(),
@@ -329,20 +327,15 @@ fn run_job(job: &Job) -> Result<Timing, Failure> {
         } else {
             let failures = Mutex::new(Vec::new());
             let group_times = Mutex::new(Vec::new());
-            rayon::scope(|s| {
-                for (k, d) in dispatches.iter().enumerate() {
-                    let failures = &failures;
-                    let group_times = &group_times;
-                    s.spawn(move |_| {
-                        let t = Instant::now();
-                        if let Err(e) = run_dispatch(program, d) {
-                            failures.lock().push((k, e));
-                        }
-                        group_times
-                            .lock()
-                            .push((k, t.duration_since(start), t.elapsed()));
-                    });
+            parallel::for_each(dispatches.len(), |k| {
+                let Some(d) = dispatches.get(k) else { return };
+                let t = Instant::now();
+                if let Err(e) = run_dispatch(program, d) {
+                    failures.lock().push((k, e));
                 }
+                group_times
+                    .lock()
+                    .push((k, t.duration_since(start), t.elapsed()));
             });
             let mut failures = failures.into_inner();
             failures.sort_by_key(|(k, _)| *k);
