@@ -276,6 +276,7 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
         .collect();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut step_device = Vec::new();
     let mut graph = None;
     for _ in 0..a.repeats.max(1) + 1 {
         let mut s = engine
@@ -289,6 +290,9 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
         for _ in 0..a.gen_tokens {
             s.step(token).map_err(e)?;
             token = s.argmax().map_err(e)?;
+            if let Some(t) = s.last_step_time() {
+                step_device.push(t.as_secs_f64() * 1e6);
+            }
         }
         decode.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
         graph = s.graph_stats();
@@ -297,6 +301,9 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
     prefill.remove(0);
     decode.remove(0);
     let (p, d) = (median(prefill), median(decode));
+    // Device time of one step against the wall time of one token: the
+    // difference is what the host adds (launch, readback, sampling).
+    let step_us = (!step_device.is_empty()).then(|| median(step_device));
     if a.json {
         println!(
             "{}",
@@ -309,6 +316,8 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
                 "repeats": a.repeats,
                 "prefill_tok_s": p,
                 "decode_tok_s": d,
+                "decode_step_device_us": step_us,
+                "decode_token_wall_us": 1e6 / d,
                 "decode_graph": graph.as_ref().map(|g| serde_json::json!({
                     "before": shape_json(&g.before),
                     "after": shape_json(&g.after),
@@ -327,6 +336,12 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
             d,
             a.repeats
         );
+        if let Some(us) = step_us {
+            println!(
+                "decode step: {us:.1} µs on the device of {:.1} µs per token (median)",
+                1e6 / d
+            );
+        }
         if let Some(g) = &graph {
             println!(
                 "decode graph per token: recorded {}; after passes {} ({} fused)",

@@ -25,6 +25,7 @@ pub struct Session {
     graphs: GraphCache,
     step: Option<GraphExec>,
     use_graphs: bool,
+    last_step_time: Option<std::time::Duration>,
 }
 
 impl Session {
@@ -53,6 +54,7 @@ impl Session {
             graphs,
             step: None,
             use_graphs,
+            last_step_time: None,
         })
     }
 
@@ -171,7 +173,9 @@ impl Session {
                     e
                 }
             };
-            exec.replay(&values)?.wait()?;
+            let submission = exec.replay(&values)?;
+            submission.wait()?;
+            self.last_step_time = submission.elapsed();
         } else {
             for (name, value) in values {
                 self.params.set(name, value)?;
@@ -180,10 +184,17 @@ impl Session {
             let mut enc = device.encoder();
             enc.set_label("decode");
             self.encode_step(&mut enc)?;
-            enc.commit_and_wait()?;
+            let submission = enc.commit_and_wait()?;
+            self.last_step_time = submission.elapsed();
         }
         self.pos += 1;
         Ok(())
+    }
+
+    /// Device time of the last decode step (start to end of its work on the
+    /// device's queue), where the backend measures it.
+    pub fn last_step_time(&self) -> Option<std::time::Duration> {
+        self.last_step_time
     }
 
     /// The logits of the last decode step.
