@@ -192,6 +192,28 @@ fn main() {
                 ops.attention(e, &q, &kc, &vc, &p, &attn, shape).unwrap()
             }),
         );
+        // Each link rotates its own q and K rows (as each layer's products
+        // write fresh ones), so the rules may fold them into the attention.
+        let fresh = |n: usize| (0..CHAIN).map(|_| floats(&device, n)).collect::<Vec<_>>();
+        let (qs, ks) = (fresh(d), fresh(kv));
+        let link = std::cell::Cell::new(0usize);
+        report(
+            &format!("attention_step (fused) pos={pos}"),
+            0,
+            time_chain(&ops, &[&attn, &kc, &vc], &|e| {
+                let i = link.replace(link.get() + 1) % CHAIN;
+                let (q, k) = (&qs[i], &ks[i]);
+                ops.rope(e, q, &p, 1, heads, hd, hd, 1e5, false, "rope_q")
+                    .unwrap();
+                ops.rope(e, k, &p, 1, kv_heads, hd, hd, 1e5, false, "rope_k")
+                    .unwrap();
+                ops.kv_store(e, k, &kc, &p, 1, kv, max_seq, "k_store")
+                    .unwrap();
+                ops.kv_store(e, &v, &vc, &p, 1, kv, max_seq, "v_store")
+                    .unwrap();
+                ops.attention(e, q, &kc, &vc, &p, &attn, shape).unwrap()
+            }),
+        );
         report(
             &format!("rope q pos={pos}"),
             0,

@@ -10,14 +10,19 @@
 //! 2. `rms_norm` then a product of its output: the norm folded in;
 //! 3. gate and up then `silu_mul`: the SwiGLU epilogue;
 //! 4. a product then `add` into the residual: the accumulate epilogue;
-//! 5. `rope` then `kv_store` of the rotated rows: `rope_store`.
+//! 5. `rope` then `kv_store` of the rotated rows: `rope_store`;
+//! 6. for one decode row, `rope` of the query, `rope_store` (or `kv_store`)
+//!    of the new K row and `kv_store` of the new V row, each folded into the
+//!    `attention` that reads them: `attention_step`.
 
 use encore::graph::passes::FusionPattern;
 use encore::{Access, Buffer, Kernel, Launch, Node, NodeArg};
 
+use crate::kernels::attention::{AttnShape, KvShape};
+use crate::kernels::attention_step::{self, AttnStepShape};
 use crate::kernels::fused::{self, FusedShape};
 use crate::kernels::rope::{self, RopeShape, RopeStoreShape};
-use crate::kernels::{attention::KvShape, matmul, norm::NormShape};
+use crate::kernels::{matmul, norm::NormShape};
 
 fn buffer(node: &Node, i: usize) -> Option<&Buffer> {
     match node.args.get(i)? {
@@ -137,13 +142,7 @@ impl Product {
         Some(Node {
             kernel: kernel.clone(),
             args,
-            launch: Launch::new(
-                self.shape
-                    .columns()
-                    .div_ceil(matmul::CUDA_COLUMNS_PER_BLOCK)
-                    .max(1),
-                32 * matmul::CUDA_COLUMNS_PER_BLOCK,
-            ),
+            launch: matmul::cuda_launch(self.shape.columns()),
             label: self.label.into(),
         })
     }
@@ -293,8 +292,192 @@ fn rope_then_store(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     })
 }
 
+/// An `attention` of one query row (or an `attention_step`) taken apart.
+struct Attend {
+    q: Buffer,
+    k_new: Option<Buffer>,
+    v_new: Option<Buffer>,
+    k: Buffer,
+    v: Buffer,
+    pos: Buffer,
+    out: Buffer,
+    shape: AttnStepShape,
+    label: String,
+}
+
+impl Attend {
+    fn parse(node: &Node) -> Option<Attend> {
+        let label = node.label.to_string();
+        match node.op() {
+            "attention" => {
+                let attn: AttnShape = value(node, 5)?;
+                if attn.rows != 1 {
+                    return None;
+                }
+                Some(Attend {
+                    q: buffer(node, 0)?.clone(),
+                    k_new: None,
+                    v_new: None,
+                    k: buffer(node, 1)?.clone(),
+                    v: buffer(node, 2)?.clone(),
+                    pos: buffer(node, 3)?.clone(),
+                    out: buffer(node, 4)?.clone(),
+                    shape: AttnStepShape {
+                        attn,
+                        rope: bytemuck::Zeroable::zeroed(),
+                        flags: 0,
+                    },
+                    label,
+                })
+            }
+            "attention_step" => {
+                let shape: AttnStepShape = value(node, 7)?;
+                let has = |bit: u32| shape.flags & bit != 0;
+                Some(Attend {
+                    q: buffer(node, 0)?.clone(),
+                    k_new: has(attention_step::STEP_K_NEW)
+                        .then(|| buffer(node, 1).cloned())
+                        .flatten(),
+                    v_new: has(attention_step::STEP_V_NEW)
+                        .then(|| buffer(node, 2).cloned())
+                        .flatten(),
+                    k: buffer(node, 3)?.clone(),
+                    v: buffer(node, 4)?.clone(),
+                    pos: buffer(node, 5)?.clone(),
+                    out: buffer(node, 6)?.clone(),
+                    shape,
+                    label,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `r` rotates as the rotation already folded in (if any) does,
+    /// and is one the kernel can apply (even sizes, within the head).
+    fn takes_rope(&self, r: &RopeShape) -> bool {
+        let mine = &self.shape.rope;
+        let folded = self.shape.flags & (attention_step::STEP_ROPE_Q | attention_step::STEP_ROPE_K);
+        r.rows == 1
+            && r.head_dim == self.shape.attn.head_dim
+            && r.head_dim.is_multiple_of(2)
+            && r.rope_dim <= r.head_dim
+            && r.rope_dim.is_multiple_of(2)
+            && (folded == 0
+                || (mine.rope_dim == r.rope_dim
+                    && mine.base.to_bits() == r.base.to_bits()
+                    && mine.neox == r.neox))
+    }
+
+    fn node(self, kernel: &Kernel) -> Option<Node> {
+        let empty = self.q.view(0, 0).ok()?;
+        let flags = self.shape.flags;
+        let cache = |bit: u32| {
+            if flags & bit != 0 {
+                Access::ReadWrite
+            } else {
+                Access::Read
+            }
+        };
+        Some(Node {
+            kernel: kernel.clone(),
+            args: vec![
+                NodeArg::Buffer(self.q, Access::Read),
+                NodeArg::Buffer(self.k_new.unwrap_or_else(|| empty.clone()), Access::Read),
+                NodeArg::Buffer(self.v_new.unwrap_or(empty), Access::Read),
+                NodeArg::Buffer(self.k, cache(attention_step::STEP_K_NEW)),
+                NodeArg::Buffer(self.v, cache(attention_step::STEP_V_NEW)),
+                NodeArg::Buffer(self.pos, Access::Read),
+                NodeArg::Buffer(self.out, Access::Write),
+                NodeArg::Bytes(bytemuck::bytes_of(&self.shape).to_vec()),
+            ],
+            launch: Launch::grid3(
+                [self.shape.attn.heads.max(1), attention_step::CUDA_SPLITS, 1],
+                [attention_step::CUDA_THREADS, 1, 1],
+            ),
+            label: self.label.into(),
+        })
+    }
+}
+
+/// Rule 6a: `rope` of exactly the query a one-row attention reads.
+fn rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
+    let [rope, attn] = nodes else { return None };
+    let r: RopeShape = value(rope, 2)?;
+    let (x, pos) = (buffer(rope, 0)?, buffer(rope, 1)?);
+    let mut a = Attend::parse(attn)?;
+    if a.shape.flags & attention_step::STEP_ROPE_Q != 0
+        || !same(x, &a.q)
+        || !same(pos, &a.pos)
+        || r.heads != a.shape.attn.heads
+        || !a.takes_rope(&r)
+    {
+        return None;
+    }
+    a.shape.rope = r;
+    a.shape.flags |= attention_step::STEP_ROPE_Q;
+    a.label = format!("{}+{}", rope.label, a.label);
+    a.node(kernel)
+}
+
+/// Rule 6b: `rope_store` of the new K row into the cache the attention reads.
+fn rope_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
+    let [store, attn] = nodes else { return None };
+    let rs: RopeStoreShape = value(store, 3)?;
+    let (x, pos, cache) = (buffer(store, 0)?, buffer(store, 1)?, buffer(store, 2)?);
+    let mut a = Attend::parse(attn)?;
+    if a.shape.flags & attention_step::STEP_K_NEW != 0
+        || !same(cache, &a.k)
+        || !same(pos, &a.pos)
+        || rs.max_seq != a.shape.attn.max_seq
+        || rs.rope.heads != a.shape.attn.kv_heads
+        || !a.takes_rope(&rs.rope)
+    {
+        return None;
+    }
+    a.shape.rope = rs.rope;
+    a.shape.flags |= attention_step::STEP_K_NEW | attention_step::STEP_ROPE_K;
+    a.k_new = Some(x.clone());
+    a.label = format!("{}+{}", store.label, a.label);
+    a.node(kernel)
+}
+
+/// Rule 6c: `kv_store` of the new V (or unrotated K) row into a cache the
+/// attention reads.
+fn store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
+    let [store, attn] = nodes else { return None };
+    let kv: KvShape = value(store, 3)?;
+    let (src, cache, pos) = (buffer(store, 0)?, buffer(store, 1)?, buffer(store, 2)?);
+    let mut a = Attend::parse(attn)?;
+    let s = a.shape.attn;
+    if kv.rows != 1
+        || kv.kv_dim != s.kv_heads * s.head_dim
+        || kv.max_seq != s.max_seq
+        || !s.head_dim.is_multiple_of(2)
+        || !same(pos, &a.pos)
+    {
+        return None;
+    }
+    let flags = a.shape.flags;
+    if same(cache, &a.v) && flags & attention_step::STEP_V_NEW == 0 {
+        a.shape.flags |= attention_step::STEP_V_NEW;
+        a.v_new = Some(src.clone());
+    } else if same(cache, &a.k) && flags & attention_step::STEP_K_NEW == 0 {
+        a.shape.flags |= attention_step::STEP_K_NEW;
+        a.k_new = Some(src.clone());
+    } else {
+        return None;
+    }
+    a.label = format!("{}+{}", store.label, a.label);
+    a.node(kernel)
+}
+
 /// The rules, in the order the pass applies them.
-pub fn patterns(fused_matmul: &Kernel, rope_store: &Kernel) -> Vec<FusionPattern> {
+pub fn patterns(
+    fused_matmul: &Kernel,
+    rope_store: &Kernel,
+    attention_step: &Kernel,
+) -> Vec<FusionPattern> {
     let k = fused_matmul.clone();
     let mut table = vec![FusionPattern::siblings(
         "shared-input products",
@@ -330,5 +513,23 @@ pub fn patterns(fused_matmul: &Kernel, rope_store: &Kernel) -> Vec<FusionPattern
         &["rope", "kv_store"],
         move |n| rope_then_store(n, &k),
     ));
+    type Rule = fn(&[&Node], &Kernel) -> Option<Node>;
+    let into_attention: [(&str, &str, Rule); 3] = [
+        ("rope into attention", "rope", rope_into_attention),
+        (
+            "rope_store into attention",
+            "rope_store",
+            rope_store_into_attention,
+        ),
+        ("kv_store into attention", "kv_store", store_into_attention),
+    ];
+    for (name, op, rule) in into_attention {
+        for attention in ["attention", "attention_step"] {
+            let k = attention_step.clone();
+            table.push(FusionPattern::new(name, &[op, attention], move |n| {
+                rule(n, &k)
+            }));
+        }
+    }
     table
 }

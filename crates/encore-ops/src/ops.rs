@@ -9,7 +9,9 @@
 use encore::graph::passes::FusionPattern;
 use encore::{Arg, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
 
-use crate::kernels::{argmax, attention, elementwise, embed, fused, matmul, norm, rope};
+use crate::kernels::{
+    argmax, attention, attention_step, elementwise, embed, fused, matmul, norm, rope,
+};
 use crate::DType;
 
 /// A weight matrix of `n` rows of `k` inputs in GGUF block layout.
@@ -59,6 +61,7 @@ pub struct Ops {
     argmax: Kernel,
     fused_matmul: Kernel,
     rope_store: Kernel,
+    attention_step: Kernel,
 }
 
 impl Ops {
@@ -79,6 +82,7 @@ impl Ops {
             argmax: load(argmax::def())?,
             fused_matmul: load(fused::def())?,
             rope_store: load(rope::rope_store_def())?,
+            attention_step: load(attention_step::def())?,
         })
     }
 
@@ -102,7 +106,7 @@ impl Ops {
     /// Every fusion rule, whatever the device (the CPU bodies of the fused
     /// kernels give the unfused results bit for bit, which tests rely on).
     pub fn all_fusion_patterns(&self) -> Vec<FusionPattern> {
-        crate::fusion::patterns(&self.fused_matmul, &self.rope_store)
+        crate::fusion::patterns(&self.fused_matmul, &self.rope_store, &self.attention_step)
     }
 
     /// `y = rms_norm(x) * w` over `rows` rows of `dim`.
@@ -159,10 +163,7 @@ impl Ops {
                 Arg::write(&f32s(y, rows * w.n)?),
                 Arg::value(&shape),
             ],
-            Launch::new(
-                (w.n as u32).div_ceil(matmul::CUDA_COLUMNS_PER_BLOCK).max(1),
-                32 * matmul::CUDA_COLUMNS_PER_BLOCK,
-            ),
+            matmul::cuda_launch(w.n as u32),
             label,
         )
     }

@@ -592,6 +592,66 @@ thread_local! {
     };
 }
 
+/// The CPU attention of `s.rows` query rows at positions `pos..` over the
+/// cache (`k`, `v`: `[pos + rows, kv_dim]` at least): the single-row
+/// recurrence below [`FA_TILE_Q`] rows, the tiled one from there.
+pub(crate) fn attend_rows(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    pos: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let (rows, heads, kvh, hd) = (
+        s.rows as usize,
+        s.heads as usize,
+        s.kv_heads as usize,
+        s.head_dim as usize,
+    );
+    if kvh == 0 || heads % kvh != 0 {
+        return Err(format!("{heads} heads do not divide into {kvh} KV heads"));
+    }
+    let kv_dim = kvh * hd;
+    let len = pos + rows;
+    super::need("q", q, rows * heads * hd)?;
+    super::need("k", k, len * kv_dim)?;
+    super::need("v", v, len * kv_dim)?;
+    super::need("out", out, rows * heads * hd)?;
+    let group = heads / kvh;
+    let out = &mut out[..rows * heads * hd];
+    if rows < FA_TILE_Q {
+        parallel::for_each_chunk_mut(out, hd, |i, o| {
+            let (r, h) = (i / heads, i % heads);
+            let qh = &q[i * hd..(i + 1) * hd];
+            let off = (h / group) * hd;
+            attend_head(qh, k, v, pos + r + 1, kv_dim, off, s.scale, o);
+        });
+        return Ok(());
+    }
+    // The tiled path reads the cache widened to f32, from a per-thread
+    // slot that is taken out for the call.
+    let mut w = WIDE.with(|w| w.take());
+    {
+        w.k.resize(len * kv_dim, 0.0);
+        w.v.resize(len * kv_dim, 0.0);
+        k[..len * kv_dim].convert_to_f32_slice(&mut w.k);
+        v[..len * kv_dim].convert_to_f32_slice(&mut w.v);
+        transpose_k_tiles(&w.k, len, kvh, hd, &mut w.k_tiles);
+        let head_tiles = len.div_ceil(FA_TILE_KV) * hd * FA_TILE_KV;
+        let (vf, kt) = (&*w.v, &*w.k_tiles);
+        parallel::for_each_chunk_mut(out, hd, |i, o| {
+            let (r, h) = (i / heads, i % heads);
+            let qh = &q[i * hd..(i + 1) * hd];
+            let g = h / group;
+            let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
+            attend_head_tiled(qh, kt, vf, pos + r + 1, kv_dim, g * hd, s.scale, o);
+        });
+    }
+    WIDE.with(|c| c.replace(w));
+    Ok(())
+}
+
 /// CUDA `attention`: one block of [`CUDA_ATTENTION_THREADS`] threads per
 /// (head, query row), in three passes over the positions `t < len` (`len =
 /// pos + row + 1`):
@@ -600,7 +660,7 @@ thread_local! {
 ///    query rounded to f16, as on the CPU) in shared memory and `K[t]` read
 ///    16 bytes at a time; block maximum `m`;
 /// 2. thread per position: `e[t] = exp(s[t] - m)`; block sum `S`;
-/// 3. in chunks of one position a thread: `p[t] = f16(e[t] / S)` into shared
+/// 3. in chunks of one position a thread: `p[t] = e[t] / S` into shared
 ///    memory, then warp per position and lane per pair of dimensions:
 ///    `out += p[t] V[t]`, each warp loading the V rows of 8 positions before
 ///    using them (decode runs one block per head, so it is bound by memory
@@ -609,8 +669,10 @@ thread_local! {
 /// Scores live in dynamic shared memory, one f32 per position, as far as
 /// the launch provides it ([`attention_shared_bytes`]); past that the
 /// kernel recomputes `s[t]` in passes 2 and 3 instead, so any length works.
-/// Summation order differs from the CPU, so results agree to f32 rounding,
-/// and a probability may round to a neighbouring f16 (2^-11 relative).
+/// This is the exact softmax in f32, as the decode step's fused
+/// `attention_step` computes it. The CPU keeps the weighted sum of V in f16
+/// (llama.cpp's recurrence, below [`FA_TILE_Q`] rows), so the two agree to
+/// about 2^-11 relative.
 const ATTENTION_CUDA: &str = concat!(
     super::matmul::cuda_ggml_types!(),
     r#"
@@ -720,7 +782,7 @@ __device__ void attend(const float* __restrict__ q, const f16_bits* __restrict__
             const float e = t < cached
                 ? scores[t]
                 : expf(att_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale) - m);
-            probs[tid] = round_f16(e / sum);
+            probs[tid] = e / sum;
         }
         __syncthreads();
         const unsigned int end = min(len - t0, (unsigned int)ATT_THREADS);
@@ -832,46 +894,8 @@ pub fn attention_def() -> KernelDef {
                     s.max_seq
                 ));
             }
-            let kv_dim = kvh * hd;
             let (q, k, v) = (a.read::<f32>(0)?, a.read::<f16>(1)?, a.read::<f16>(2)?);
-            let out = a.write::<f32>(4)?;
-            let len = pos + rows;
-            super::need("q", q, rows * heads * hd)?;
-            super::need("k", k, len * kv_dim)?;
-            super::need("v", v, len * kv_dim)?;
-            super::need("out", out, rows * heads * hd)?;
-            let group = heads / kvh;
-            let out = &mut out[..rows * heads * hd];
-            if rows < FA_TILE_Q {
-                parallel::for_each_chunk_mut(out, hd, |i, o| {
-                    let (r, h) = (i / heads, i % heads);
-                    let qh = &q[i * hd..(i + 1) * hd];
-                    let off = (h / group) * hd;
-                    attend_head(qh, k, v, pos + r + 1, kv_dim, off, s.scale, o);
-                });
-                return Ok(());
-            }
-            // The tiled path reads the cache widened to f32, from a per-thread
-            // slot that is taken out for the call.
-            let mut w = WIDE.with(|w| w.take());
-            {
-                w.k.resize(len * kv_dim, 0.0);
-                w.v.resize(len * kv_dim, 0.0);
-                k[..len * kv_dim].convert_to_f32_slice(&mut w.k);
-                v[..len * kv_dim].convert_to_f32_slice(&mut w.v);
-                transpose_k_tiles(&w.k, len, kvh, hd, &mut w.k_tiles);
-                let head_tiles = len.div_ceil(FA_TILE_KV) * hd * FA_TILE_KV;
-                let (vf, kt) = (&*w.v, &*w.k_tiles);
-                parallel::for_each_chunk_mut(out, hd, |i, o| {
-                    let (r, h) = (i / heads, i % heads);
-                    let qh = &q[i * hd..(i + 1) * hd];
-                    let g = h / group;
-                    let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
-                    attend_head_tiled(qh, kt, vf, pos + r + 1, kv_dim, g * hd, s.scale, o);
-                });
-            }
-            WIDE.with(|c| c.replace(w));
-            Ok(())
+            attend_rows(q, k, v, pos, s, a.write::<f32>(4)?)
         })
         .cuda(ATTENTION_CUDA, "attention")
         .programmatic()

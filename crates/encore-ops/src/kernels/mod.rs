@@ -8,6 +8,7 @@
 
 pub mod argmax;
 pub mod attention;
+pub mod attention_step;
 pub mod elementwise;
 pub mod embed;
 pub mod fused;
@@ -49,6 +50,7 @@ mod tests {
             rope::rope_store_def(),
             attention::kv_store_def(),
             attention::attention_def(),
+            attention_step::def(),
             elementwise::add_def(),
             elementwise::add_rows_def(),
             elementwise::silu_mul_def(),

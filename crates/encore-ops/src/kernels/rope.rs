@@ -96,6 +96,7 @@ __device__ __forceinline__ float2 rope_pair(const RopeShape& s, unsigned int i, 
 "#
     };
 }
+pub(crate) use cuda_rope_common;
 
 /// CUDA: one thread per rotated pair `(row, head, i)`. The angle follows
 /// the CPU's recurrence exactly: `theta_scale = base^(-2 / rope_dim)` (`pow`

@@ -1,0 +1,448 @@
+//! `attention_step`: decode attention (one query row) with the step's own
+//! work on the new position folded in: RoPE of the query, RoPE of the new K
+//! row and its store into the cache, the store of the new V row. The fusion
+//! rules build it from `rope`, `rope_store`, `kv_store` and `attention`
+//! nodes (see [`crate::fusion`]); each part is optional, so a rule can fold
+//! one part at a time.
+//!
+//! Arguments: `q: f32[heads * head_dim]` (read), `k_new, v_new:
+//! f32[kv_dim]` (read; empty views when not folded), `k, v: f16[max_seq,
+//! kv_dim]` (read-write when the new row is stored, else read), `pos:
+//! u32[1]` (read), `out: f32[heads * head_dim]` (write),
+//! [`AttnStepShape`] (value). The new rows go to position `pos`; the
+//! attention runs over positions `0..=pos` exactly as `attention` does.
+//!
+//! The CPU body runs the unfused operations' own code in their order, so a
+//! fused CPU graph equals the unfused one bit for bit.
+
+use encore::KernelDef;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use super::attention::{attend_rows, AttnShape};
+use super::rope::{rope_head, RopeShape};
+
+/// Rotate the query (`rope` folded in).
+pub const STEP_ROPE_Q: u32 = 1;
+/// Store `k_new` at the position (`kv_store` or `rope_store` folded in).
+pub const STEP_K_NEW: u32 = 2;
+/// Rotate `k_new` before storing it (`rope_store` folded in).
+pub const STEP_ROPE_K: u32 = 4;
+/// Store `v_new` at the position (`kv_store` folded in).
+pub const STEP_V_NEW: u32 = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct AttnStepShape {
+    /// The attention; `rows` is 1.
+    pub attn: AttnShape,
+    /// The rotation of the query and the new K row (`rows` and `heads` are
+    /// not used: the counts come from `attn`).
+    pub rope: RopeShape,
+    /// Which parts are folded in: `STEP_*` bits.
+    pub flags: u32,
+}
+
+/// Blocks (splits of the positions) per query head on CUDA.
+pub const CUDA_SPLITS: u32 = 8;
+/// CUDA threads per block.
+pub const CUDA_THREADS: u32 = 128;
+
+/// CUDA `attention_step`: a cluster of [`CUDA_SPLITS`] blocks per query
+/// head (sm_90 thread-block clusters), each block taking an equal share of
+/// the positions `0..=pos` (split-K, as flash decoding does, so that a
+/// single decode row keeps many SMs busy instead of one block a head).
+///
+/// Before waiting for the previous dispatch, every block asks L2 for the K
+/// and V rows of its share; the position it reads for that may be stale,
+/// so addresses are clamped into the cache and the prefetch changes no
+/// memory. After the wait, each block:
+///
+/// 1. rotates the query (when folded) and rounds it to f16 in shared
+///    memory, as `attention` does; the block holding position `pos` also
+///    rotates and rounds the new K row and rounds the new V row, uses them
+///    for that position, and (for the first query head of its KV group)
+///    stores them in the cache, where no other block of this dispatch reads;
+/// 2. in tiles of one position a thread: scores `scale * q16 · K[t]`, the
+///    tile's maximum and a running maximum `m`, weights `e = exp(s - m)`,
+///    a running sum `l` and accumulator `acc = Σ e V[t]` (warp per
+///    position, lane per pair of dimensions), both rescaled when `m` grows;
+/// 3. writes `m`, `l` and `acc` into the shared memory of the cluster's
+///    first block (distributed shared memory). After one cluster barrier
+///    the first block writes `Σ_b e^(m_b - M) acc_b / Σ_b e^(m_b - M) l_b`
+///    (`M` the largest `m_b`, an empty share has `m = -inf`, `l = 0`).
+///
+/// Without clusters (before sm_90) the first block of each head takes every
+/// position, with the same code, and the others return. Results agree with `attention` to f32
+/// rounding (exact softmax, probabilities not rounded to f16).
+const ATTENTION_STEP_CUDA: &str = concat!(
+    super::matmul::cuda_ggml_types!(),
+    super::rope::cuda_rope_common!(),
+    r#"
+struct AttnShape {
+    unsigned int rows;
+    unsigned int heads;
+    unsigned int kv_heads;
+    unsigned int head_dim;
+    unsigned int max_seq;
+    float scale;
+};
+
+struct AttnStepShape {
+    AttnShape attn;
+    RopeShape rope;
+    unsigned int flags;
+};
+
+#define STEP_ROPE_Q 1u
+#define STEP_K_NEW 2u
+#define STEP_ROPE_K 4u
+#define STEP_V_NEW 8u
+#define STEP_THREADS 128
+#define STEP_WARPS (STEP_THREADS / 32)
+#define STEP_SPLITS 8
+#define STEP_MAX_HEAD 256
+#define STEP_PAIRS (STEP_MAX_HEAD / 64)
+#define STEP_BATCH 4
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STEP_CLUSTER 1
+#else
+#define STEP_CLUSTER 0
+#endif
+
+struct StepScratch {
+    float qs[STEP_MAX_HEAD];
+    __align__(16) f16_bits kn[STEP_MAX_HEAD];
+    f16_bits vn[STEP_MAX_HEAD];
+    float p[STEP_THREADS];
+    float partial[STEP_WARPS][STEP_MAX_HEAD];
+    float red[STEP_WARPS];
+    // Written into the cluster's first block by every block: its share.
+    float share_acc[STEP_SPLITS][STEP_MAX_HEAD];
+    float share_m[STEP_SPLITS];
+    float share_l[STEP_SPLITS];
+};
+
+// scale * q16 . K row, by one thread; the row is 16-byte aligned when VEC.
+template <bool VEC>
+__device__ __forceinline__ float step_score(const float* qs, const f16_bits* kt, unsigned int hd, float scale) {
+    float acc = 0.f;
+    if (VEC) {
+        for (unsigned int d = 0; d < hd; d += 8) {
+            const uint4 v = *reinterpret_cast<const uint4*>(kt + d);
+            const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                acc = fmaf(qs[d + 2 * i], f16_to_f32((f16_bits)(u[i] & 0xffffu)), acc);
+                acc = fmaf(qs[d + 2 * i + 1], f16_to_f32((f16_bits)(u[i] >> 16)), acc);
+            }
+        }
+    } else {
+        for (unsigned int d = 0; d < hd; ++d) acc = fmaf(qs[d], f16_to_f32(kt[d]), acc);
+    }
+    return scale * acc;
+}
+
+// Block-wide maximum or sum of one value per thread; every thread gets it.
+template <bool MAX>
+__device__ __forceinline__ float step_reduce(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, other) : v + other;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < STEP_WARPS; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
+    return v;
+}
+
+// Makes every block's writes into the first block visible to it.
+__device__ __forceinline__ void cluster_barrier() {
+#if STEP_CLUSTER
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// Stores `v` at `local`'s place in the shared memory of the cluster's first block.
+__device__ __forceinline__ void store_to_first(float* local, float v) {
+#if STEP_CLUSTER
+    unsigned int addr, remote;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(addr) : "l"(local));
+    asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(addr));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+#else
+    *local = v;
+#endif
+}
+
+// Element pair `e` of a head (of head_dim / 2): its indices, and its values
+// rotated at position `p` when `rotate` and the pair is within rope_dim.
+__device__ __forceinline__ float2 step_pair(const RopeShape& rs, unsigned int e, unsigned int p, const float* h,
+                                            bool rotate, unsigned int& ia, unsigned int& ib) {
+    const unsigned int half = rs.rope_dim / 2;
+    if (rotate && e < half) return rope_pair(rs, e, p, h, ia, ib);
+    const unsigned int i = rotate ? rs.rope_dim + 2 * (e - half) : 2 * e;
+    ia = i;
+    ib = i + 1;
+    return make_float2(h[ia], h[ib]);
+}
+
+template <bool VEC>
+__device__ void step_attend(const f16_bits* __restrict__ kc, const f16_bits* __restrict__ vc,
+                            const AttnStepShape& s, unsigned int p, unsigned int begin, unsigned int end,
+                            bool new_k, bool new_v, StepScratch& sh) {
+    const unsigned int tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const unsigned int hd = s.attn.head_dim, kv_dim = s.attn.kv_heads * hd;
+    const unsigned int kv_off = (blockIdx.x / (s.attn.heads / s.attn.kv_heads)) * hd;
+    const f16_bits* kh = kc + kv_off;
+    const f16_bits* vh = vc + kv_off;
+    float m = __uint_as_float(0xff800000u), l = 0.f;  // -infinity (NVRTC has no math.h)
+    float2 acc[STEP_PAIRS];
+#pragma unroll
+    for (int c = 0; c < STEP_PAIRS; ++c) acc[c] = make_float2(0.f, 0.f);
+    for (unsigned int t0 = begin; t0 < end; t0 += STEP_THREADS) {
+        const unsigned int t = t0 + tid;
+        float sc = __uint_as_float(0xff800000u);
+        if (t < end) {
+            const f16_bits* kr = (new_k && t == p) ? sh.kn : kh + (size_t)t * kv_dim;
+            sc = step_score<VEC>(sh.qs, kr, hd, s.attn.scale);
+        }
+        const float m_new = fmaxf(m, step_reduce<true>(sc, sh.red));
+        const float e = t < end ? expf(sc - m_new) : 0.f;
+        sh.p[tid] = e;
+        const float tile_sum = step_reduce<false>(e, sh.red);  // its barriers publish p
+        const float r = expf(m - m_new);
+        l = fmaf(l, r, tile_sum);
+#pragma unroll
+        for (int c = 0; c < STEP_PAIRS; ++c) {
+            acc[c].x *= r;
+            acc[c].y *= r;
+        }
+        m = m_new;
+        const unsigned int n = min(end - t0, (unsigned int)STEP_THREADS);
+        // Warp per position, the V rows of STEP_BATCH positions loaded before any is used.
+        for (unsigned int i0 = warp; i0 < n; i0 += STEP_WARPS * STEP_BATCH) {
+            unsigned int pair[STEP_BATCH][STEP_PAIRS];
+#pragma unroll
+            for (int u = 0; u < STEP_BATCH; ++u) {
+                const unsigned int i = i0 + u * STEP_WARPS;
+                const f16_bits* vt = (new_v && t0 + i == p) ? sh.vn : vh + (size_t)(t0 + i) * kv_dim;
+#pragma unroll
+                for (int c = 0; c < STEP_PAIRS; ++c) {
+                    const unsigned int d = 2 * lane + 64 * c;
+                    pair[u][c] = 0u;
+                    if (i < n && d < hd) {
+                        if (VEC) pair[u][c] = *reinterpret_cast<const unsigned int*>(vt + d);
+                        else pair[u][c] = (unsigned int)vt[d] | (d + 1 < hd ? (unsigned int)vt[d + 1] << 16 : 0u);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < STEP_BATCH; ++u) {
+                const unsigned int i = i0 + u * STEP_WARPS;
+                const float w = i < n ? sh.p[i] : 0.f;
+#pragma unroll
+                for (int c = 0; c < STEP_PAIRS; ++c) {
+                    acc[c].x = fmaf(w, f16_to_f32((f16_bits)(pair[u][c] & 0xffffu)), acc[c].x);
+                    acc[c].y = fmaf(w, f16_to_f32((f16_bits)(pair[u][c] >> 16)), acc[c].y);
+                }
+            }
+        }
+        __syncthreads();  // p is rewritten by the next tile
+    }
+#pragma unroll
+    for (int c = 0; c < STEP_PAIRS; ++c) {
+        const unsigned int d = 2 * lane + 64 * c;
+        if (d < hd) sh.partial[warp][d] = acc[c].x;
+        if (d + 1 < hd) sh.partial[warp][d + 1] = acc[c].y;
+    }
+    __syncthreads();
+    // This block's share, into the first block of the cluster.
+    const unsigned int rank = STEP_CLUSTER ? blockIdx.y : 0;
+    for (unsigned int d = tid; d < hd; d += STEP_THREADS) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < STEP_WARPS; ++w) o += sh.partial[w][d];
+        store_to_first(&sh.share_acc[rank][d], o);
+    }
+    if (tid == 0) {
+        store_to_first(&sh.share_m[rank], m);
+        store_to_first(&sh.share_l[rank], l);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+#if STEP_CLUSTER
+__cluster_dims__(1, STEP_SPLITS, 1)
+#endif
+attention_step(const float* __restrict__ q, const float* __restrict__ k_new, const float* __restrict__ v_new,
+               f16_bits* __restrict__ kc, f16_bits* __restrict__ vc, const unsigned int* __restrict__ pos,
+               float* __restrict__ out, AttnStepShape s) {
+    __shared__ StepScratch sh;
+    const AttnShape& a = s.attn;
+    const unsigned int tid = threadIdx.x, h = blockIdx.x;
+    const bool valid = a.rows == 1 && a.kv_heads != 0 && a.heads % a.kv_heads == 0 && a.head_dim <= STEP_MAX_HEAD
+        && (a.head_dim & 1u) == 0 && a.max_seq != 0 && h < a.heads && (!STEP_CLUSTER || gridDim.y == STEP_SPLITS)
+        && (!(s.flags & (STEP_ROPE_Q | STEP_ROPE_K)) || (s.rope.rope_dim <= a.head_dim && (s.rope.rope_dim & 1u) == 0));
+    const unsigned int hd = a.head_dim, kv_dim = a.kv_heads * hd;
+    const unsigned int splits = STEP_CLUSTER ? gridDim.y : 1;
+    const unsigned int split = STEP_CLUSTER ? blockIdx.y : 0;
+    if (valid && (STEP_CLUSTER || blockIdx.y == 0)) {
+        // Prefetch this block's share of K and V; see the doc comment.
+        const unsigned int kv_off = (h / (a.heads / a.kv_heads)) * hd;
+        const unsigned int len = min(*(volatile const unsigned int*)pos, a.max_seq - 1) + 1;
+        const unsigned int chunk = (len + splits - 1) / splits;
+        const unsigned int t = split * chunk + tid;
+        if (tid < chunk && t < len) {
+            for (unsigned int b = 0; b < hd * 2; b += 128) {
+                encore_prefetch_l2(reinterpret_cast<const unsigned char*>(kc + (size_t)t * kv_dim + kv_off) + b);
+                encore_prefetch_l2(reinterpret_cast<const unsigned char*>(vc + (size_t)t * kv_dim + kv_off) + b);
+            }
+        }
+    }
+    encore_grid_wait();
+    if (!valid || (!STEP_CLUSTER && blockIdx.y != 0)) return;
+    const unsigned int p = pos[0];
+    // The same decision in every block of a cluster, so none waits alone at a barrier.
+    if (p >= a.max_seq) return;
+    const unsigned int len = p + 1, chunk = (len + splits - 1) / splits;
+    const unsigned int begin = min(split * chunk, len), end = min(begin + chunk, len);
+    const bool holds_p = begin <= p && p < end;
+    const unsigned int group = a.heads / a.kv_heads, kv_off = (h / group) * hd;
+    const bool new_k = holds_p && (s.flags & STEP_K_NEW), new_v = holds_p && (s.flags & STEP_V_NEW);
+    const bool store = h % group == 0;
+    for (unsigned int e = tid; e < hd / 2; e += STEP_THREADS) {
+        unsigned int ia, ib;
+        const float2 qv = step_pair(s.rope, e, p, q + (size_t)h * hd, s.flags & STEP_ROPE_Q, ia, ib);
+        sh.qs[ia] = round_f16(qv.x);
+        sh.qs[ib] = round_f16(qv.y);
+        if (new_k) {
+            const float2 kv = step_pair(s.rope, e, p, k_new + kv_off, s.flags & STEP_ROPE_K, ia, ib);
+            const f16_bits x = f32_to_f16(kv.x), y = f32_to_f16(kv.y);
+            sh.kn[ia] = x;
+            sh.kn[ib] = y;
+            if (store) {
+                kc[(size_t)p * kv_dim + kv_off + ia] = x;
+                kc[(size_t)p * kv_dim + kv_off + ib] = y;
+            }
+        }
+        if (new_v) {
+            const f16_bits x = f32_to_f16(v_new[kv_off + 2 * e]), y = f32_to_f16(v_new[kv_off + 2 * e + 1]);
+            sh.vn[2 * e] = x;
+            sh.vn[2 * e + 1] = y;
+            if (store) {
+                vc[(size_t)p * kv_dim + kv_off + 2 * e] = x;
+                vc[(size_t)p * kv_dim + kv_off + 2 * e + 1] = y;
+            }
+        }
+    }
+    __syncthreads();
+    const bool vec = hd % 8 == 0 && kv_dim % 8 == 0 && ((size_t)kc & 15u) == 0 && ((size_t)vc & 15u) == 0;
+    if (vec) step_attend<true>(kc, vc, s, p, begin, end, new_k, new_v, sh);
+    else step_attend<false>(kc, vc, s, p, begin, end, new_k, new_v, sh);
+    cluster_barrier();
+    if (split != 0) return;
+    // The first block: Σ_b e^(m_b - M) acc_b / Σ_b e^(m_b - M) l_b.
+    float w[STEP_SPLITS], big = __uint_as_float(0xff800000u), den = 0.f;
+#pragma unroll
+    for (int b = 0; b < STEP_SPLITS; ++b)
+        if (b < splits) big = fmaxf(big, sh.share_m[b]);
+#pragma unroll
+    for (int b = 0; b < STEP_SPLITS; ++b) {
+        w[b] = b < splits ? expf(sh.share_m[b] - big) : 0.f;
+        if (b < splits) den = fmaf(w[b], sh.share_l[b], den);
+    }
+    float* oh = out + (size_t)h * hd;
+    for (unsigned int d = tid; d < hd; d += STEP_THREADS) {
+        float num = 0.f;
+#pragma unroll
+        for (int b = 0; b < STEP_SPLITS; ++b)
+            if (b < splits) num = fmaf(w[b], sh.share_acc[b][d], num);
+        oh[d] = num / den;
+    }
+}
+"#
+);
+
+pub fn def() -> KernelDef {
+    KernelDef::new("attention_step")
+        .op("attention_step")
+        .cpu("attention_step f16-cache v1", |a| {
+            let s: AttnStepShape = a.scalar(7)?;
+            let pos = super::param(a, 5)? as usize;
+            let at = s.attn;
+            let (heads, kvh, hd) = (
+                at.heads as usize,
+                at.kv_heads as usize,
+                at.head_dim as usize,
+            );
+            let rd = s.rope.rope_dim as usize;
+            if at.rows != 1 {
+                return Err(format!("{} query rows; attention_step takes one", at.rows));
+            }
+            if kvh == 0 || heads % kvh != 0 {
+                return Err(format!("{heads} heads do not divide into {kvh} KV heads"));
+            }
+            if s.flags & (STEP_ROPE_Q | STEP_ROPE_K) != 0 && (rd > hd || !rd.is_multiple_of(2)) {
+                return Err(format!(
+                    "rope_dim {rd} must be even and at most head_dim {hd}"
+                ));
+            }
+            if pos >= at.max_seq as usize {
+                return Err(format!(
+                    "position {} past the cache of {}",
+                    pos + 1,
+                    at.max_seq
+                ));
+            }
+            let kv_dim = kvh * hd;
+            let (base, neox) = (s.rope.base, s.rope.neox != 0);
+            // The query, rotated as `rope` rotates it in place.
+            let mut q = a.read::<f32>(0)?.to_vec();
+            super::need("q", &q, heads * hd)?;
+            if s.flags & STEP_ROPE_Q != 0 {
+                for head in q[..heads * hd].chunks_exact_mut(hd.max(1)) {
+                    rope_head(head, pos as u32, rd, base, neox);
+                }
+            }
+            // The new rows, stored as `rope_store` and `kv_store` store them.
+            let mut row = vec![0f32; kv_dim];
+            let k: &[f16] = if s.flags & STEP_K_NEW != 0 {
+                let src = a.read::<f32>(1)?;
+                super::need("k_new", src, kv_dim)?;
+                row.copy_from_slice(&src[..kv_dim]);
+                if s.flags & STEP_ROPE_K != 0 {
+                    for head in row.chunks_exact_mut(hd.max(1)) {
+                        rope_head(head, pos as u32, rd, base, neox);
+                    }
+                }
+                let cache = a.write::<f16>(3)?;
+                super::need("k", cache, (pos + 1) * kv_dim)?;
+                cache[pos * kv_dim..(pos + 1) * kv_dim].convert_from_f32_slice(&row);
+                cache
+            } else {
+                a.read::<f16>(3)?
+            };
+            let v: &[f16] = if s.flags & STEP_V_NEW != 0 {
+                let src = a.read::<f32>(2)?;
+                super::need("v_new", src, kv_dim)?;
+                let cache = a.write::<f16>(4)?;
+                super::need("v", cache, (pos + 1) * kv_dim)?;
+                cache[pos * kv_dim..(pos + 1) * kv_dim].convert_from_f32_slice(&src[..kv_dim]);
+                cache
+            } else {
+                a.read::<f16>(4)?
+            };
+            let out = a.write::<f32>(6)?;
+            attend_rows(&q, k, v, pos, at, out)
+        })
+        .cuda(ATTENTION_STEP_CUDA, "attention_step")
+        .programmatic()
+}
