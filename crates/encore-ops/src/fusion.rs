@@ -366,6 +366,7 @@ impl Attend {
             && (folded == 0
                 || (mine.rope_dim == r.rope_dim
                     && mine.base.to_bits() == r.base.to_bits()
+                    && mine.theta_scale.to_bits() == r.theta_scale.to_bits()
                     && mine.neox == r.neox))
     }
 

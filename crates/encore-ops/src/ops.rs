@@ -197,6 +197,7 @@ impl Ops {
             rope_dim: rope_dim as u32,
             base,
             neox: neox as u32,
+            theta_scale: rope::theta_scale(base, rope_dim),
         };
         enc.dispatch(
             &self.rope,

@@ -183,11 +183,12 @@ __device__ __forceinline__ void store_to_first(float* local, float v) {
 }
 
 // Element pair `e` of a head (of head_dim / 2): its indices, and its values
-// rotated at position `p` when `rotate` and the pair is within rope_dim.
-__device__ __forceinline__ float2 step_pair(const RopeShape& rs, unsigned int e, unsigned int p, const float* h,
+// rotated by the angle (`sn`, `cs`) when `rotate` and the pair is within
+// rope_dim.
+__device__ __forceinline__ float2 step_pair(const RopeShape& rs, unsigned int e, float sn, float cs, const float* h,
                                             bool rotate, unsigned int& ia, unsigned int& ib) {
     const unsigned int half = rs.rope_dim / 2;
-    if (rotate && e < half) return rope_pair(rs, e, p, h, ia, ib);
+    if (rotate && e < half) return rope_rotate(rs, e, sn, cs, h, ia, ib);
     const unsigned int i = rotate ? rs.rope_dim + 2 * (e - half) : 2 * e;
     ia = i;
     ib = i + 1;
@@ -294,10 +295,16 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     const unsigned int hd = a.head_dim, kv_dim = a.kv_heads * hd;
     const unsigned int splits = STEP_CLUSTER ? gridDim.y : 1;
     const unsigned int split = STEP_CLUSTER ? blockIdx.y : 0;
+    // Before the wait: the position as it stands (the host sets it before
+    // the graph runs, so it is almost always final), used for addresses to
+    // prefetch and for this thread's rotation angle, both checked below.
+    const unsigned int guess = *(volatile const unsigned int*)pos;
+    const bool rotates = (s.flags & (STEP_ROPE_Q | STEP_ROPE_K)) && tid < s.rope.rope_dim / 2;
+    float sn = 0.f, cs = 1.f;
     if (valid && (STEP_CLUSTER || blockIdx.y == 0)) {
         // Prefetch this block's share of K and V; see the doc comment.
         const unsigned int kv_off = (h / (a.heads / a.kv_heads)) * hd;
-        const unsigned int len = min(*(volatile const unsigned int*)pos, a.max_seq - 1) + 1;
+        const unsigned int len = min(guess, a.max_seq - 1) + 1;
         const unsigned int chunk = (len + splits - 1) / splits;
         const unsigned int t = split * chunk + tid;
         if (tid < chunk && t < len) {
@@ -306,25 +313,29 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
                 encore_prefetch_l2(reinterpret_cast<const unsigned char*>(vc + (size_t)t * kv_dim + kv_off) + b);
             }
         }
+        if (rotates) rope_angle(s.rope, tid, guess, sn, cs);
     }
     encore_grid_wait();
     if (!valid || (!STEP_CLUSTER && blockIdx.y != 0)) return;
     const unsigned int p = pos[0];
     // The same decision in every block of a cluster, so none waits alone at a barrier.
     if (p >= a.max_seq) return;
+    if (rotates && p != guess) rope_angle(s.rope, tid, p, sn, cs);
     const unsigned int len = p + 1, chunk = (len + splits - 1) / splits;
     const unsigned int begin = min(split * chunk, len), end = min(begin + chunk, len);
     const bool holds_p = begin <= p && p < end;
     const unsigned int group = a.heads / a.kv_heads, kv_off = (h / group) * hd;
     const bool new_k = holds_p && (s.flags & STEP_K_NEW), new_v = holds_p && (s.flags & STEP_V_NEW);
     const bool store = h % group == 0;
-    for (unsigned int e = tid; e < hd / 2; e += STEP_THREADS) {
+    // One pair a thread (head_dim <= 2 * STEP_THREADS), with the angle above.
+    if (tid < hd / 2) {
+        const unsigned int e = tid;
         unsigned int ia, ib;
-        const float2 qv = step_pair(s.rope, e, p, q + (size_t)h * hd, s.flags & STEP_ROPE_Q, ia, ib);
+        const float2 qv = step_pair(s.rope, e, sn, cs, q + (size_t)h * hd, s.flags & STEP_ROPE_Q, ia, ib);
         sh.qs[ia] = round_f16(qv.x);
         sh.qs[ib] = round_f16(qv.y);
         if (new_k) {
-            const float2 kv = step_pair(s.rope, e, p, k_new + kv_off, s.flags & STEP_ROPE_K, ia, ib);
+            const float2 kv = step_pair(s.rope, e, sn, cs, k_new + kv_off, s.flags & STEP_ROPE_K, ia, ib);
             const f16_bits x = f32_to_f16(kv.x), y = f32_to_f16(kv.y);
             sh.kn[ia] = x;
             sh.kn[ib] = y;

@@ -22,6 +22,14 @@ pub struct RopeShape {
     pub base: f32,
     /// 1 for the NeoX layout, 0 for the normal one.
     pub neox: u32,
+    /// `base^(-2 / rope_dim)` as the CPU computes it ([`theta_scale`]), so
+    /// that CUDA kernels need no `pow` of their own.
+    pub theta_scale: f32,
+}
+
+/// The angle step of [`rope_head`]: `base^(-2 / rope_dim)` in f32.
+pub fn theta_scale(base: f32, rope_dim: usize) -> f32 {
+    base.powf(-2.0 / rope_dim as f32)
 }
 
 /// Rotates one head vector at position `pos`. Angles advance by repeated
@@ -47,7 +55,7 @@ unsafe fn rope_head_fma(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neo
 
 #[inline(always)]
 fn rope_head_with(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
-    let theta_scale = base.powf(-2.0 / rope_dim as f32);
+    let theta_scale = theta_scale(base, rope_dim);
     let mut theta = pos as f32;
     let half = rope_dim / 2;
     for i in 0..half {
@@ -76,22 +84,35 @@ struct RopeShape {
     unsigned int rope_dim;
     float base;
     unsigned int neox;
+    float theta_scale;
 };
 
-// Pair `i` of a head at position `p`: its element indices, and the pair
-// rotated by `theta = p * theta_scale^i` (the CPU's f32 recurrence).
-__device__ __forceinline__ float2 rope_pair(const RopeShape& s, unsigned int i, unsigned int p, const float* h,
-                                            unsigned int& ia, unsigned int& ib) {
-    const unsigned int half = s.rope_dim / 2;
-    const float theta_scale = (float)pow((double)s.base, (double)(-2.0f / (float)s.rope_dim));
+// The angle of pair `i` at position `p`: `theta = p * theta_scale^i` by
+// the CPU's f32 recurrence, as its sine and cosine.
+__device__ __forceinline__ void rope_angle(const RopeShape& s, unsigned int i, unsigned int p, float& sn, float& cs) {
     float theta = (float)p;
-    for (unsigned int t = 0; t < i; ++t) theta = __fmul_rn(theta, theta_scale);
-    float sn, cs;
+    for (unsigned int t = 0; t < i; ++t) theta = __fmul_rn(theta, s.theta_scale);
     sincosf(theta, &sn, &cs);
+}
+
+// Pair `i` of a head: its element indices, and the pair rotated by the
+// angle with sine `sn` and cosine `cs`.
+__device__ __forceinline__ float2 rope_rotate(const RopeShape& s, unsigned int i, float sn, float cs, const float* h,
+                                              unsigned int& ia, unsigned int& ib) {
+    const unsigned int half = s.rope_dim / 2;
     ia = s.neox ? i : 2 * i;
     ib = s.neox ? i + half : 2 * i + 1;
     const float a = h[ia], b = h[ib];
     return make_float2(fmaf(a, cs, -__fmul_rn(b, sn)), fmaf(a, sn, __fmul_rn(b, cs)));
+}
+
+// Pair `i` of a head at position `p`: its element indices, and the pair
+// rotated as the CPU's `rope_head` rotates it.
+__device__ __forceinline__ float2 rope_pair(const RopeShape& s, unsigned int i, unsigned int p, const float* h,
+                                            unsigned int& ia, unsigned int& ib) {
+    float sn, cs;
+    rope_angle(s, i, p, sn, cs);
+    return rope_rotate(s, i, sn, cs, h, ia, ib);
 }
 "#
     };
@@ -99,9 +120,9 @@ __device__ __forceinline__ float2 rope_pair(const RopeShape& s, unsigned int i, 
 pub(crate) use cuda_rope_common;
 
 /// CUDA: one thread per rotated pair `(row, head, i)`. The angle follows
-/// the CPU's recurrence exactly: `theta_scale = base^(-2 / rope_dim)` (`pow`
-/// in f64, rounded to f32: the correctly rounded value the CPU's `powf`
-/// gives in all but rare cases), then `theta = (pos + row) * theta_scale^i`
+/// the CPU's recurrence exactly: `theta_scale = base^(-2 / rope_dim)` (from
+/// the shape, computed on the host as the CPU computes it; a `pow` per
+/// thread cost about a microsecond), then `theta = (pos + row) * theta_scale^i`
 /// by `i` f32 multiplications (at most `rope_dim / 2 - 1`, cheap next to
 /// the memory traffic). Each output is one fused multiply-add over the
 /// other product rounded alone, as on the CPU (and in llama.cpp); only
