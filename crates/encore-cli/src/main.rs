@@ -285,16 +285,14 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
         let t = Instant::now();
         s.prefill(&prompt).map_err(e)?;
         prefill.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
-        let mut token = prompt.last().copied().unwrap_or(0);
+        // Greedy decoding as `encore generate` runs it: steps fed by the
+        // device-side argmax, queued a batch at a time.
+        let token = prompt.last().copied().unwrap_or(0);
         let t = Instant::now();
-        for _ in 0..a.gen_tokens {
-            s.step(token).map_err(e)?;
-            token = s.argmax().map_err(e)?;
-            if let Some(t) = s.last_step_time() {
-                step_device.push(t.as_secs_f64() * 1e6);
-            }
-        }
+        s.decode_greedy(token, a.gen_tokens, encore_llm::GREEDY_BATCH, |_| Ok(true))
+            .map_err(e)?;
         decode.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        step_device.extend(s.step_times().iter().map(|t| t.as_secs_f64() * 1e6));
         graph = s.graph_stats();
     }
     // The first repeat warms caches and records the decode graph.

@@ -13,6 +13,11 @@ use crate::gguf::GgufFile;
 use crate::model::Model;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::Session;
+
+/// Greedy steps queued on the device before their tokens are read back (and
+/// streamed): a token's text arrives at most this many steps late, a few
+/// milliseconds, and the host's round trip is paid once per batch.
+pub const GREEDY_BATCH: usize = 8;
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 /// How to generate.
@@ -197,6 +202,25 @@ impl Engine {
                 break;
             }
             if generated.len() == options.max_tokens || session.position() >= max_seq {
+                break;
+            }
+            if greedy_on_device {
+                // The rest on the device, a batch of steps at a time.
+                let steps = options.max_tokens - generated.len();
+                session.decode_greedy(next, steps, GREEDY_BATCH, |token| {
+                    if self.tokenizer.is_eog(token) {
+                        stop = StopReason::EndOfText;
+                        return Ok(false);
+                    }
+                    generated.push(token);
+                    let piece = stream.push(token)?;
+                    text.push_str(&piece);
+                    if !piece.is_empty() && !on_text(&piece) {
+                        stop = StopReason::Cancelled;
+                        return Ok(false);
+                    }
+                    Ok(generated.len() < options.max_tokens)
+                })?;
                 break;
             }
             session.step(next)?;

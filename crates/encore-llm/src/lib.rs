@@ -23,7 +23,7 @@ pub mod synthetic;
 pub mod tokenizer;
 
 pub use config::ModelConfig;
-pub use engine::{Engine, GenerateOptions, Generation};
+pub use engine::{Engine, GenerateOptions, Generation, GREEDY_BATCH};
 pub use error::{LlmError, Result};
 pub use model::Model;
 pub use sampler::{Sampler, SamplerConfig};

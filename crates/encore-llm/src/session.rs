@@ -5,6 +5,11 @@
 //! recorded once as a graph whose parameters are the position and the input
 //! token, then replayed for every later token; with graphs disabled in the
 //! config, each step is encoded eagerly instead.
+//!
+//! Greedy decoding ([`Session::decode_greedy`]) replays a variant of the step
+//! that feeds itself: its argmax becomes the next token and the position
+//! moves on, on the device, so several steps are queued back to back and
+//! their tokens come back to the host in one read per batch.
 
 use std::sync::Arc;
 
@@ -22,10 +27,15 @@ pub struct Session {
     params: Params,
     decode: Activations,
     argmax_out: Buffer,
+    /// Tokens chosen on the device by greedy steps, by the position of the
+    /// step that chose them.
+    history: Buffer,
     graphs: GraphCache,
     step: Option<GraphExec>,
+    greedy: Option<GraphExec>,
     use_graphs: bool,
     last_step_time: Option<std::time::Duration>,
+    step_times: Vec<std::time::Duration>,
 }
 
 impl Session {
@@ -41,6 +51,7 @@ impl Session {
         let params = Params::new(&device, &["pos", "token"])?;
         let decode = Activations::new(&model, 1)?;
         let argmax_out = device.alloc(4)?;
+        let history = device.alloc(max_seq * 4)?;
         let graphs = GraphCache::new(model.ops.fusion_patterns());
         let use_graphs = device.config().graphs;
         Ok(Session {
@@ -51,10 +62,13 @@ impl Session {
             params,
             decode,
             argmax_out,
+            history,
             graphs,
             step: None,
+            greedy: None,
             use_graphs,
             last_step_time: None,
+            step_times: Vec::new(),
         })
     }
 
@@ -136,6 +150,105 @@ impl Session {
         Ok(self.graphs.get_or_instantiate(&graph)?)
     }
 
+    fn record_greedy(&mut self) -> Result<GraphExec> {
+        let device = self.model.device.clone();
+        let mut enc = device.encoder();
+        self.encode_step(&mut enc)?;
+        let (token, pos) = (self.params.slot("token")?, self.params.slot("pos")?);
+        self.model
+            .ops
+            .advance(&mut enc, &self.argmax_out, &token, &pos, &self.history)?;
+        let mut graph = enc.finish_graph()?;
+        graph.set_params(&self.params);
+        graph.mark_output(&self.decode.logits);
+        graph.mark_output(self.params.buffer());
+        graph.mark_output(&self.history);
+        for lc in &self.cache {
+            graph.mark_output(&lc.k);
+            graph.mark_output(&lc.v);
+        }
+        Ok(self.graphs.get_or_instantiate(&graph)?)
+    }
+
+    /// Greedy decoding from `token` at the current position: up to `max`
+    /// steps (fewer where the context ends), each taking the argmax of its
+    /// logits as the next step's input, on the device. Steps are queued
+    /// `batch` at a time and their tokens read back once per batch;
+    /// `on_token` gets each chosen token in order and returns whether to go
+    /// on. Returns the number of tokens delivered. The position advances
+    /// by one per delivered token; steps queued past a stop only wrote cache
+    /// positions that later steps overwrite (and [`Session::logits`] then
+    /// holds the last queued step's logits). Without graphs, each step runs
+    /// eagerly and its argmax is read back at once.
+    pub fn decode_greedy(
+        &mut self,
+        token: u32,
+        max: usize,
+        batch: usize,
+        mut on_token: impl FnMut(u32) -> Result<bool>,
+    ) -> Result<usize> {
+        self.check_tokens(&[token])?;
+        let max = max.min(self.max_seq - self.pos);
+        self.step_times.clear();
+        if !self.use_graphs {
+            let mut token = token;
+            for done in 0..max {
+                self.step(token)?;
+                self.step_times.extend(self.last_step_time);
+                token = self.argmax()?;
+                if !on_token(token)? {
+                    return Ok(done + 1);
+                }
+            }
+            return Ok(max);
+        }
+        let exec = match &self.greedy {
+            Some(e) => e.clone(),
+            None => {
+                let e = self.record_greedy()?;
+                self.greedy = Some(e.clone());
+                e
+            }
+        };
+        let _span = self
+            .model
+            .device
+            .trace_span("greedy decode")
+            .arg("steps", max as u64);
+        let start = self.pos;
+        let batch = batch.max(1);
+        let mut tokens = vec![0u32; batch];
+        let mut done = 0;
+        while done < max {
+            let n = batch.min(max - done);
+            let mut queued = Vec::with_capacity(n);
+            for i in 0..n {
+                // The first step starts from the host's token and position;
+                // the others from what the step before them left.
+                let values = [("pos", start as u32), ("token", token)];
+                let first = done + i == 0;
+                queued.push(exec.replay(if first { &values[..] } else { &[] })?);
+            }
+            let read = self.history.view((start + done) * 4, n * 4)?;
+            read.download_into(&mut tokens[..n])?;
+            for s in &queued {
+                s.wait()?;
+                if let Some(t) = s.elapsed() {
+                    self.last_step_time = Some(t);
+                    self.step_times.push(t);
+                }
+            }
+            for (i, &t) in tokens[..n].iter().enumerate() {
+                self.pos = start + done + i + 1;
+                if !on_token(t)? {
+                    return Ok(done + i + 1);
+                }
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
     /// Encodes one decode step: the forward pass of the token in the
     /// `token` parameter at position `pos`, then the device-side argmax.
     fn encode_step(&self, enc: &mut encore::Encoder) -> Result<()> {
@@ -195,6 +308,12 @@ impl Session {
     /// device's queue), where the backend measures it.
     pub fn last_step_time(&self) -> Option<std::time::Duration> {
         self.last_step_time
+    }
+
+    /// Device time of each step of the last [`Session::decode_greedy`] (on
+    /// the graph path, where the backend measures it).
+    pub fn step_times(&self) -> &[std::time::Duration] {
+        &self.step_times
     }
 
     /// The logits of the last decode step.

@@ -195,3 +195,35 @@ fn synthetic_smollm2_decode_speed_on_cuda() {
         assert!(tok_s > 0.0);
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn decode_greedy_on_cuda_equals_one_step_at_a_time() {
+    // The same kernels either way, so the same tokens, bit for bit; the
+    // self-feeding graph only moves the argmax and position on the device.
+    let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(9))).unwrap();
+    let gpu = Engine::from_gguf(&file, &device("cuda", true)).unwrap();
+    let prompt: Vec<u32> = (0..11u32).map(|i| (i * 29 + 3) % 64).collect();
+    let steps = 40;
+    let mut a = gpu.session(prompt.len() + steps + 1).unwrap();
+    let mut b = gpu.session(prompt.len() + steps + 1).unwrap();
+    let first = greedy(&a.prefill(&prompt).unwrap());
+    assert_eq!(greedy(&b.prefill(&prompt).unwrap()), first);
+    let mut token = first;
+    let want: Vec<u32> = (0..steps)
+        .map(|_| {
+            a.step(token).unwrap();
+            token = a.argmax().unwrap();
+            token
+        })
+        .collect();
+    let mut got = Vec::new();
+    b.decode_greedy(first, steps, 8, |t| {
+        got.push(t);
+        Ok(true)
+    })
+    .unwrap();
+    assert_eq!(got, want);
+    assert_eq!(b.position(), a.position());
+    assert_eq!(b.step_times().len(), steps, "device time of every step");
+}

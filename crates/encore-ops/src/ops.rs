@@ -10,7 +10,7 @@ use encore::graph::passes::FusionPattern;
 use encore::{Arg, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
 
 use crate::kernels::{
-    argmax, attention, attention_step, elementwise, embed, fused, matmul, norm, rope,
+    advance, argmax, attention, attention_step, elementwise, embed, fused, matmul, norm, rope,
 };
 use crate::DType;
 
@@ -59,6 +59,7 @@ pub struct Ops {
     silu_mul: Kernel,
     embed: Kernel,
     argmax: Kernel,
+    advance: Kernel,
     fused_matmul: Kernel,
     rope_store: Kernel,
     attention_step: Kernel,
@@ -80,6 +81,7 @@ impl Ops {
             silu_mul: load(elementwise::silu_mul_def())?,
             embed: load(embed::def())?,
             argmax: load(argmax::def())?,
+            advance: load(advance::def())?,
             fused_matmul: load(fused::def())?,
             rope_store: load(rope::rope_store_def())?,
             attention_step: load(attention_step::def())?,
@@ -385,6 +387,32 @@ impl Ops {
             ],
             Launch::new(1, argmax::CUDA_BLOCK),
             "argmax",
+        )
+    }
+
+    /// One greedy step's bookkeeping on the device: `token = next`,
+    /// `history[pos] = next` (when `pos` is below the history's length),
+    /// `pos += 1`. `next`, `token` and `pos` are one-element `u32` buffers.
+    pub fn advance(
+        &self,
+        enc: &mut Encoder,
+        next: &Buffer,
+        token: &Buffer,
+        pos: &Buffer,
+        history: &Buffer,
+    ) -> Result<()> {
+        let cap = history.len() / 4;
+        enc.dispatch(
+            &self.advance,
+            &[
+                Arg::read(&next.view(0, 4)?),
+                Arg::write(&token.view(0, 4)?),
+                Arg::read_write(&pos.view(0, 4)?),
+                Arg::write(&history.view(0, cap * 4)?),
+                Arg::value(&(cap as u32)),
+            ],
+            Launch::new(1, 32),
+            "advance",
         )
     }
 }

@@ -6,6 +6,7 @@
 //! one, from a 4-byte parameter buffer, so a recorded graph reads the current
 //! position on every replay.
 
+pub mod advance;
 pub mod argmax;
 pub mod attention;
 pub mod attention_step;
@@ -56,6 +57,7 @@ mod tests {
             elementwise::silu_mul_def(),
             embed::def(),
             argmax::def(),
+            advance::def(),
             fused::def(),
         ];
         for def in defs {
