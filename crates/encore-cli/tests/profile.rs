@@ -158,15 +158,16 @@ fn trace_holds_host_phases_replays_and_every_dispatch() {
         "generate",
         "tokenize",
         "prefill",
-        "decode step",
         "sampling",
+        "greedy decode",
     ] {
         assert!(host.contains(&phase), "no {phase} span in {host:?}");
     }
-    // 8 tokens: the prefill yields the first, 7 decode steps the rest.
-    let steps = host.iter().filter(|&&n| n == "decode step").count();
+    // 8 tokens: the prefill yields the first, 7 greedy steps on the device
+    // the rest, queued in one batch (one host span, one replay a step).
+    let batches = host.iter().filter(|&&n| n == "greedy decode").count();
     let replays = complete(&json, "graph replay");
-    assert_eq!(steps, 7);
+    assert_eq!(batches, 1);
     assert_eq!(replays.len(), 7);
     let submissions = complete(&json, "submission");
     assert!(submissions.iter().any(|e| e["name"] == "prefill"));
