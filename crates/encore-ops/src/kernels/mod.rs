@@ -11,8 +11,10 @@ pub mod attention;
 pub mod elementwise;
 pub mod embed;
 pub mod fused;
+pub mod gemm;
 pub mod matmul;
 pub mod norm;
+pub mod prefill_attention;
 pub mod rope;
 
 /// Reads a one-element `u32` buffer argument (a graph parameter slot).
@@ -45,10 +47,12 @@ mod tests {
         let defs = [
             norm::def(),
             matmul::def(),
+            gemm::def(),
             rope::def(),
             rope::rope_store_def(),
             attention::kv_store_def(),
             attention::attention_def(),
+            prefill_attention::def(),
             elementwise::add_def(),
             elementwise::add_rows_def(),
             elementwise::silu_mul_def(),
