@@ -175,7 +175,7 @@ impl Ops {
                     (rows as u32).div_ceil(gemm::CUDA_TILE_ROWS),
                     1,
                 ],
-                [gemm::CUDA_THREADS, 1, 1],
+                [gemm::cuda_threads(w.dtype), 1, 1],
             )
             .with_shared(gemm::cuda_shared_bytes(w.dtype));
             return enc.dispatch(&self.gemm, &args, launch, label);

@@ -37,13 +37,28 @@ pub const CUDA_TILE_ROWS: u32 = 64;
 /// Output columns (weight rows) per CUDA block.
 pub const CUDA_TILE_COLUMNS: u32 = 64;
 
-/// CUDA threads per block: four warps, each owning a 32 x 32 corner of the tile.
-pub const CUDA_THREADS: u32 = 128;
+/// Warp groups per CUDA block for weights of `dtype`: each group of four
+/// warps (each warp owning a 32 x 32 corner of the tile) takes one GGUF
+/// block of 32 positions of every step, so two groups halve the steps. BF16
+/// and F32 weights, whose tiles take two parts, keep one group within the
+/// 48 KiB of shared memory a launch gets without opting in.
+fn warp_groups(dtype: DType) -> u32 {
+    match dtype {
+        DType::BF16 | DType::F32 => 1,
+        _ => 2,
+    }
+}
 
-/// Dynamic shared memory of one CUDA block for weights of `dtype`: two
-/// stages of the activation tile (one or two 16-bit parts), of the weight
-/// tile (one or two parts), and of the per-column scales and minimums and
-/// per-row activation sums. Must match the layout in the CUDA source.
+/// CUDA threads per block for weights of `dtype`.
+pub fn cuda_threads(dtype: DType) -> u32 {
+    128 * warp_groups(dtype)
+}
+
+/// Dynamic shared memory of one CUDA block for weights of `dtype`: per
+/// stage (two) and warp group, the activation tile (one or two 16-bit
+/// parts), the weight tile (one or two parts), and the per-column scales
+/// and minimums and per-row activation sums. Must match the layout in the
+/// CUDA source.
 pub fn cuda_shared_bytes(dtype: DType) -> u32 {
     const PITCH: u32 = 40; // 16-bit elements per tile row: 32 and 8 of padding
     let (a_parts, b_parts) = match dtype {
@@ -51,14 +66,17 @@ pub fn cuda_shared_bytes(dtype: DType) -> u32 {
         DType::F32 => (2, 2),
         _ => (1, 1),
     };
-    let tiles = 2 * (a_parts * CUDA_TILE_ROWS + b_parts * CUDA_TILE_COLUMNS) * PITCH * 2;
-    let vectors = 2 * (2 * CUDA_TILE_COLUMNS + CUDA_TILE_ROWS) * 4;
-    tiles + vectors
+    let tiles = (a_parts * CUDA_TILE_ROWS + b_parts * CUDA_TILE_COLUMNS) * PITCH * 2;
+    let vectors = (2 * CUDA_TILE_COLUMNS + CUDA_TILE_ROWS) * 4;
+    2 * warp_groups(dtype) * (tiles + vectors)
 }
 
-/// CUDA `gemm`: one block of [`CUDA_THREADS`] threads per tile of
+/// CUDA `gemm`: one block of [`cuda_threads`] threads per tile of
 /// [`CUDA_TILE_ROWS`] activation rows by [`CUDA_TILE_COLUMNS`] outputs,
-/// walking `k` in steps of 32 (one GGUF block).
+/// walking `k` in steps of one GGUF block (32 positions) per warp group:
+/// with two groups (all but BF16 and F32 weights) each multiplies every
+/// other block into its own accumulators, which meet in shared memory at
+/// the end; two warps per scheduler then hide each other's latencies.
 ///
 /// Each step, every thread loads its share of the next step's activations
 /// (f32, 16 bytes at a time when aligned) and weights (raw blocks) into
@@ -73,9 +91,9 @@ pub fn cuda_shared_bytes(dtype: DType) -> u32 {
 /// major) straight, and on the weight tile the B fragments (column major:
 /// a weight row is a column of B) of two 8-column tiles.
 ///
-/// Warp `w` owns rows `32 (w / 2)..+32` and columns `32 (w % 2)..+32` of the
-/// tile: 2 x 4 `m16n8` accumulators, 16 `mma` per step (32 for BF16 and 64
-/// for F32, one per pair of parts). For quantized weights the step's
+/// Warp `w` of a group owns rows `32 (w / 2)..+32` and columns `32 (w %
+/// 2)..+32` of the tile: 2 x 4 `m16n8` accumulators, 16 `mma` per GGUF
+/// block (32 for BF16 and 64 for F32, one per pair of parts). For quantized weights the step's
 /// products land in a second set of accumulators, which is then folded in
 /// as `acc += d_j p + m_j Σ_block x_r` with the column's scale and (Q4_1)
 /// minimum and the row's block sum of the f16 activations. Rows, columns
@@ -200,24 +218,28 @@ struct GemmTraits {
     static constexpr bool BF = TYPE == GGML_BF16 || TYPE == GGML_F32;
     static constexpr int A_PARTS = BF ? 2 : 1;
     static constexpr int B_PARTS = TYPE == GGML_F32 ? 2 : 1;
+    // Warp groups of GM_THREADS threads, each taking one GGUF block of a step.
+    static constexpr int GROUPS = BF ? 1 : 2;
 };
 
-// Shared memory of one block (see `cuda_shared_bytes`): A stages, B stages,
-// then per stage d[GM_BN], m[GM_BN] and the activation block sums xs[GM_BM].
+// Shared memory of one block (see `cuda_shared_bytes`), in slots: one per
+// stage and warp group (`stage * GROUPS + group`). A tiles, B tiles, then per slot d[GM_BN], m[GM_BN] and the
+// activation block sums xs[GM_BM].
 template <unsigned int TYPE>
 struct GemmSmem {
-    unsigned short* a;  // [2][A_PARTS][GM_BM * GM_PITCH]
-    unsigned short* b;  // [2][B_PARTS][GM_BN * GM_PITCH]
-    float* d;           // [2][GM_BN]
-    float* m;           // [2][GM_BN]
-    float* xs;          // [2][GM_BM]
+    static constexpr int SLOTS = 2 * GemmTraits<TYPE>::GROUPS;
+    unsigned short* a;  // [SLOTS][A_PARTS][GM_BM * GM_PITCH]
+    unsigned short* b;  // [SLOTS][B_PARTS][GM_BN * GM_PITCH]
+    float* d;           // [SLOTS][GM_BN]
+    float* m;           // [SLOTS][GM_BN]
+    float* xs;          // [SLOTS][GM_BM]
     __device__ explicit GemmSmem(unsigned char* base) {
         typedef GemmTraits<TYPE> T;
         a = reinterpret_cast<unsigned short*>(base);
-        b = a + 2 * T::A_PARTS * GM_BM * GM_PITCH;
-        d = reinterpret_cast<float*>(b + 2 * T::B_PARTS * GM_BN * GM_PITCH);
-        m = d + 2 * GM_BN;
-        xs = m + 2 * GM_BN;
+        b = a + SLOTS * T::A_PARTS * GM_BM * GM_PITCH;
+        d = reinterpret_cast<float*>(b + SLOTS * T::B_PARTS * GM_BN * GM_PITCH);
+        m = d + SLOTS * GM_BN;
+        xs = m + SLOTS * GM_BN;
     }
     __device__ unsigned short* a_tile(int stage, int part) const {
         return a + (stage * GemmTraits<TYPE>::A_PARTS + part) * GM_BM * GM_PITCH;
@@ -479,12 +501,16 @@ __device__ __forceinline__ void gemm_multiply(const GemmSmem<TYPE>& sm, int stag
 template <unsigned int TYPE, bool VEC>
 __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                            const MatmulShape& s, unsigned char* smem) {
+    typedef GemmTraits<TYPE> T;
     const GemmSmem<TYPE> sm(smem);
-    const unsigned int tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    // Warp group `group` takes positions 32 group..+32 of each step of
+    // 32 GROUPS; `tid` is the thread's index within its group.
+    const unsigned int group = threadIdx.x / GM_THREADS, tid = threadIdx.x % GM_THREADS;
+    const unsigned int lane = tid & 31u, warp = tid >> 5;
     const unsigned int wm = warp / 2, wn = warp % 2;
     const unsigned int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
-    const unsigned int steps = (s.k + GM_BK - 1) / GM_BK;
+    const unsigned int step_k = GM_BK * T::GROUPS, steps = (s.k + step_k - 1) / step_k;
     float acc[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -494,20 +520,34 @@ __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __r
             for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
 
     GemmStage st;
-    gemm_load_x<VEC>(x, s, m0, 0, tid, st);
-    gemm_load_w<TYPE, VEC>(w, s, row_bytes, n0, 0, tid, st);
-    gemm_store<TYPE>(sm, 0, tid, st);
+    gemm_load_x<VEC>(x, s, m0, GM_BK * group, tid, st);
+    gemm_load_w<TYPE, VEC>(w, s, row_bytes, n0, GM_BK * group, tid, st);
+    gemm_store<TYPE>(sm, group, tid, st);
     __syncthreads();
     for (unsigned int step = 0; step < steps; ++step) {
-        const int stage = step & 1;
+        const int slot = (step & 1) * T::GROUPS + group, next = ((step + 1) & 1) * T::GROUPS + group;
         const bool more = step + 1 < steps;
         if (more) {
-            gemm_load_x<VEC>(x, s, m0, (step + 1) * GM_BK, tid, st);
-            gemm_load_w<TYPE, VEC>(w, s, row_bytes, n0, (step + 1) * GM_BK, tid, st);
+            const unsigned int k0 = (step + 1) * step_k + GM_BK * group;
+            gemm_load_x<VEC>(x, s, m0, k0, tid, st);
+            gemm_load_w<TYPE, VEC>(w, s, row_bytes, n0, k0, tid, st);
         }
-        gemm_multiply<TYPE>(sm, stage, lane, wm, wn, acc);
-        if (more) gemm_store<TYPE>(sm, stage ^ 1, tid, st);
+        gemm_multiply<TYPE>(sm, slot, lane, wm, wn, acc);
+        if (more) gemm_store<TYPE>(sm, next, tid, st);
         __syncthreads();
+    }
+    if (T::GROUPS == 2) {
+        // The second group's sums join the first's through shared memory
+        // (free now: the loop ended on a barrier), fragment by fragment.
+        float* red = reinterpret_cast<float*>(smem);
+        if (group == 1) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) red[i * GM_THREADS + tid] = acc[i / 16][(i / 4) % 4][i % 4];
+        }
+        __syncthreads();
+        if (group == 1) return;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[i / 16][(i / 4) % 4][i % 4] += red[i * GM_THREADS + tid];
     }
 
 #pragma unroll
@@ -537,7 +577,7 @@ __device__ __forceinline__ void gemm_typed(const unsigned char* __restrict__ w, 
     else gemm_tiles<TYPE, false>(w, x, y, s, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(GM_THREADS)
+extern "C" __global__ void __launch_bounds__(2 * GM_THREADS, 2)
 gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, MatmulShape s) {
     extern __shared__ uint4 gm_smem[];
     // The weights are read-only: ask for this block's rows in L2 while the
@@ -547,7 +587,7 @@ gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __
     if (n0 < s.n) {
         const unsigned long long begin = (unsigned long long)w + n0 * row_bytes;
         const unsigned long long end = (unsigned long long)w + min(s.n, n0 + GM_BN) * row_bytes;
-        for (unsigned long long a = (begin & ~127ull) + 128ull * threadIdx.x; a < end; a += 128ull * GM_THREADS)
+        for (unsigned long long a = (begin & ~127ull) + 128ull * threadIdx.x; a < end; a += 128ull * blockDim.x)
             encore_prefetch_l2((const void*)a);
     }
     encore_grid_wait();
