@@ -307,8 +307,8 @@ impl Ops {
         if shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
             && self.device.kind() == BackendKind::Cuda
             && prefill_attention::HEAD_DIMS.contains(&head_dim)
-            && k.offset() % 16 == 0
-            && v.offset() % 16 == 0
+            && k.offset().is_multiple_of(16)
+            && v.offset().is_multiple_of(16)
         {
             let launch = Launch::grid3(
                 [
