@@ -5,8 +5,9 @@
 //! matrix-vector kernel, which streams weights faster for a row or a few.
 //!
 //! Arguments (as `matmul`): `w: dtype[n, k]` (read, raw GGUF blocks),
-//! `x: f32[rows, k]` (read), `y: f32[rows, n]` (write), [`MatmulShape`]
-//! (value). The CPU body is `matmul`'s.
+//! `x: f32[rows, k]` (read), `y: f32[rows, n]` (write),
+//! [`MatmulShape`](super::matmul::MatmulShape) (value). The CPU body is
+//! `matmul`'s.
 //!
 //! Precision. The weights enter the products exactly: F16 weights as they
 //! are, quantized weights as their integer codes (`q`, `q - 8` for Q4_0),
@@ -604,8 +605,6 @@ gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __
 }
 "#
 );
-
-pub use super::matmul::MatmulShape;
 
 pub fn def() -> KernelDef {
     KernelDef::new("gemm")
