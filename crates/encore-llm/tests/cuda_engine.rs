@@ -146,6 +146,48 @@ fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
     );
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn synthetic_model_long_prefill_on_cuda_matches_cpu() {
+    // Prompts long enough for CUDA's tiled tensor-core products (which
+    // round activations to f16): a first chunk, then a second one after it
+    // in the cache, then decode steps; CUDA's logits stay within the CPU
+    // comparison's tolerance throughout.
+    let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(11))).unwrap();
+    let cpu = Engine::from_gguf(&file, &device("cpu", true)).unwrap();
+    let gpu = Engine::from_gguf(&file, &device("cuda", true)).unwrap();
+    let vocab = cpu.model().config.vocab as u32;
+    let first: Vec<u32> = (0..100u32).map(|i| (i * 53 + 3) % vocab).collect();
+    let second: Vec<u32> = (0..40u32).map(|i| (i * 29 + 1) % vocab).collect();
+    let mut sessions: Vec<Session> = [&cpu, &gpu]
+        .iter()
+        .map(|e| e.session(first.len() + second.len() + 9).unwrap())
+        .collect();
+    for (chunk, what) in [(&first, "first prefill"), (&second, "second prefill")] {
+        let l: Vec<Vec<f32>> = sessions
+            .iter_mut()
+            .map(|s| s.prefill(chunk).unwrap())
+            .collect();
+        let err = relative_error(&l[1], &l[0]);
+        eprintln!("{what}: CUDA vs CPU logits relative error {err:.2e}");
+        assert!(
+            err <= LOGITS_TOLERANCE,
+            "{what}: logits differ by {err:.2e}"
+        );
+    }
+    for step in 0..8u32 {
+        for s in sessions.iter_mut() {
+            s.step((step * 31 + 7) % vocab).unwrap();
+        }
+        let l: Vec<Vec<f32>> = sessions.iter().map(|s| s.logits().unwrap()).collect();
+        let err = relative_error(&l[1], &l[0]);
+        assert!(
+            err <= LOGITS_TOLERANCE,
+            "step {step} after the long prefill: logits differ by {err:.2e}"
+        );
+    }
+}
+
 /// Where the synthetic SmolLM2 is also written for `encore bench`, if set.
 fn bench_model_path() -> Option<PathBuf> {
     std::env::var_os("ENCORE_SYNTHETIC_GGUF").map(PathBuf::from)

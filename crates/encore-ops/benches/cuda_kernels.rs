@@ -4,9 +4,13 @@
 //! graph, timed with device events, median of 20 replays after a warm-up.
 //! A one-element `add` chain gives the floor of a dependent graph node.
 //!
+//! The prefill products (128 and 512 rows, on tensor cores) and prefill
+//! attention (512 rows from position 0) are timed the same way.
+//!
 //! `cargo bench -p encore-ops --bench cuda_kernels` (prints "no CUDA device"
 //! and exits 0 without one). Output: one line per kernel with µs per node
-//! and the weight bandwidth it reaches.
+//! and the weight bandwidth it reaches (the arithmetic rate for prefill
+//! products).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -136,6 +140,42 @@ fn main() {
             bytes(&[w]),
             time_chain(&ops, &[output], &|e| {
                 ops.matmul(e, w, input, output, 1, "m").unwrap()
+            }),
+        );
+    }
+    for rows in [128usize, 512] {
+        let (input, output) = (floats(&device, rows * ff), floats(&device, rows * ff));
+        for (name, w) in [
+            ("q 576x576", &wq),
+            ("k 192x576", &wk),
+            ("gate 1536x576", &wg),
+            ("down 576x1536", &wd),
+        ] {
+            let (us, nodes) = time_chain(&ops, &[&output], &|e| {
+                ops.matmul(e, w, &input, &output, rows, "gemm").unwrap()
+            });
+            let tflops = 2.0 * (rows * w.n * w.k) as f64 / (us * 1e-6) / 1e12;
+            let name = format!("gemm {name} rows={rows}");
+            println!("{name:<30} {us:>8.2} {nodes:>6}  {tflops:>6.1} TFLOP/s");
+        }
+    }
+    {
+        let rows = 512;
+        let (q, out) = (floats(&device, rows * d), floats(&device, rows * d));
+        let p = device.buffer_from(&[0u32]).unwrap();
+        let shape = AttnShape {
+            rows: rows as u32,
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: hd as u32,
+            max_seq: max_seq as u32,
+            scale: 0.125,
+        };
+        report(
+            "attention prefill rows=512",
+            0,
+            time_chain(&ops, &[&out], &|e| {
+                ops.attention(e, &q, &kc, &vc, &p, &out, shape).unwrap()
             }),
         );
     }

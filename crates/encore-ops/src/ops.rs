@@ -7,10 +7,11 @@
 //! with the same rule on every backend.
 
 use encore::graph::passes::FusionPattern;
-use encore::{Arg, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
+use encore::{Arg, BackendKind, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
 
 use crate::kernels::{
-    advance, argmax, attention, attention_step, elementwise, embed, fused, matmul, norm, rope,
+    advance, argmax, attention, attention_step, elementwise, embed, fused, gemm, matmul, norm,
+    prefill_attention, rope,
 };
 use crate::DType;
 
@@ -51,9 +52,11 @@ pub struct Ops {
     device: Device,
     rms_norm: Kernel,
     matmul: Kernel,
+    gemm: Kernel,
     rope: Kernel,
     kv_store: Kernel,
     attention: Kernel,
+    attention_prefill: Kernel,
     add: Kernel,
     add_rows: Kernel,
     silu_mul: Kernel,
@@ -73,9 +76,11 @@ impl Ops {
             device: device.clone(),
             rms_norm: load(norm::def())?,
             matmul: load(matmul::def())?,
+            gemm: load(gemm::def())?,
             rope: load(rope::def())?,
             kv_store: load(attention::kv_store_def())?,
             attention: load(attention::attention_def())?,
+            attention_prefill: load(prefill_attention::def())?,
             add: load(elementwise::add_def())?,
             add_rows: load(elementwise::add_rows_def())?,
             silu_mul: load(elementwise::silu_mul_def())?,
@@ -141,7 +146,11 @@ impl Ops {
         )
     }
 
-    /// `y[rows, n] = x[rows, k] · wᵀ`.
+    /// `y[rows, n] = x[rows, k] · wᵀ`. On CUDA, from
+    /// [`gemm::GEMM_MIN_ROWS`] rows on, the tiled tensor-core kernel of
+    /// [`gemm`] computes it (activations rounded to f16 or split into bf16
+    /// parts, see there); fewer rows, and every row count on the CPU, take
+    /// [`matmul`].
     pub fn matmul(
         &self,
         enc: &mut Encoder,
@@ -157,17 +166,26 @@ impl Ops {
             k: w.k as u32,
             dtype: w.dtype.ggml_id(),
         };
-        enc.dispatch(
-            &self.matmul,
-            &[
-                Arg::read(&w.buffer),
-                Arg::read(&f32s(x, rows * w.k)?),
-                Arg::write(&f32s(y, rows * w.n)?),
-                Arg::value(&shape),
-            ],
-            matmul::cuda_launch(w.n as u32),
-            label,
-        )
+        let (x, y) = (f32s(x, rows * w.k)?, f32s(y, rows * w.n)?);
+        let args = [
+            Arg::read(&w.buffer),
+            Arg::read(&x),
+            Arg::write(&y),
+            Arg::value(&shape),
+        ];
+        if rows >= gemm::GEMM_MIN_ROWS && self.device.kind() == BackendKind::Cuda {
+            let launch = Launch::grid3(
+                [
+                    (w.n as u32).div_ceil(gemm::CUDA_TILE_COLUMNS).max(1),
+                    (rows as u32).div_ceil(gemm::CUDA_TILE_ROWS),
+                    1,
+                ],
+                [gemm::cuda_threads(w.dtype), 1, 1],
+            )
+            .with_shared(gemm::cuda_shared_bytes(w.dtype));
+            return enc.dispatch(&self.gemm, &args, launch, label);
+        }
+        enc.dispatch(&self.matmul, &args, matmul::cuda_launch(w.n as u32), label)
     }
 
     /// Rotates `rows` rows of `heads` heads in place, positions from `pos`.
@@ -244,7 +262,10 @@ impl Ops {
         )
     }
 
-    /// Causal grouped-query attention of `rows` queries over the cache.
+    /// Causal grouped-query attention of `rows` queries over the cache. On
+    /// CUDA, batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more
+    /// with a head size of [`prefill_attention::HEAD_DIMS`] and 16-byte
+    /// aligned caches take the tiled kernel of [`prefill_attention`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -272,16 +293,35 @@ impl Ops {
             ));
         }
         let n = (shape.rows * shape.heads * shape.head_dim) as usize;
+        let (q, out) = (f32s(q, n)?, f32s(out, n)?);
+        let args = [
+            Arg::read(&q),
+            Arg::read(k),
+            Arg::read(v),
+            Arg::read(pos),
+            Arg::write(&out),
+            Arg::value(&shape),
+        ];
+        if shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
+            && self.device.kind() == BackendKind::Cuda
+            && prefill_attention::HEAD_DIMS.contains(&head_dim)
+            && k.offset().is_multiple_of(16)
+            && v.offset().is_multiple_of(16)
+        {
+            let launch = Launch::grid3(
+                [
+                    heads,
+                    shape.rows.div_ceil(prefill_attention::CUDA_QUERY_ROWS),
+                    1,
+                ],
+                [prefill_attention::CUDA_THREADS, 1, 1],
+            )
+            .with_shared(prefill_attention::cuda_shared_bytes(head_dim));
+            return enc.dispatch(&self.attention_prefill, &args, launch, "attention");
+        }
         enc.dispatch(
             &self.attention,
-            &[
-                Arg::read(&f32s(q, n)?),
-                Arg::read(k),
-                Arg::read(v),
-                Arg::read(pos),
-                Arg::write(&f32s(out, n)?),
-                Arg::value(&shape),
-            ],
+            &args,
             Launch::grid3(
                 [shape.heads.max(1), shape.rows.max(1), 1],
                 [attention::CUDA_ATTENTION_THREADS, 1, 1],

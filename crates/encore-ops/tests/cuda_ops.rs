@@ -13,6 +13,8 @@ use std::path::PathBuf;
 
 use encore::{Buffer, Config, Device, Encoder, Result};
 use encore_ops::kernels::attention::AttnShape;
+use encore_ops::kernels::gemm::GEMM_MIN_ROWS;
+use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
 use encore_ops::{DType, Ops, Weight};
 
 mod common;
@@ -270,6 +272,60 @@ fn attention_matches_cpu_for_decode_prefill_and_long_contexts() {
 
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn prefill_attention_matches_cpu() {
+    // Batches from PREFILL_MIN_ROWS rows take the tiled tensor-core kernel
+    // (for its head sizes): queries and weights rounded to f16, scores and
+    // sums in f32; with |v| < 1 every output is within 1e-3 of the CPU's.
+    // Shapes cover partial query and position tiles, a prompt continuing at
+    // a later position, one to eight query heads per KV head, and a head
+    // size the tiled kernel does not take (the decode kernel answers).
+    let mut rng = Rng::new();
+    let pair = both();
+    for (rows, heads, kv_heads, head_dim, max_seq, pos) in [
+        (PREFILL_MIN_ROWS, 9usize, 3usize, 64usize, 64usize, 0u32),
+        (100, 9, 3, 64, 256, 0),
+        (512, 9, 3, 64, 512, 0),
+        (77, 4, 2, 128, 200, 50),
+        (130, 8, 1, 32, 300, 100),
+        (65, 4, 4, 16, 70, 5),
+        (20, 4, 2, 10, 32, 5),
+    ] {
+        let kv_dim = kv_heads * head_dim;
+        let q = rng.vec(rows * heads * head_dim);
+        let cache = |rng: &mut Rng| -> Vec<u16> {
+            (0..max_seq * kv_dim)
+                .map(|_| f16::from_f32(rng.f32()).to_bits())
+                .collect()
+        };
+        let (k, v) = (cache(&mut rng), cache(&mut rng));
+        let shape = AttnShape {
+            rows: rows as u32,
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            max_seq: max_seq as u32,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let (qb, kb, vb, p) = (
+                upload(ops, &q),
+                upload(ops, &k),
+                upload(ops, &v),
+                upload(ops, &[pos]),
+            );
+            let out = ops.device().alloc(q.len() * 4).unwrap();
+            run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+            out
+        });
+        let what = format!(
+            "prefill attention rows={rows} heads={heads}/{kv_heads} head_dim={head_dim} pos={pos}"
+        );
+        assert_close(&what, &gpu, &cpu, 0.0, 1e-3);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn embed_matches_cpu_bit_for_bit_for_every_table_type() {
     // Dequantization forms each value with the CPU's operations, unfused.
     let mut rng = Rng::new();
@@ -430,6 +486,86 @@ fn matmul_with_a_large_output_matches_the_exact_product() {
                 (g - e).abs() <= 1e-5 * s + 1e-7,
                 "rows={rows}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
             );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn gemm_matches_the_exact_product_for_every_weight_type() {
+    // From GEMM_MIN_ROWS rows on, CUDA multiplies on tensor cores. F16 and
+    // quantized weights enter exactly and the activations are rounded to
+    // f16, so the result is the product of the weights with f16(x) summed in
+    // f32: within 2e-5 of Σ|w·x| from that product taken in f64, and within
+    // 1e-3 Σ|w·x| of the f32 product (f16 rounding is 2^-11 relative). BF16
+    // and F32 weights are multiplied as bf16 parts: within 1e-4 Σ|w·x| of
+    // the exact product. Against the CPU, which quantizes activations to 8
+    // bits for quantized weights: 5e-3 Σ|w·x| there, 1e-3 for float weights.
+    let mut rng = Rng::new();
+    let pair = both();
+    let shapes = [
+        // (rows, n, k, x offset in floats: 1 leaves x unaligned for 16-byte loads)
+        (GEMM_MIN_ROWS, 64usize, 64usize, 0usize),
+        (128, 576, 576, 0),
+        (77, 100, 96, 0),
+        (130, 200, 160, 1),
+        (33, 70, 1536, 0),
+        (64, 192, 576, 0),
+        // Float weights only: k not a whole number of blocks or vectors.
+        (20, 33, 100, 0),
+        (65, 130, 36, 1),
+        (17, 9, 5, 0),
+    ];
+    for dtype in DType::ALL {
+        for &(rows, n, k, offset) in &shapes {
+            if k % dtype.block_len() != 0 {
+                continue;
+            }
+            let w = random_weights(&mut rng, dtype, n, k);
+            let x = rng.vec(offset + rows * k);
+            let xs = &x[offset..];
+            let x16: Vec<f32> = xs.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+            let wf = dequantize(dtype, &w, n, k);
+            let (exact, scale) = magnitudes(&wf, xs, rows, n, k);
+            let (exact16, scale16) = magnitudes(&wf, &x16, rows, n, k);
+            let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+                let weight = Weight {
+                    buffer: upload(ops, &w),
+                    dtype,
+                    n,
+                    k,
+                };
+                let xb = upload(ops, &x).view(offset * 4, rows * k * 4).unwrap();
+                let y = ops.device().alloc(rows * n * 4).unwrap();
+                run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "gemm"));
+                y
+            });
+            let what = format!("gemm {dtype} rows={rows} n={n} k={k} x+{offset}");
+            let bf16_parts = matches!(dtype, DType::BF16 | DType::F32);
+            let cpu_tol = if dtype.is_quantized() { 5e-3 } else { 1e-3 };
+            for i in 0..rows * n {
+                let (g, c, e, s) = (gpu[i], cpu[i], exact[i], scale[i]);
+                if bf16_parts {
+                    assert!(
+                        (g - e).abs() <= 1e-4 * s + 1e-7,
+                        "{what}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+                    );
+                } else {
+                    let (e16, s16) = (exact16[i], scale16[i]);
+                    assert!(
+                        (g - e16).abs() <= 2e-5 * s16 + 1e-7,
+                        "{what}: output {i}: CUDA {g} vs exact with f16 x {e16} (Σ|w·x| = {s16})"
+                    );
+                    assert!(
+                        (g - e).abs() <= 1e-3 * s + 1e-7,
+                        "{what}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+                    );
+                }
+                assert!(
+                    (g - c).abs() <= cpu_tol * s + 1e-7,
+                    "{what}: output {i}: CUDA {g} vs CPU {c} (Σ|w·x| = {s})"
+                );
+            }
         }
     }
 }

@@ -6,7 +6,9 @@
 //!
 //! The CPU quantizes `x` to 8-bit blocks for quantized weights (as ggml
 //! does); CUDA multiplies dequantized weights with f32 `x`, so the two agree
-//! to the activation quantization error, not to the bit.
+//! to the activation quantization error, not to the bit. On CUDA, from
+//! [`super::gemm::GEMM_MIN_ROWS`] rows on, `Ops::matmul` dispatches the
+//! tiled tensor-core kernel of [`super::gemm`] instead of this one.
 
 use encore::KernelDef;
 
@@ -487,36 +489,40 @@ thread_local! {
         std::cell::Cell::new(crate::cpu::QuantizedActivations::new());
 }
 
+/// The CPU body of a matrix product (shared with [`super::gemm`], which
+/// computes the same product on CUDA with another tiling).
+pub(crate) fn cpu_matmul(a: &encore::CpuArgs<'_>) -> Result<(), String> {
+    let s: MatmulShape = a.scalar(3)?;
+    let dtype = DType::from_ggml_id(s.dtype).ok_or("unsupported weight type")?;
+    let (rows, n, k) = (s.rows as usize, s.n as usize, s.k as usize);
+    let w_bytes = dtype
+        .bytes_for(k)
+        .and_then(|b| b.checked_mul(n))
+        .ok_or("row length not a whole number of blocks")?;
+    let (w, x, y) = (a.read::<u8>(0)?, a.read::<f32>(1)?, a.write::<f32>(2)?);
+    super::need("w", w, w_bytes)?;
+    super::need("x", x, rows * k)?;
+    super::need("y", y, rows * n)?;
+    // Quantized activations are staged in a per-thread buffer that grows
+    // once and is reused by later products on that thread.
+    let mut scratch = SCRATCH.with(|s| s.take());
+    let result = crate::cpu::matmul_with_scratch(
+        dtype,
+        &w[..w_bytes],
+        n,
+        k,
+        &x[..rows * k],
+        &mut y[..rows * n],
+        &mut scratch,
+    );
+    SCRATCH.with(|s| s.replace(scratch));
+    result.map_err(|e| e.to_string())
+}
+
 pub fn def() -> KernelDef {
     KernelDef::new("matmul")
         .op("matmul")
-        .cpu("matmul v1", |a| {
-            let s: MatmulShape = a.scalar(3)?;
-            let dtype = DType::from_ggml_id(s.dtype).ok_or("unsupported weight type")?;
-            let (rows, n, k) = (s.rows as usize, s.n as usize, s.k as usize);
-            let w_bytes = dtype
-                .bytes_for(k)
-                .and_then(|b| b.checked_mul(n))
-                .ok_or("row length not a whole number of blocks")?;
-            let (w, x, y) = (a.read::<u8>(0)?, a.read::<f32>(1)?, a.write::<f32>(2)?);
-            super::need("w", w, w_bytes)?;
-            super::need("x", x, rows * k)?;
-            super::need("y", y, rows * n)?;
-            // Quantized activations are staged in a per-thread buffer that grows
-            // once and is reused by later products on that thread.
-            let mut scratch = SCRATCH.with(|s| s.take());
-            let result = crate::cpu::matmul_with_scratch(
-                dtype,
-                &w[..w_bytes],
-                n,
-                k,
-                &x[..rows * k],
-                &mut y[..rows * n],
-                &mut scratch,
-            );
-            SCRATCH.with(|s| s.replace(scratch));
-            result.map_err(|e| e.to_string())
-        })
+        .cpu("matmul v1", cpu_matmul)
         .cuda(MATMUL_CUDA, "matmul")
         .programmatic()
 }

@@ -13,8 +13,10 @@ pub mod attention_step;
 pub mod elementwise;
 pub mod embed;
 pub mod fused;
+pub mod gemm;
 pub mod matmul;
 pub mod norm;
+pub mod prefill_attention;
 pub mod rope;
 
 /// Reads a one-element `u32` buffer argument (a graph parameter slot).
@@ -47,11 +49,13 @@ mod tests {
         let defs = [
             norm::def(),
             matmul::def(),
+            gemm::def(),
             rope::def(),
             rope::rope_store_def(),
             attention::kv_store_def(),
             attention::attention_def(),
             attention_step::def(),
+            prefill_attention::def(),
             elementwise::add_def(),
             elementwise::add_rows_def(),
             elementwise::silu_mul_def(),
