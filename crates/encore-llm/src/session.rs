@@ -8,8 +8,9 @@
 //!
 //! Greedy decoding ([`Session::decode_greedy`]) replays a variant of the step
 //! that feeds itself: its argmax becomes the next token and the position
-//! moves on, on the device, so several steps are queued back to back and
-//! their tokens come back to the host in one read per batch.
+//! moves on, on the device, so one graph holds a batch of consecutive steps
+//! (one launch, no host round trip between them) and their tokens come back
+//! to the host in one read per batch.
 
 use std::sync::Arc;
 
@@ -32,7 +33,8 @@ pub struct Session {
     history: Buffer,
     graphs: GraphCache,
     step: Option<GraphExec>,
-    greedy: Option<GraphExec>,
+    /// Self-feeding greedy graphs by the number of steps they hold.
+    greedy: std::collections::HashMap<usize, GraphExec>,
     use_graphs: bool,
     last_step_time: Option<std::time::Duration>,
     step_times: Vec<std::time::Duration>,
@@ -65,7 +67,7 @@ impl Session {
             history,
             graphs,
             step: None,
-            greedy: None,
+            greedy: std::collections::HashMap::new(),
             use_graphs,
             last_step_time: None,
             step_times: Vec::new(),
@@ -150,14 +152,22 @@ impl Session {
         Ok(self.graphs.get_or_instantiate(&graph)?)
     }
 
-    fn record_greedy(&mut self) -> Result<GraphExec> {
+    /// The self-feeding greedy graph of `steps` consecutive steps (each the
+    /// forward pass, the argmax and [`encore_ops::Ops::advance`]), recorded
+    /// and instantiated on first use.
+    fn greedy_graph(&mut self, steps: usize) -> Result<GraphExec> {
+        if let Some(e) = self.greedy.get(&steps) {
+            return Ok(e.clone());
+        }
         let device = self.model.device.clone();
         let mut enc = device.encoder();
-        self.encode_step(&mut enc)?;
         let (token, pos) = (self.params.slot("token")?, self.params.slot("pos")?);
-        self.model
-            .ops
-            .advance(&mut enc, &self.argmax_out, &token, &pos, &self.history)?;
+        for _ in 0..steps {
+            self.encode_step(&mut enc)?;
+            self.model
+                .ops
+                .advance(&mut enc, &self.argmax_out, &token, &pos, &self.history)?;
+        }
         let mut graph = enc.finish_graph()?;
         graph.set_params(&self.params);
         graph.mark_output(&self.decode.logits);
@@ -167,13 +177,26 @@ impl Session {
             graph.mark_output(&lc.k);
             graph.mark_output(&lc.v);
         }
-        Ok(self.graphs.get_or_instantiate(&graph)?)
+        let exec = self.graphs.get_or_instantiate(&graph)?;
+        self.greedy.insert(steps, exec.clone());
+        Ok(exec)
+    }
+
+    /// Records and instantiates the graphs [`Session::decode_greedy`] with
+    /// this `batch` uses, so that the first call does not pay for it.
+    pub fn prepare_greedy(&mut self, batch: usize) -> Result<()> {
+        if self.use_graphs {
+            self.greedy_graph(1)?;
+            self.greedy_graph(batch.max(1))?;
+        }
+        Ok(())
     }
 
     /// Greedy decoding from `token` at the current position: up to `max`
     /// steps (fewer where the context ends), each taking the argmax of its
-    /// logits as the next step's input, on the device. Steps are queued
-    /// `batch` at a time and their tokens read back once per batch;
+    /// logits as the next step's input, on the device. Steps run `batch` at
+    /// a time, as one graph holding `batch` steps, and their tokens are read
+    /// back once per batch;
     /// `on_token` gets each chosen token in order and returns whether to go
     /// on. Returns the number of tokens delivered. The position advances
     /// by one per delivered token; steps queued past a stop only wrote cache
@@ -202,14 +225,6 @@ impl Session {
             }
             return Ok(max);
         }
-        let exec = match &self.greedy {
-            Some(e) => e.clone(),
-            None => {
-                let e = self.record_greedy()?;
-                self.greedy = Some(e.clone());
-                e
-            }
-        };
         let _span = self
             .model
             .device
@@ -220,22 +235,32 @@ impl Session {
         let mut tokens = vec![0u32; batch];
         let mut done = 0;
         while done < max {
+            // A whole batch is one graph of `batch` steps (one launch); a
+            // shorter remainder replays the one-step graph.
             let n = batch.min(max - done);
-            let mut queued = Vec::with_capacity(n);
-            for i in 0..n {
+            let (exec, launches) = if n == batch {
+                (self.greedy_graph(batch)?, 1)
+            } else {
+                (self.greedy_graph(1)?, n)
+            };
+            let mut queued = Vec::with_capacity(launches);
+            for i in 0..launches {
                 // The first step starts from the host's token and position;
                 // the others from what the step before them left.
                 let values = [("pos", start as u32), ("token", token)];
-                let first = done + i == 0;
+                let first = done == 0 && i == 0;
                 queued.push(exec.replay(if first { &values[..] } else { &[] })?);
             }
             let read = self.history.view((start + done) * 4, n * 4)?;
             read.download_into(&mut tokens[..n])?;
+            let per_launch = n / launches;
             for s in &queued {
                 s.wait()?;
                 if let Some(t) = s.elapsed() {
-                    self.last_step_time = Some(t);
-                    self.step_times.push(t);
+                    let step = t / per_launch as u32;
+                    self.last_step_time = Some(step);
+                    self.step_times
+                        .extend(std::iter::repeat_n(step, per_launch));
                 }
             }
             for (i, &t) in tokens[..n].iter().enumerate() {
