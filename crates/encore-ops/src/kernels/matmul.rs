@@ -523,6 +523,8 @@ pub(crate) fn cpu_matmul(a: &encore::CpuArgs<'_>) -> Result<(), String> {
     result.map_err(|e| e.to_string())
 }
 
+// The closure inlines `cpu_matmul` (see there for why).
+#[allow(clippy::redundant_closure)]
 pub fn def() -> KernelDef {
     KernelDef::new("matmul")
         .op("matmul")
