@@ -652,6 +652,64 @@ pub(crate) fn attend_rows(
     Ok(())
 }
 
+/// CUDA C shared by the attention kernels: the shape, the score of one
+/// position and a block-wide reduction.
+macro_rules! cuda_attention_common {
+    () => {
+        r#"
+struct AttnShape {
+    unsigned int rows;
+    unsigned int heads;
+    unsigned int kv_heads;
+    unsigned int head_dim;
+    unsigned int max_seq;
+    float scale;
+};
+
+// scale * q16 . K[t] for one position, by one thread; with VEC the K row is
+// 16-byte aligned and read 16 bytes at a time.
+template <bool VEC>
+__device__ __forceinline__ float attn_score(const float* qs, const f16_bits* __restrict__ kt, unsigned int hd,
+                                            float scale) {
+    float acc = 0.f;
+    if (VEC) {
+        for (unsigned int d = 0; d < hd; d += 8) {
+            const uint4 v = *reinterpret_cast<const uint4*>(kt + d);
+            const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                acc = fmaf(qs[d + 2 * i], f16_to_f32((f16_bits)(u[i] & 0xffffu)), acc);
+                acc = fmaf(qs[d + 2 * i + 1], f16_to_f32((f16_bits)(u[i] >> 16)), acc);
+            }
+        }
+    } else {
+        for (unsigned int d = 0; d < hd; ++d) acc = fmaf(qs[d], f16_to_f32(kt[d]), acc);
+    }
+    return scale * acc;
+}
+
+// Block-wide maximum or sum of one value per thread over WARPS warps, with
+// `red` (WARPS floats of shared memory) as scratch; every thread gets it.
+template <bool MAX, int WARPS>
+__device__ __forceinline__ float attn_block_reduce(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, other) : v + other;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
+    return v;
+}
+"#
+    };
+}
+pub(crate) use cuda_attention_common;
+
 /// CUDA `attention`: one block of [`CUDA_ATTENTION_THREADS`] threads per
 /// (head, query row), in three passes over the positions `t < len` (`len =
 /// pos + row + 1`):
@@ -675,60 +733,13 @@ pub(crate) fn attend_rows(
 /// about 2^-11 relative.
 const ATTENTION_CUDA: &str = concat!(
     super::matmul::cuda_ggml_types!(),
+    cuda_attention_common!(),
     r#"
-struct AttnShape {
-    unsigned int rows;
-    unsigned int heads;
-    unsigned int kv_heads;
-    unsigned int head_dim;
-    unsigned int max_seq;
-    float scale;
-};
-
 #define ATT_THREADS 256
 #define ATT_WARPS (ATT_THREADS / 32)
 #define ATT_MAX_HEAD 256
 #define ATT_PAIRS (ATT_MAX_HEAD / 64)
 #define ATT_BATCH 8
-
-// scale * q16 . K[t] for one position, by one thread.
-template <bool VEC>
-__device__ __forceinline__ float att_score(const float* qs, const f16_bits* __restrict__ kt,
-                                           unsigned int hd, float scale) {
-    float acc = 0.f;
-    if (VEC) {
-        for (unsigned int d = 0; d < hd; d += 8) {
-            const uint4 v = *reinterpret_cast<const uint4*>(kt + d);
-            const unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                acc = fmaf(qs[d + 2 * i], f16_to_f32((f16_bits)(u[i] & 0xffffu)), acc);
-                acc = fmaf(qs[d + 2 * i + 1], f16_to_f32((f16_bits)(u[i] >> 16)), acc);
-            }
-        }
-    } else {
-        for (unsigned int d = 0; d < hd; ++d) acc = fmaf(qs[d], f16_to_f32(kt[d]), acc);
-    }
-    return scale * acc;
-}
-
-// Block-wide reduction (max or sum) of one value per thread; every thread gets the result.
-template <bool MAX>
-__device__ __forceinline__ float att_reduce(float v, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, v, o);
-        v = MAX ? fmaxf(v, other) : v + other;
-    }
-    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = red[0];
-#pragma unroll
-    for (int w = 1; w < ATT_WARPS; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
-    return v;
-}
 
 // Fixed shared memory of one block (declared once in the entry point, so
 // that the two instantiations of `attend` do not each reserve their own).
@@ -758,20 +769,20 @@ __device__ void attend(const float* __restrict__ q, const f16_bits* __restrict__
 
     float m = __uint_as_float(0xff800000u);  // -infinity (NVRTC has no math.h)
     for (unsigned int t = tid; t < len; t += ATT_THREADS) {
-        const float sc = att_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale);
+        const float sc = attn_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale);
         if (t < cached) scores[t] = sc;
         m = fmaxf(m, sc);
     }
-    m = att_reduce<true>(m, red);
+    m = attn_block_reduce<true, ATT_WARPS>(m, red);
 
     float sum = 0.f;
     for (unsigned int t = tid; t < len; t += ATT_THREADS) {
-        const float sc = t < cached ? scores[t] : att_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale);
+        const float sc = t < cached ? scores[t] : attn_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale);
         const float e = expf(sc - m);
         if (t < cached) scores[t] = e;
         sum += e;
     }
-    sum = att_reduce<false>(sum, red);
+    sum = attn_block_reduce<false, ATT_WARPS>(sum, red);
 
     float2 acc[ATT_PAIRS];
 #pragma unroll
@@ -781,7 +792,7 @@ __device__ void attend(const float* __restrict__ q, const f16_bits* __restrict__
         if (t < len) {
             const float e = t < cached
                 ? scores[t]
-                : expf(att_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale) - m);
+                : expf(attn_score<VEC>(qs, kh + (size_t)t * kv_dim, hd, s.scale) - m);
             probs[tid] = e / sum;
         }
         __syncthreads();
@@ -875,15 +886,7 @@ pub fn attention_def() -> KernelDef {
         .cpu("attention f16-cache flash tiled v4", |a| {
             let s: AttnShape = a.scalar(5)?;
             let pos = super::param(a, 3)? as usize;
-            let (rows, heads, kvh, hd) = (
-                s.rows as usize,
-                s.heads as usize,
-                s.kv_heads as usize,
-                s.head_dim as usize,
-            );
-            if kvh == 0 || heads % kvh != 0 {
-                return Err(format!("{heads} heads do not divide into {kvh} KV heads"));
-            }
+            let (rows, hd) = (s.rows as usize, s.head_dim as usize);
             if hd > MAX_HEAD_DIM {
                 return Err(format!("head size {hd} above {MAX_HEAD_DIM}"));
             }

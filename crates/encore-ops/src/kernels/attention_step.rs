@@ -78,16 +78,8 @@ pub const CUDA_THREADS: u32 = 128;
 const ATTENTION_STEP_CUDA: &str = concat!(
     super::matmul::cuda_ggml_types!(),
     super::rope::cuda_rope_common!(),
+    super::attention::cuda_attention_common!(),
     r#"
-struct AttnShape {
-    unsigned int rows;
-    unsigned int heads;
-    unsigned int kv_heads;
-    unsigned int head_dim;
-    unsigned int max_seq;
-    float scale;
-};
-
 struct AttnStepShape {
     AttnShape attn;
     RopeShape rope;
@@ -123,43 +115,6 @@ struct StepScratch {
     float share_m[STEP_SPLITS];
     float share_l[STEP_SPLITS];
 };
-
-// scale * q16 . K row, by one thread; the row is 16-byte aligned when VEC.
-template <bool VEC>
-__device__ __forceinline__ float step_score(const float* qs, const f16_bits* kt, unsigned int hd, float scale) {
-    float acc = 0.f;
-    if (VEC) {
-        for (unsigned int d = 0; d < hd; d += 8) {
-            const uint4 v = *reinterpret_cast<const uint4*>(kt + d);
-            const unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                acc = fmaf(qs[d + 2 * i], f16_to_f32((f16_bits)(u[i] & 0xffffu)), acc);
-                acc = fmaf(qs[d + 2 * i + 1], f16_to_f32((f16_bits)(u[i] >> 16)), acc);
-            }
-        }
-    } else {
-        for (unsigned int d = 0; d < hd; ++d) acc = fmaf(qs[d], f16_to_f32(kt[d]), acc);
-    }
-    return scale * acc;
-}
-
-// Block-wide maximum or sum of one value per thread; every thread gets it.
-template <bool MAX>
-__device__ __forceinline__ float step_reduce(float v, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, v, o);
-        v = MAX ? fmaxf(v, other) : v + other;
-    }
-    __syncthreads();
-    if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = red[0];
-#pragma unroll
-    for (int w = 1; w < STEP_WARPS; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
-    return v;
-}
 
 // Makes every block's writes into the first block visible to it.
 __device__ __forceinline__ void cluster_barrier() {
@@ -213,12 +168,12 @@ __device__ void step_attend(const f16_bits* __restrict__ kc, const f16_bits* __r
         float sc = __uint_as_float(0xff800000u);
         if (t < end) {
             const f16_bits* kr = (new_k && t == p) ? sh.kn : kh + (size_t)t * kv_dim;
-            sc = step_score<VEC>(sh.qs, kr, hd, s.attn.scale);
+            sc = attn_score<VEC>(sh.qs, kr, hd, s.attn.scale);
         }
-        const float m_new = fmaxf(m, step_reduce<true>(sc, sh.red));
+        const float m_new = fmaxf(m, attn_block_reduce<true, STEP_WARPS>(sc, sh.red));
         const float e = t < end ? expf(sc - m_new) : 0.f;
         sh.p[tid] = e;
-        const float tile_sum = step_reduce<false>(e, sh.red);  // its barriers publish p
+        const float tile_sum = attn_block_reduce<false, STEP_WARPS>(e, sh.red);  // its barriers publish p
         const float r = expf(m - m_new);
         l = fmaf(l, r, tile_sum);
 #pragma unroll

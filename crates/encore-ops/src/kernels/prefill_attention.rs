@@ -52,16 +52,8 @@ pub fn cuda_shared_bytes(head_dim: u32) -> u32 {
 
 const PREFILL_ATTENTION_CUDA: &str = concat!(
     super::matmul::cuda_ggml_types!(),
+    super::attention::cuda_attention_common!(),
     r#"
-struct AttnShape {
-    unsigned int rows;
-    unsigned int heads;
-    unsigned int kv_heads;
-    unsigned int head_dim;
-    unsigned int max_seq;
-    float scale;
-};
-
 #define FA_ROWS 64
 #define FA_KV 64
 #define FA_THREADS 128
