@@ -37,7 +37,7 @@
 //! # Layouts
 //!
 //! Weights are row-major: `rows` output rows of `cols` inputs, each row a whole
-//! number of [`DType`](crate::DType) blocks. Activations and outputs are
+//! number of [`DType`] blocks. Activations and outputs are
 //! row-major f32: `m` rows of `cols`, and `m` rows of `rows`.
 
 #![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]

@@ -155,7 +155,7 @@ struct Steps {
 /// greedy decoding agree with llama.cpp: in small models attention is
 /// sensitive enough that other exact formulas pick other tokens.
 ///
-/// The recurrence runs in stretches of [`ATTEND_STRETCH`] positions: first
+/// The recurrence runs in stretches of `ATTEND_STRETCH` (256) positions: first
 /// every score, then the running maximum, the rescale factor or weight of
 /// each position and the running sum, then the accumulator update, which is
 /// elementwise and so runs one block of dimensions at a time over all the

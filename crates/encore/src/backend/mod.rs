@@ -2,7 +2,7 @@
 //!
 //! A backend does only allocation, copies, compilation and launch. Hazards,
 //! lifetimes, pooling, graphs and profiling live once, in the runtime above,
-//! and reach a backend as a [`Program`]: dispatches already split into
+//! and reach a backend as a `Program`: dispatches already split into
 //! concurrent groups, with resolved arguments.
 
 pub mod cpu;
