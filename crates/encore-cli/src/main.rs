@@ -288,9 +288,9 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
         // Greedy decoding as `encore generate` runs it: steps fed by the
         // device-side argmax, queued a batch at a time.
         let token = prompt.last().copied().unwrap_or(0);
-        // Graphs are recorded before the clock starts (as llama-bench's
+        // The graph is recorded before the clock starts (as llama-bench's
         // warm runs capture theirs).
-        s.prepare_greedy(encore_llm::GREEDY_BATCH).map_err(e)?;
+        s.prepare_greedy().map_err(e)?;
         let t = Instant::now();
         s.decode_greedy(token, a.gen_tokens, encore_llm::GREEDY_BATCH, |_| Ok(true))
             .map_err(e)?;

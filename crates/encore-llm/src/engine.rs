@@ -14,10 +14,9 @@ use crate::model::Model;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::Session;
 
-/// Greedy steps in one graph launch before their tokens are read back (and
+/// Greedy steps queued on the device before their tokens are read back (and
 /// streamed): a token's text arrives at most this many steps late, a few
-/// milliseconds, and the launch and the host's round trip are paid once per
-/// batch.
+/// milliseconds, and the host's round trip is paid once per batch.
 pub const GREEDY_BATCH: usize = 8;
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
