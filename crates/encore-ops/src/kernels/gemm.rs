@@ -72,50 +72,13 @@ pub fn cuda_shared_bytes(dtype: DType) -> u32 {
     2 * warp_groups(dtype) * (tiles + vectors)
 }
 
-/// CUDA `gemm`: one block of [`cuda_threads`] threads per tile of
-/// [`CUDA_TILE_ROWS`] activation rows by [`CUDA_TILE_COLUMNS`] outputs,
-/// walking `k` in steps of one GGUF block (32 positions) per warp group:
-/// with two groups (all but BF16 and F32 weights) each multiplies every
-/// other block into its own accumulators, which meet in shared memory at
-/// the end; two warps per scheduler then hide each other's latencies.
-///
-/// Each step, every thread loads its share of the next step's activations
-/// (f32, 16 bytes at a time when aligned) and weights (raw blocks) into
-/// registers, the warps multiply the current step from shared memory, then
-/// the threads convert what they loaded into the other shared stage: the
-/// activations to f16 (or two bf16 parts), the weights to 16-bit values
-/// (4-bit codes become f16 integers through the `0x6400 | code` exponent
-/// trick, exact), and the block's scales to f32 per column. Tiles are stored
-/// row by row (activation rows; weight rows, i.e. output columns), 32
-/// elements and 8 of padding, so that `ldmatrix` reads them without bank
-/// conflicts; `ldmatrix.x4` gives the A fragments of `mma.m16n8k16` (row
-/// major) straight, and on the weight tile the B fragments (column major:
-/// a weight row is a column of B) of two 8-column tiles.
-///
-/// Warp `w` of a group owns rows `32 (w / 2)..+32` and columns `32 (w %
-/// 2)..+32` of the tile: 2 x 4 `m16n8` accumulators, 16 `mma` per GGUF
-/// block (32 for BF16 and 64 for F32, one per pair of parts). For quantized weights the step's
-/// products land in a second set of accumulators, which is then folded in
-/// as `acc += d_j p + m_j Σ_block x_r` with the column's scale and (Q4_1)
-/// minimum and the row's block sum of the f16 activations. Rows, columns
-/// and (float weights) positions past the matrix are zero in shared memory
-/// and never stored.
-const GEMM_CUDA: &str = concat!(
-    super::matmul::cuda_ggml_types!(),
-    r#"
-struct MatmulShape {
-    unsigned int rows;
-    unsigned int n;
-    unsigned int k;
-    unsigned int dtype;
-};
-
-#define GM_BM 64
-#define GM_BN 64
-#define GM_BK 32
-#define GM_PITCH 40
-#define GM_THREADS 128
-
+/// CUDA C shared by the tensor-core kernels (`gemm` and the prefill
+/// attention): shared-memory addresses, `ldmatrix`, the m16n8k16 `mma` and
+/// packing two f32 into an f16 pair, all as inline PTX (NVRTC has no CUDA
+/// headers here).
+macro_rules! cuda_mma_common {
+    () => {
+        r#"
 __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     unsigned int a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -151,6 +114,56 @@ __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+
+"#
+    };
+}
+pub(crate) use cuda_mma_common;
+
+/// CUDA `gemm`: one block of [`cuda_threads`] threads per tile of
+/// [`CUDA_TILE_ROWS`] activation rows by [`CUDA_TILE_COLUMNS`] outputs,
+/// walking `k` in steps of one GGUF block (32 positions) per warp group:
+/// with two groups (all but BF16 and F32 weights) each multiplies every
+/// other block into its own accumulators, which meet in shared memory at
+/// the end; two warps per scheduler then hide each other's latencies.
+///
+/// Each step, every thread loads its share of the next step's activations
+/// (f32, 16 bytes at a time when aligned) and weights (raw blocks) into
+/// registers, the warps multiply the current step from shared memory, then
+/// the threads convert what they loaded into the other shared stage: the
+/// activations to f16 (or two bf16 parts), the weights to 16-bit values
+/// (4-bit codes become f16 integers through the `0x6400 | code` exponent
+/// trick, exact), and the block's scales to f32 per column. Tiles are stored
+/// row by row (activation rows; weight rows, i.e. output columns), 32
+/// elements and 8 of padding, so that `ldmatrix` reads them without bank
+/// conflicts; `ldmatrix.x4` gives the A fragments of `mma.m16n8k16` (row
+/// major) straight, and on the weight tile the B fragments (column major:
+/// a weight row is a column of B) of two 8-column tiles.
+///
+/// Warp `w` of a group owns rows `32 (w / 2)..+32` and columns `32 (w %
+/// 2)..+32` of the tile: 2 x 4 `m16n8` accumulators, 16 `mma` per GGUF
+/// block (32 for BF16 and 64 for F32, one per pair of parts). For quantized weights the step's
+/// products land in a second set of accumulators, which is then folded in
+/// as `acc += d_j p + m_j Σ_block x_r` with the column's scale and (Q4_1)
+/// minimum and the row's block sum of the f16 activations. Rows, columns
+/// and (float weights) positions past the matrix are zero in shared memory
+/// and never stored.
+const GEMM_CUDA: &str = concat!(
+    super::matmul::cuda_ggml_types!(),
+    cuda_mma_common!(),
+    r#"
+struct MatmulShape {
+    unsigned int rows;
+    unsigned int n;
+    unsigned int k;
+    unsigned int dtype;
+};
+
+#define GM_BM 64
+#define GM_BN 64
+#define GM_BK 32
+#define GM_PITCH 40
+#define GM_THREADS 128
 
 // x = hi + lo in bf16: `hi` is x's top 16 bits, `lo` the rest rounded to
 // nearest; together they hold x to 2^-16 of its magnitude.

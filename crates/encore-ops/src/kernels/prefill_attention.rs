@@ -53,38 +53,20 @@ pub fn cuda_shared_bytes(head_dim: u32) -> u32 {
 const PREFILL_ATTENTION_CUDA: &str = concat!(
     super::matmul::cuda_ggml_types!(),
     super::attention::cuda_attention_common!(),
+    super::gemm::cuda_mma_common!(),
     r#"
 #define FA_ROWS 64
 #define FA_KV 64
 #define FA_THREADS 128
 
-__device__ __forceinline__ unsigned int fa_smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 template <bool TRANS>
 __device__ __forceinline__ void fa_ldmatrix_x4(const unsigned short* p, unsigned int* r) {
     if (TRANS)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa_smem_addr(p)) : "memory");
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
     else
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa_smem_addr(p)) : "memory");
-}
-
-__device__ __forceinline__ void fa_mma(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned int fa_pack(float lo, float hi) {
-    unsigned int r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
 }
 
 template <int D>
@@ -108,7 +90,7 @@ __device__ void flash_rows(const float* __restrict__ q, const f16_bits* __restri
             a = qr[0];
             b = qr[1];
         }
-        *reinterpret_cast<unsigned int*>(ks + row * PITCH + c) = fa_pack(a, b);
+        *reinterpret_cast<unsigned int*>(ks + row * PITCH + c) = pack_f16(a, b);
     }
     __syncthreads();
     unsigned int qa[D / 16][4];
@@ -149,8 +131,8 @@ __device__ void flash_rows(const float* __restrict__ q, const f16_bits* __restri
             for (int np = 0; np < FA_KV / 16; ++np) {
                 unsigned int r[4];
                 fa_ldmatrix_x4<false>(ks + (np * 16 + (lane % 8) + 8 * (lane / 16)) * PITCH + kk * 16 + 8 * ((lane / 8) % 2), r);
-                fa_mma(sc[2 * np], qa[kk], r[0], r[1]);
-                fa_mma(sc[2 * np + 1], qa[kk], r[2], r[3]);
+                mma16816<false>(sc[2 * np], qa[kk], r[0], r[1]);
+                mma16816<false>(sc[2 * np + 1], qa[kk], r[2], r[3]);
             }
         // Causal mask, scale, and the running maximum of each row (a row's
         // 64 scores are spread over the four threads of a quad).
@@ -191,14 +173,14 @@ __device__ void flash_rows(const float* __restrict__ q, const f16_bits* __restri
                     p[u][c] = expf(sc[2 * kk + u][c] - mx[c / 2]);
                     l[c / 2] += p[u][c];
                 }
-            const unsigned int pa[4] = {fa_pack(p[0][0], p[0][1]), fa_pack(p[0][2], p[0][3]),
-                                        fa_pack(p[1][0], p[1][1]), fa_pack(p[1][2], p[1][3])};
+            const unsigned int pa[4] = {pack_f16(p[0][0], p[0][1]), pack_f16(p[0][2], p[0][3]),
+                                        pack_f16(p[1][0], p[1][1]), pack_f16(p[1][2], p[1][3])};
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 unsigned int r[4];
                 fa_ldmatrix_x4<true>(vs + (kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * PITCH + dp * 16 + 8 * (lane / 16), r);
-                fa_mma(o[2 * dp], pa, r[0], r[1]);
-                fa_mma(o[2 * dp + 1], pa, r[2], r[3]);
+                mma16816<false>(o[2 * dp], pa, r[0], r[1]);
+                mma16816<false>(o[2 * dp + 1], pa, r[2], r[3]);
             }
         }
     }
