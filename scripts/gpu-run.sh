@@ -39,7 +39,8 @@ for t in .gpu/tests/*; do
     wanted "$name" "$@" || continue
     echo "== test $name"
     start=$(date +%s)
-    timeout 300 "$t" --ignored --test-threads=1 --show-output 2>&1 | tee "$out/test-$name.log"
+    # The default model's test runs with the real model below.
+    timeout 300 "$t" --ignored --test-threads=1 --show-output --skip real_model_on_cuda 2>&1 | tee "$out/test-$name.log"
     rc=${PIPESTATUS[0]}
     (( rc == 0 )) || status=1
     summary+=("test $name: rc=$rc ($(( $(date +%s) - start )) s) $(grep -E '^test result' "$out/test-$name.log" | tail -n 1)")
@@ -117,10 +118,12 @@ My favorite food is
 The meaning of life is
 PROMPTS
         echo "greedy CPU vs CUDA on the real model: $same of $total identical over 32 tokens"
+        ENCORE_TEST_MODEL=$model timeout 300 .gpu/tests/cuda_engine --ignored --exact real_model_on_cuda_follows_the_cpu \
+            --show-output --test-threads=1
         timeout 120 .gpu/bin/encore bench --device cuda --model "$model" --repeats 5
         timeout 120 .gpu/bin/encore bench --device cuda --model "$model" --prompt-tokens 512 --gen-tokens 128 --repeats 5
     } 2>&1 | tee "$out/real-model.log"
-    summary+=("$(grep -E 'greedy CPU vs CUDA' "$out/real-model.log")")
+    summary+=("$(grep -E 'greedy CPU vs CUDA|fed the CPU|^test result' "$out/real-model.log")")
     summary+=("$(grep -E '^device' "$out/real-model.log" | sed 's/^/real model: /')")
 fi
 
@@ -148,6 +151,22 @@ if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]] && wanted nvtx "$@"; th
     unset ENCORE_CAPTURE ENCORE_CAPTURE_AT
     ranges=$(grep -cE "graph replay 3|fused_matmul|attention|rope" "$out/nvtx.log" 2>/dev/null)
     summary+=("nvtx capture: ${ranges:-0} matching lines (nvtx.log)")
+fi
+
+# Nsight Compute over a dozen kernels of replayed decode steps, when asked
+# for by name: each kernel's duration, occupancy and where its warps stall,
+# into ncu.log.
+if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]] && (( $# > 0 )) && wanted ncu "$@" && command -v ncu >/dev/null; then
+    echo "== ncu"
+    # Skips the prefill's and the first steps' launches: what follows are
+    # nodes of replayed decode graphs, profiled one kernel at a time.
+    timeout 300 ncu -k regex:'fused_matmul|attention_step|^matmul|argmax' --launch-skip 400 \
+        --launch-count ${ENCORE_NCU_KERNELS:-12} \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section MemoryWorkloadAnalysis \
+        .gpu/bin/encore generate --model "$ENCORE_SYNTHETIC_GGUF" --device cuda --temperature 0 --raw -n 16 hi \
+        >"$out/ncu.log" 2>&1
+    summary+=("ncu: $(grep -c 'Duration' "$out/ncu.log") kernels profiled (ncu.log)")
 fi
 
 # compute-sanitizer (memcheck and racecheck) over the CUDA runtime and op

@@ -7,18 +7,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# With --real-model, also split the default model into .gpu-model/ in two
-# parts small enough for two device calls (the device tool carries 64 MiB).
+# With --real-model, also split the default model into .gpu-model/ in four
+# parts, carried over three device calls beside .gpu (the device tool
+# carries 64 MiB a call).
 if [[ ${1:-} == --real-model ]]; then
     model=${ENCORE_REAL_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/encore/models/SmolLM2-135M-Instruct.Q4_1.gguf}
     [[ -f $model ]] || { echo "set ENCORE_REAL_MODEL to the default model's GGUF file" >&2; exit 1; }
     rm -rf .gpu-model && mkdir -p .gpu-model
-    split -b 33M -d "$model" .gpu-model/part-
+    split -b 24M -d "$model" .gpu-model/part-
     ls -l .gpu-model >&2
     cat <<'CALL'
 Then, right after each other (the machine keeps .gpu and the first part while warm):
   run(command="true", carry=[".gpu", ".gpu-model/part-00"])
-  run(command="bash .gpu/run.sh real", carry=[".gpu-model/part-01", ".gpu-model/part-02"])
+  run(command="true", carry=[".gpu-model/part-01", ".gpu-model/part-02"])
+  run(command="bash .gpu/run.sh real", carry=[".gpu-model/part-03"])
 CALL
 fi
 

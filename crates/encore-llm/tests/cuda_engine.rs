@@ -59,6 +59,142 @@ fn margin(logits: &[f32]) -> f32 {
 /// multiplies in f32, and the difference runs through every layer.
 const LOGITS_TOLERANCE: f32 = 0.03;
 
+/// What [`follow_cpu`] saw.
+struct Following {
+    /// Steps at which CUDA's greedy token was the CPU's.
+    agreed: usize,
+    /// Steps at which it was not, each at a near-tie in the CPU's logits.
+    close_calls: usize,
+    /// The largest logits relative error over the steps.
+    worst: f32,
+}
+
+/// Decodes `steps` tokens in every session (the CPU's first), each fed the
+/// CPU's greedy choice (teacher forcing), so that one near-tie cannot send
+/// the devices down different paths; starts from `token`. At every step the
+/// logits of the CUDA session (the second) must be within `tolerance` of
+/// the CPU's, every session's device argmax must be its host greedy choice,
+/// and CUDA may pick another token only where the CPU's best two logits are
+/// within twice the tolerance. `check` sees every step's logits of all
+/// sessions.
+fn follow_cpu(
+    sessions: &mut [Session],
+    mut token: u32,
+    steps: usize,
+    tolerance: f32,
+    mut check: impl FnMut(usize, &[Vec<f32>]),
+) -> Following {
+    let mut f = Following {
+        agreed: 0,
+        close_calls: 0,
+        worst: 0.0,
+    };
+    for step in 0..steps {
+        for s in sessions.iter_mut() {
+            s.step(token).unwrap();
+        }
+        let l: Vec<Vec<f32>> = sessions.iter().map(|s| s.logits().unwrap()).collect();
+        let err = relative_error(&l[1], &l[0]);
+        f.worst = f.worst.max(err);
+        assert!(err <= tolerance, "step {step}: logits differ by {err:.2e}");
+        check(step, &l);
+        for (s, l) in sessions.iter().zip(&l) {
+            assert_eq!(s.argmax().unwrap(), greedy(l), "step {step}: device argmax");
+        }
+        let (want, got) = (greedy(&l[0]), greedy(&l[1]));
+        if want == got {
+            f.agreed += 1;
+        } else {
+            f.close_calls += 1;
+            assert!(
+                margin(&l[0]) <= 2.0 * tolerance,
+                "step {step}: CUDA picked {got}, CPU {want} with a clear margin {:.2e}",
+                margin(&l[0])
+            );
+        }
+        token = want;
+    }
+    f
+}
+
+/// The default model, when `ENCORE_TEST_MODEL` names its file (the GPU
+/// machine cannot fetch it; `scripts/gpu-run.sh real` sets it). Raw prompts,
+/// CUDA fed the CPU's greedy tokens: logits within the tolerance at every
+/// step, the same token wherever the CPU's choice is not a near-tie.
+///
+/// Free-running greedy text is a weaker check across backends than it
+/// looks: the CPU quantizes every product's input to 8 bits, so a one-ulp
+/// difference anywhere (a different summation order, a different `expf`)
+/// flips some quantization steps and grows into different text within a
+/// few tokens; on the CPU alone, one-ulp noise in the products' outputs
+/// changes most 32-token continuations (BENCHMARKS.md, "Greedy agreement").
+/// [`LOGITS_TOLERANCE`] for the default model: its 30 layers carry the
+/// 8-bit activation error further than the synthetic model's (the first
+/// prompt's prefill logits differed by 4.95e-2 on an H200).
+const REAL_LOGITS_TOLERANCE: f32 = 0.1;
+
+#[test]
+#[ignore = "needs a CUDA GPU and ENCORE_TEST_MODEL; run with scripts/gpu-run.sh real"]
+fn real_model_on_cuda_follows_the_cpu() {
+    let path = std::env::var_os("ENCORE_TEST_MODEL")
+        .map(PathBuf::from)
+        .expect("ENCORE_TEST_MODEL names the default model's GGUF file");
+    let cpu = Engine::load(&path, &device("cpu", true)).unwrap();
+    let gpu = Engine::load(&path, &device("cuda", true)).unwrap();
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The quick brown fox",
+        "In 1969, the first",
+        "Water boils at",
+        "My favorite food is",
+        "The meaning of life is",
+    ];
+    let steps = 32;
+    let (mut agreed, mut close_calls, mut worst) = (0, 0, 0f32);
+    for prompt in prompts {
+        let tokens = cpu.prompt_tokens(prompt, true).unwrap();
+        let mut sessions = vec![
+            cpu.session(tokens.len() + steps + 1).unwrap(),
+            gpu.session(tokens.len() + steps + 1).unwrap(),
+        ];
+        let logits: Vec<Vec<f32>> = sessions
+            .iter_mut()
+            .map(|s| s.prefill(&tokens).unwrap())
+            .collect();
+        let err = relative_error(&logits[1], &logits[0]);
+        assert!(
+            err <= REAL_LOGITS_TOLERANCE,
+            "{prompt:?}: prefill logits differ by {err:.2e}"
+        );
+        let first = greedy(&logits[0]);
+        let f = follow_cpu(
+            &mut sessions,
+            first,
+            steps,
+            REAL_LOGITS_TOLERANCE,
+            |_, _| {},
+        );
+        eprintln!(
+            "{prompt:?}: {}/{steps} tokens equal ({} near-ties), worst logits relative error {:.2e}",
+            f.agreed, f.close_calls, f.worst.max(err)
+        );
+        agreed += f.agreed;
+        close_calls += f.close_calls;
+        worst = worst.max(f.worst).max(err);
+    }
+    let total = prompts.len() * steps;
+    println!(
+        "real model, CUDA fed the CPU's tokens: {agreed}/{total} greedy tokens equal \
+         ({close_calls} near-ties), worst logits relative error {worst:.2e}"
+    );
+    assert!(
+        agreed * 10 >= total * 9,
+        "only {agreed}/{total} greedy tokens equal"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
@@ -89,19 +225,8 @@ fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
 
     // Greedy decoding, every session fed the CPU's choice so that one close
     // call cannot send the devices down different paths.
-    let mut token = greedy(&logits[0]);
-    let (mut agreed, mut close_calls, mut worst) = (0, 0, 0f32);
-    for step in 0..steps {
-        for s in sessions.iter_mut() {
-            s.step(token).unwrap();
-        }
-        let l: Vec<Vec<f32>> = sessions.iter().map(|s| s.logits().unwrap()).collect();
-        let err = relative_error(&l[1], &l[0]);
-        worst = worst.max(err);
-        assert!(
-            err <= LOGITS_TOLERANCE,
-            "step {step}: logits differ by {err:.2e}"
-        );
+    let first = greedy(&logits[0]);
+    let follow = follow_cpu(&mut sessions, first, steps, LOGITS_TOLERANCE, |step, l| {
         // Replaying the unfused graph changes nothing; fusion folds the
         // norms into the products, which changes only f32 rounding.
         assert_eq!(
@@ -113,24 +238,8 @@ fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
             fused_err <= 1e-4,
             "step {step}: fused and unfused CUDA differ by {fused_err:.2e}"
         );
-        // The device-side argmax is the host's greedy choice over the same logits.
-        for (s, l) in sessions.iter().zip(&l) {
-            assert_eq!(s.argmax().unwrap(), greedy(l), "step {step}: device argmax");
-        }
-        let (want, got) = (greedy(&l[0]), greedy(&l[1]));
-        if want == got {
-            agreed += 1;
-        } else {
-            // Only a near-tie in the CPU's logits may pick another token.
-            close_calls += 1;
-            assert!(
-                margin(&l[0]) <= 2.0 * LOGITS_TOLERANCE,
-                "step {step}: CUDA picked {got}, CPU {want} with a clear margin {:.2e}",
-                margin(&l[0])
-            );
-        }
-        token = want;
-    }
+    });
+    let (agreed, close_calls, worst) = (follow.agreed, follow.close_calls, follow.worst);
     eprintln!(
         "decode: {agreed}/{steps} greedy tokens equal ({close_calls} near-ties), \
          worst logits relative error {worst:.2e}"
