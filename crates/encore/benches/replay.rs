@@ -63,5 +63,36 @@ fn replay_vs_eager(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, replay_vs_eager);
+/// Instantiating a recorded graph (its passes and the CPU executable) as
+/// the graph grows: the time per node should stay about flat, so that
+/// multi-step or 80-layer graphs are as cheap to prepare per node as one
+/// step of a small model.
+fn instantiate(c: &mut Criterion) {
+    let device = Device::cpu().expect("cpu");
+    let k = device
+        .load_kernel(&KernelDef::new("empty").cpu("empty", |_| Ok(())))
+        .expect("kernel");
+    let x = device.alloc(4096).expect("alloc");
+    let params = Params::new(&device, &["pos"]).expect("params");
+    let p = params.slot("pos").expect("slot");
+    let out = device.alloc(8 * 256).expect("alloc");
+    let views: Vec<Buffer> = (0..8)
+        .map(|i| out.view(i * 256, 256).expect("view"))
+        .collect();
+    let mut group = c.benchmark_group("instantiate");
+    for n in [155usize, 1240, 2480] {
+        let mut enc = device.encoder();
+        record(&mut enc, &k, &x, &p, &views, n);
+        let mut graph = enc.finish_graph().expect("graph");
+        graph.set_params(&params);
+        graph.mark_output(&out);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| graph.instantiate(&[]).expect("instantiate"));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, replay_vs_eager, instantiate);
 criterion_main!(benches);
