@@ -56,8 +56,9 @@ for b in .gpu/benches/*; do
     summary+=("bench $name: rc=$rc")
 done
 
-# Decode speed of the engine on CUDA: graph replay (the default), without
-# early launch, again with it (to see the run-to-run spread), eager steps,
+# Decode speed of the engine on CUDA: graph replay (the default), with the
+# kernels' generic code instead of shape-specialized variants, without
+# early launch, again with both (to see the run-to-run spread), eager steps,
 # and graph replay with per-dispatch GPU times.
 if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]]; then
     echo "== bench encore"
@@ -66,6 +67,8 @@ if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]]; then
         echo "-- graph replay"
         timeout 120 "${bench[@]}" 2>&1
         rc=$?
+        echo "-- graph replay, generic kernels (ENCORE_SPECIALIZE=0)"
+        ENCORE_SPECIALIZE=0 timeout 120 "${bench[@]}" 2>&1
         echo "-- graph replay, early launch off (ENCORE_EARLY_LAUNCH=0)"
         ENCORE_EARLY_LAUNCH=0 timeout 120 "${bench[@]}" 2>&1
         echo "-- graph replay again"

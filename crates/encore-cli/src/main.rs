@@ -324,6 +324,7 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
                     "after": shape_json(&g.after),
                     "fused": g.fused,
                     "removed": g.removed,
+                    "specialized": g.specialized,
                 })),
             })
         );
@@ -345,10 +346,11 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
         }
         if let Some(g) = &graph {
             println!(
-                "decode graph per token: recorded {}; after passes {} ({} fused)",
+                "decode graph per token: recorded {}; after passes {} ({} fused, {} specialized)",
                 shape_text(&g.before),
                 shape_text(&g.after),
-                g.fused
+                g.fused,
+                g.specialized
             );
         }
     }

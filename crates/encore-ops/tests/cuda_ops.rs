@@ -35,6 +35,17 @@ fn open(name: &str) -> Ops {
     Ops::new(&device).unwrap_or_else(|e| panic!("ops on {name}: {e}"))
 }
 
+/// CUDA ops whose graphs compile shape-specialized kernels, or not.
+fn open_cuda_specializing(specialize: bool) -> Ops {
+    let config = Config {
+        cache_dir: Some(cache_dir()),
+        specialize,
+        ..Config::default()
+    };
+    let device = Device::open("cuda", &config).unwrap_or_else(|e| panic!("device cuda: {e}"));
+    Ops::new(&device).unwrap_or_else(|e| panic!("ops on cuda: {e}"))
+}
+
 /// The CPU and the CUDA ops, in that order.
 fn both() -> [Ops; 2] {
     [open("cpu"), open("cuda")]
@@ -647,6 +658,44 @@ fn fused_block_graph_matches_unfused_and_cpu() {
             }
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn specialized_graph_kernels_match_their_generic_code() {
+    // The same fused block graph with every specializable kernel compiled
+    // for its shape and with the kernels' generic code: the arithmetic is
+    // the same, so only the compiler's freedom to reassociate differs;
+    // 1e-5 of the rms, plus one f16 step in the caches.
+    let seed = Rng::new().next();
+    let special = open_cuda_specializing(true);
+    let generic = open_cuda_specializing(false);
+    let names = ["residual", "attention", "k cache", "v cache"];
+    for dtype in DType::ALL {
+        for rows in [1usize, 3] {
+            let (a, a_stats) = block_graph(&special, seed, dtype, rows, true);
+            let (b, b_stats) = block_graph(&generic, seed, dtype, rows, true);
+            // The four fused products, and for one row the attention step
+            // (RoPE, the cache stores and multi-row attention are generic).
+            let expected = if rows == 1 { 5 } else { 4 };
+            assert_eq!(
+                a_stats.specialized, expected,
+                "{dtype} rows={rows}: {a_stats:?}"
+            );
+            assert_eq!(b_stats.specialized, 0);
+            assert_eq!(a_stats.after, b_stats.after);
+            for (i, name) in names.iter().enumerate() {
+                assert_close_to_rms(
+                    &format!("{dtype} rows={rows} {name} specialized vs generic"),
+                    &a[i],
+                    &b[i],
+                    1e-5,
+                    i >= 2,
+                );
+            }
+        }
+    }
+    println!("specialized graph kernels match their generic code (seed {seed:#x})");
 }
 
 /// One decode step's attention work recorded unfused (RoPE of q, RoPE and

@@ -15,6 +15,7 @@
 //! | `ENCORE_FUSION` | [`Config::fusion`] | `0` disables the graph fusion pass | `1` |
 //! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
 //! | `ENCORE_EARLY_LAUNCH` | [`Config::early_launch`] | `0` makes every graph edge wait for full completion | `1` |
+//! | `ENCORE_SPECIALIZE` | [`Config::specialize`] | `0` keeps graph nodes on their kernels' generic code | `1` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges (below) | unset |
@@ -89,6 +90,9 @@ pub struct Config {
     /// kernels it depends on finish (programmatic dependent launch, sm_90
     /// and later; ignored elsewhere).
     pub early_launch: bool,
+    /// Give graph nodes of kernels declared
+    /// [`crate::KernelDef::specializable`] a variant compiled for their shape.
+    pub specialize: bool,
     /// What to measure.
     pub profile: ProfileMode,
     /// Where compiled kernels persist; `None` disables the disk cache.
@@ -109,6 +113,7 @@ impl Default for Config {
             fusion: true,
             schedule: true,
             early_launch: true,
+            specialize: true,
             profile: ProfileMode::Off,
             cache_dir: default_cache_dir(),
             capture: None,
@@ -154,6 +159,9 @@ impl Config {
         }
         if let Some(v) = get("ENCORE_EARLY_LAUNCH") {
             c.early_launch = parse_bool("ENCORE_EARLY_LAUNCH", &v)?;
+        }
+        if let Some(v) = get("ENCORE_SPECIALIZE") {
+            c.specialize = parse_bool("ENCORE_SPECIALIZE", &v)?;
         }
         if let Some(v) = get("ENCORE_PROFILE") {
             c.profile = ProfileMode::parse(&v).ok_or_else(|| Error::Config {
@@ -215,11 +223,14 @@ mod tests {
             "ENCORE_THREADS" => Some("3".into()),
             "ENCORE_PROFILE" => Some("dispatches".into()),
             "ENCORE_EARLY_LAUNCH" => Some("0".into()),
+            "ENCORE_SPECIALIZE" => Some("off".into()),
             _ => None,
         })
         .unwrap();
         assert!(!c.early_launch);
         assert!(Config::default().early_launch);
+        assert!(!c.specialize);
+        assert!(Config::default().specialize);
         assert!(c.serial);
         assert_eq!(c.cpu_threads(), 3);
         assert_eq!(c.profile, ProfileMode::Dispatches);

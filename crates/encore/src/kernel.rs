@@ -38,6 +38,13 @@ pub type CpuFn = Arc<dyn Fn(&CpuArgs<'_>) -> std::result::Result<(), String> + S
 ///
 /// `encore_prefetch_l2(p)` asks for the 128-byte line at `p` in L2; it may
 /// run before the wait (it reads nothing into registers).
+///
+/// `encore_fix_value(v)` does nothing in a kernel compiled from its plain
+/// source. In a variant specialized for one value argument (see
+/// [`KernelDef::specializable`]) it overwrites `v` with the words that
+/// variant was compiled for, so the compiler sees every field as a
+/// constant: loops over a known length unroll, branches on the data type
+/// fold away and only the code of that one shape is left.
 pub const CUDA_PRELUDE: &str = r#"// Encore runtime prelude.
 __device__ __forceinline__ void encore_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -48,6 +55,16 @@ __device__ __forceinline__ void encore_grid_wait() {
 __device__ __forceinline__ void encore_prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
+#ifdef ENCORE_VALUE_WORDS
+template <typename T> __device__ __forceinline__ void encore_fix_value(T& v) {
+    const unsigned int words[] = ENCORE_VALUE_WORDS;
+    static_assert(sizeof(words) == sizeof(T), "specialized for a value of another size");
+#pragma unroll
+    for (unsigned int i = 0; i < sizeof(T) / 4; ++i) reinterpret_cast<unsigned int*>(&v)[i] = words[i];
+}
+#else
+template <typename T> __device__ __forceinline__ void encore_fix_value(T&) {}
+#endif
 // End of the Encore runtime prelude.
 "#;
 
@@ -68,6 +85,7 @@ pub struct KernelDef {
     cuda: Option<CudaSource>,
     options: Vec<String>,
     programmatic: bool,
+    specializable: bool,
 }
 
 impl fmt::Debug for KernelDef {
@@ -79,6 +97,7 @@ impl fmt::Debug for KernelDef {
             .field("cuda", &self.cuda.as_ref().map(|c| &c.entry))
             .field("options", &self.options)
             .field("programmatic", &self.programmatic)
+            .field("specializable", &self.specializable)
             .finish()
     }
 }
@@ -94,6 +113,7 @@ impl KernelDef {
             cuda: None,
             options: Vec::new(),
             programmatic: false,
+            specializable: false,
         }
     }
 
@@ -144,6 +164,45 @@ impl KernelDef {
     /// Whether [`KernelDef::programmatic`] was declared.
     pub fn is_programmatic(&self) -> bool {
         self.programmatic
+    }
+
+    /// Declares that the CUDA kernel takes exactly one value argument and
+    /// passes it to `encore_fix_value()` (from [`CUDA_PRELUDE`]) before
+    /// using it. Graph instantiation then replaces each such dispatch's
+    /// kernel by [`KernelDef::specialized`] for its value (unless
+    /// [`crate::Config::specialize`] is off): a variant with the shape
+    /// compiled in, cached by content like any other kernel.
+    pub fn specializable(mut self) -> KernelDef {
+        self.specializable = true;
+        self
+    }
+
+    /// Whether [`KernelDef::specializable`] was declared.
+    pub fn is_specializable(&self) -> bool {
+        self.specializable
+    }
+
+    /// The variant of a specializable kernel compiled for the value argument
+    /// `value`: the same definition with `ENCORE_VALUE_WORDS` defined as the
+    /// value's 32-bit words (a compile option, so part of the key). `None`
+    /// when the kernel is not specializable, has no CUDA source, or the value
+    /// is empty or not a whole number of words.
+    pub fn specialized(&self, value: &[u8]) -> Option<KernelDef> {
+        if !self.specializable
+            || self.cuda.is_none()
+            || value.is_empty()
+            || !value.len().is_multiple_of(4)
+        {
+            return None;
+        }
+        let words: Vec<String> = value
+            .chunks_exact(4)
+            .map(|w| format!("{:#x}u", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+            .collect();
+        Some(self.clone().option(format!(
+            "--define-macro=ENCORE_VALUE_WORDS={{{}}}",
+            words.join(",")
+        )))
     }
 
     /// Adds a compile option (such as `--use_fast_math`), part of the key.
@@ -363,5 +422,53 @@ impl KernelCache {
 
     pub(crate) fn len(&self) -> usize {
         self.map.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def() -> KernelDef {
+        KernelDef::new("k")
+            .cuda(
+                "extern \"C\" __global__ void k(unsigned int n) { encore_fix_value(n); }",
+                "k",
+            )
+            .specializable()
+    }
+
+    #[test]
+    fn a_specialized_variant_defines_the_value_words() {
+        let value = [1u32, 576, 0x3727_c5ac];
+        let v = def().specialized(bytemuck::cast_slice(&value)).unwrap();
+        assert_eq!(
+            v.options(),
+            ["--define-macro=ENCORE_VALUE_WORDS={0x1u,0x240u,0x3727c5acu}"]
+        );
+        assert_eq!(v.cuda_impl(), def().cuda_impl());
+        assert!(v.is_specializable() && v.name() == "k");
+        // Another value, another variant; the same value, the same one.
+        let other = def()
+            .specialized(bytemuck::cast_slice(&[1u32, 577, 0]))
+            .unwrap();
+        assert_ne!(v.options(), other.options());
+        assert_eq!(
+            def()
+                .specialized(bytemuck::cast_slice(&value))
+                .unwrap()
+                .options(),
+            v.options()
+        );
+    }
+
+    #[test]
+    fn only_declared_kernels_with_whole_words_specialize() {
+        assert!(def().specialized(&[1, 2, 3]).is_none());
+        assert!(def().specialized(&[]).is_none());
+        let plain = KernelDef::new("k").cuda("", "k");
+        assert!(plain.specialized(&[0; 4]).is_none());
+        let cpu_only = KernelDef::new("k").cpu("k v1", |_| Ok(())).specializable();
+        assert!(cpu_only.specialized(&[0; 4]).is_none());
     }
 }

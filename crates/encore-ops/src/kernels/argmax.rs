@@ -46,6 +46,7 @@ __device__ __forceinline__ void argmax_take(float& v, unsigned int& i, float ov,
 }
 
 extern "C" __global__ void argmax(const float* __restrict__ x, unsigned int* __restrict__ out, unsigned int n) {
+    encore_fix_value(n);
     encore_grid_wait();
     __shared__ float best_v[32];
     __shared__ unsigned int best_i[32];
@@ -102,6 +103,7 @@ pub fn def() -> KernelDef {
         })
         .cuda(ARGMAX_CUDA, "argmax")
         .programmatic()
+        .specializable()
 }
 
 #[cfg(test)]

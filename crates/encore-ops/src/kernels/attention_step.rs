@@ -241,6 +241,7 @@ __cluster_dims__(1, STEP_SPLITS, 1)
 attention_step(const float* __restrict__ q, const float* __restrict__ k_new, const float* __restrict__ v_new,
                f16_bits* __restrict__ kc, f16_bits* __restrict__ vc, const unsigned int* __restrict__ pos,
                float* __restrict__ out, AttnStepShape s) {
+    encore_fix_value(s);
     __shared__ StepScratch sh;
     const AttnShape& a = s.attn;
     const unsigned int tid = threadIdx.x, h = blockIdx.x;
@@ -411,4 +412,5 @@ pub fn def() -> KernelDef {
         })
         .cuda(ATTENTION_STEP_CUDA, "attention_step")
         .programmatic()
+        .specializable()
 }

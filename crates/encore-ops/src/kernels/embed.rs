@@ -65,6 +65,7 @@ __device__ __forceinline__ float embed_element(const unsigned char* __restrict__
 
 extern "C" __global__ void embed(const unsigned char* __restrict__ table, const unsigned int* __restrict__ tokens,
                                  float* __restrict__ y, EmbedShape s) {
+    encore_fix_value(s);
     encore_grid_wait();
     const unsigned int r = blockIdx.x;
     if (r >= s.rows) return;
@@ -114,4 +115,5 @@ pub fn def() -> KernelDef {
         })
         .cuda(EMBED_CUDA, "embed")
         .programmatic()
+        .specializable()
 }

@@ -144,6 +144,7 @@ extern "C" __global__ void
 fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const unsigned char* __restrict__ w0,
              const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
              float* y2, FusedShape s) {
+    encore_fix_value(s);
     const unsigned int lane = threadIdx.x & 31u;
     unsigned int col = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const unsigned char* const ws[3] = {w0, w1, w2};
@@ -286,4 +287,5 @@ pub fn def() -> KernelDef {
         .cpu("fused_matmul v1", run_cpu)
         .cuda(FUSED_CUDA, "fused_matmul")
         .programmatic()
+        .specializable()
 }

@@ -154,6 +154,7 @@ __device__ __forceinline__ void matmul_rows(const unsigned char* __restrict__ ro
 extern "C" __global__ void
 matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
        MatmulShape s) {
+    encore_fix_value(s);
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const unsigned char* row = w + (size_t)j * ggml_row_bytes(s.dtype, s.k);
@@ -531,4 +532,5 @@ pub fn def() -> KernelDef {
         .cpu("matmul v1", |a| cpu_matmul(a))
         .cuda(MATMUL_CUDA, "matmul")
         .programmatic()
+        .specializable()
 }

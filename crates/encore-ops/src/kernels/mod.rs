@@ -76,6 +76,13 @@ mod tests {
                 "{} never calls encore_grid_wait()",
                 def.name()
             );
+            assert!(
+                !def.is_specializable()
+                    || own.contains("encore_fix_value(s);")
+                    || own.contains("encore_fix_value(n);"),
+                "{} is specializable but never fixes its value",
+                def.name()
+            );
         }
     }
 }

@@ -38,6 +38,7 @@ struct NormShape {
 
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ y, NormShape s) {
+    encore_fix_value(s);
     encore_grid_wait();
     __shared__ double partial[32];
     __shared__ float scale_shared;
@@ -93,4 +94,5 @@ pub fn def() -> KernelDef {
         })
         .cuda(RMS_NORM_CUDA, "rms_norm")
         .programmatic()
+        .specializable()
 }

@@ -36,6 +36,32 @@ impl std::fmt::Debug for GraphExec {
     }
 }
 
+/// Gives every node whose kernel is [`crate::KernelDef::specializable`] the
+/// variant compiled for its value argument, on backends that compile source
+/// (the CPU's kernels are Rust functions, with nothing to specialize).
+/// Nodes of one shape share one variant (the kernel cache's content key).
+/// Returns how many nodes changed kernels.
+fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
+    if device.kind() != crate::BackendKind::Cuda {
+        return Ok(0);
+    }
+    let mut changed = 0;
+    for node in nodes {
+        let mut values = node.args.iter().filter_map(|a| match a {
+            NodeArg::Bytes(bytes) => Some(bytes),
+            NodeArg::Buffer(..) => None,
+        });
+        let (Some(value), None) = (values.next(), values.next()) else {
+            continue;
+        };
+        if let Some(def) = node.kernel.def().specialized(value) {
+            node.kernel = device.load_kernel(&def)?;
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
 impl GraphExec {
     pub(crate) fn build(
         graph: &Graph,
@@ -57,7 +83,12 @@ impl GraphExec {
             (nodes, 0)
         };
         let schedule = passes::schedule(&nodes, options.schedule);
-        let nodes: Vec<Node> = schedule.order.iter().map(|&i| nodes[i].clone()).collect();
+        let mut nodes: Vec<Node> = schedule.order.iter().map(|&i| nodes[i].clone()).collect();
+        let specialized = if options.specialize {
+            specialize(&device, &mut nodes)?
+        } else {
+            0
+        };
 
         let mut program = Program::default();
         for node in &nodes {
@@ -102,6 +133,7 @@ impl GraphExec {
             after: GraphShape::new(nodes.len(), program.edges.len(), &program.group_ends),
             fused,
             removed,
+            specialized,
         };
         let program = Arc::new(program);
         let executable = device.backend().instantiate(program.clone())?;

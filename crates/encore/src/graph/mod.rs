@@ -156,6 +156,8 @@ pub struct GraphStats {
     pub fused: usize,
     /// Nodes removed because nothing read their outputs.
     pub removed: usize,
+    /// Nodes given a kernel variant compiled for their shape.
+    pub specialized: usize,
 }
 
 /// A recorded sequence of dispatches.
@@ -209,6 +211,7 @@ impl Graph {
             fusion: config.fusion,
             remove_dead: true,
             schedule: config.schedule,
+            specialize: config.specialize,
         };
         GraphExec::build(self, patterns, options)
     }

@@ -13,6 +13,9 @@ pub struct Options {
     pub fusion: bool,
     pub remove_dead: bool,
     pub schedule: bool,
+    /// Compile specializable kernels for each node's shape (see
+    /// [`crate::KernelDef::specializable`]).
+    pub specialize: bool,
 }
 
 /// Builds the fused node for a matched group, or declines with `None`.

@@ -278,6 +278,12 @@ impl Backend for CudaBackend {
                 log: "declared programmatic, but the source never calls encore_grid_wait()".into(),
             });
         }
+        if def.is_specializable() && !own.contains("encore_fix_value(") {
+            return Err(Error::Compile {
+                kernel: def.name().to_string(),
+                log: "declared specializable, but the source never calls encore_fix_value()".into(),
+            });
+        }
         let path = self.cache_path(def);
         if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             match self.load(def, &image, &source.entry) {
