@@ -142,7 +142,7 @@ impl Product {
         Some(Node {
             kernel: kernel.clone(),
             args,
-            launch: matmul::cuda_launch(self.shape.columns()),
+            launch: matmul::cuda_launch(self.shape.warps()),
             label: self.label.into(),
         })
     }

@@ -185,7 +185,12 @@ impl Ops {
             .with_shared(gemm::cuda_shared_bytes(w.dtype));
             return enc.dispatch(&self.gemm, &args, launch, label);
         }
-        enc.dispatch(&self.matmul, &args, matmul::cuda_launch(w.n as u32), label)
+        enc.dispatch(
+            &self.matmul,
+            &args,
+            matmul::cuda_launch(matmul::cuda_warps(rows as u32, w.n as u32)),
+            label,
+        )
     }
 
     /// Rotates `rows` rows of `heads` heads in place, positions from `pos`.

@@ -59,15 +59,32 @@ impl FusedShape {
             self.n.iter().take(self.weights as usize).sum()
         }
     }
+
+    /// Warps of the CUDA kernel: each weight's columns in warps of
+    /// [`super::matmul::cuda_warps`].
+    pub fn warps(&self) -> u32 {
+        let warps = |n| super::matmul::cuda_warps(self.rows, n);
+        if self.epilogue == EPILOGUE_SWIGLU {
+            warps(self.n[0])
+        } else {
+            self.n
+                .iter()
+                .take(self.weights as usize)
+                .map(|&n| warps(n))
+                .sum()
+        }
+    }
 }
 
-/// CUDA: one warp per output column, four warps a block, as `matmul`. In
-/// the store and accumulate epilogues the columns of all weights are laid
-/// end to end, so one launch covers Q, K and V; in the SwiGLU epilogue warp
-/// `j` takes row `j` of both the gate and the up weights (two warps a
-/// column, meeting in shared memory, measured slower on an H200: 4.0 against
-/// 5.7 µs for SmolLM2's FFN). The accumulate epilogue loads the residual
-/// before the dot product, so its latency overlaps it.
+/// CUDA: four warps a block, as `matmul`; for one activation row each warp
+/// computes [`super::matmul::CUDA_COLUMNS_PER_WARP`] output columns from one
+/// load of the input, for more rows one column. In the store and accumulate
+/// epilogues the warps of all weights are laid end to end, so one launch
+/// covers Q, K and V; in the SwiGLU epilogue a warp takes the same columns
+/// of the gate and the up weights, loaded in one pass. (Two warps a column,
+/// meeting in shared memory, measured slower on an H200: 4.0 against 5.7 µs
+/// for SmolLM2's FFN.) The accumulate epilogue loads the residual before
+/// the dot product, so its latency overlaps it.
 const FUSED_CUDA: &str = concat!(
     cuda_ggml_types!(),
     cuda_matmul_dots!(),
@@ -140,50 +157,103 @@ __device__ void fused_rows(const Column& c, const float* __restrict__ x, const f
     }
 }
 
+// One activation row (decode): the warp's `cols` columns from `c.j` on
+// (MM_COLS at most), the input loaded once for all of them, and in the
+// SwiGLU epilogue for the gate and the up rows together. Lane i stores
+// column c.j + i.
+template <bool NORM>
+__device__ void fused_cols(const Column& c, unsigned int cols, unsigned long long row_bytes,
+                           unsigned long long row_bytes2, const float* __restrict__ x, const float* __restrict__ g,
+                           const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
+    const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
+    // Gate rows then up rows when both have one type, so one pass loads both.
+    const bool together = swiglu && c.dtype2 == c.dtype;
+    const unsigned char* rows[2 * MM_COLS];
+    float acc[2 * MM_COLS], sq = 0.f, sq2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < MM_COLS; ++i) {
+        // A missing column repeats the last one; its sum is not stored.
+        const unsigned int j = min((unsigned int)i, cols - 1);
+        rows[i] = c.row + j * row_bytes;
+        rows[MM_COLS + i] = c.row2 + j * row_bytes2;
+        acc[i] = acc[MM_COLS + i] = 0.f;
+    }
+    // The residual an accumulating product adds to, loaded before the dot
+    // product so that its latency overlaps it.
+    float old = 0.f;
+    if (s.epilogue == EPILOGUE_ACCUMULATE && lane < cols) old = c.y[c.j + lane];
+    if (together) {
+        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq);
+    } else {
+        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq);
+        if (swiglu) dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, s.k, lane, x16, vec_float2, acc + MM_COLS, sq2);
+    }
+    const float inv = NORM ? 1.0f / sqrtf(warp_sum(sq) / (float)s.k + s.eps) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < MM_COLS; ++i) {
+        float v = warp_sum(acc[i]);
+        float up = swiglu ? warp_sum(acc[MM_COLS + i]) : 0.f;
+        if (NORM) {
+            v *= inv;
+            up *= inv;
+        }
+        if (lane == (unsigned int)i && (unsigned int)i < cols) {
+            float* out = c.y + c.j + i;
+            if (swiglu) *out = __fmul_rn(silu(v), up);
+            else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old + v;
+            else *out = v;
+        }
+    }
+}
+
 extern "C" __global__ void
 fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const unsigned char* __restrict__ w0,
              const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
              float* y2, FusedShape s) {
     encore_fix_value(s);
     const unsigned int lane = threadIdx.x & 31u;
-    unsigned int col = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const unsigned char* const ws[3] = {w0, w1, w2};
     float* const ys[3] = {y0, y1, y2};
-    Column c;
+    const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;
     unsigned int i = 0;
     bool live;
     if (s.epilogue != EPILOGUE_SWIGLU) {
-        // Find the weight whose columns hold `col`.
+        // Find the weight whose warps hold this one.
         const unsigned int weights = min(s.weights, 3u);
-        while (i < weights && col >= s.n[i]) col -= s.n[i++];
+        while (i < weights && warp >= product_warps(s.rows, s.n[i])) warp -= product_warps(s.rows, s.n[i++]);
         live = i < weights;
     } else {
-        live = col < s.n[0];
+        live = warp < product_warps(s.rows, s.n[0]);
     }
+    if (!live) i = 0;  // an index in bounds; the warp has no columns
+    const unsigned int j0 = warp * per_warp;
+    const unsigned int cols = live ? min(per_warp, s.n[i] - j0) : 0;
+    const unsigned long long row_bytes = ggml_row_bytes(s.dtype[i], s.k), row_bytes2 = ggml_row_bytes(s.dtype[1], s.k);
     // The weights are read-only: fetch this warp's rows into L2 while the
     // previous kernel finishes.
-    if (live) {
-        prefetch_row(ws[i] + (size_t)col * ggml_row_bytes(s.dtype[i], s.k), ggml_row_bytes(s.dtype[i], s.k), lane);
-        if (s.epilogue == EPILOGUE_SWIGLU)
-            prefetch_row(w1 + (size_t)col * ggml_row_bytes(s.dtype[1], s.k), ggml_row_bytes(s.dtype[1], s.k), lane);
+    for (unsigned int c = 0; c < cols; ++c) {
+        prefetch_row(ws[i] + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
+        if (s.epilogue == EPILOGUE_SWIGLU) prefetch_row(w1 + (size_t)(j0 + c) * row_bytes2, row_bytes2, lane);
     }
     encore_grid_wait();
     if (!live) return;  // the whole warp leaves together
-    c.j = col;
+    Column c;
+    c.j = j0;
     c.n = s.n[i];
     c.dtype = s.dtype[i];
     c.dtype2 = s.dtype[1];
     c.y = ys[i];
-    c.row = ws[i] + (size_t)col * ggml_row_bytes(s.dtype[i], s.k);
-    c.row2 = w1 + (size_t)col * ggml_row_bytes(s.dtype[1], s.k);
+    c.row = ws[i] + (size_t)j0 * row_bytes;
+    c.row2 = w1 + (size_t)j0 * row_bytes2;
     const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
     const bool vec_float = x16 && ((size_t)ws[i] & 15u) == 0 && s.k % 8 == 0;
     const bool vec_float2 = x16 && ((size_t)w1 & 15u) == 0 && s.k % 8 == 0;
     if (s.norm) {
-        if (s.rows == 1) fused_rows<true, 1>(c, x, g, s, lane, x16, vec_float, vec_float2);
+        if (s.rows == 1) fused_cols<true>(c, cols, row_bytes, row_bytes2, x, g, s, lane, x16, vec_float, vec_float2);
         else fused_rows<true, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
     } else {
-        if (s.rows == 1) fused_rows<false, 1>(c, x, g, s, lane, x16, vec_float, vec_float2);
+        if (s.rows == 1) fused_cols<false>(c, cols, row_bytes, row_bytes2, x, g, s, lane, x16, vec_float, vec_float2);
         else fused_rows<false, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
     }
 }

@@ -110,14 +110,15 @@ pub struct MatmulShape {
     pub dtype: u32,
 }
 
-/// CUDA: one warp per output column `j` (weight row), four warps a block.
-/// Each warp reads its input itself: staging it in shared memory once per
-/// block measured slower (the barrier puts a second memory round trip on
-/// the path of every warp, H200: SmolLM2's head 20.7 → 24.9 µs).
-/// The warp walks the weight row once per tile of up to four activation
-/// rows (a tile of one row, compiled separately, for decode), dequantizing
-/// each weight in registers and multiplying it with the f32 activations of
-/// every row in the tile; the lanes' partial sums meet in a warp reduction.
+/// CUDA: four warps a block. For one activation row (decode) each warp
+/// computes [`CUDA_COLUMNS_PER_WARP`] output columns (weight rows) from one
+/// load of the activations; for more rows, one column, walking the weight
+/// row once per tile of up to four activation rows. Weights are dequantized
+/// in registers and multiplied with f32 activations; the lanes' partial sums
+/// meet in a warp reduction. Each warp reads its input itself: staging it in
+/// shared memory once per block measured slower (the barrier puts a second
+/// memory round trip on the path of every warp, H200: SmolLM2's head 20.7 →
+/// 24.9 µs).
 /// The per-type dot products live in [`cuda_matmul_dots`], shared with the
 /// fused kernels.
 const MATMUL_CUDA: &str = concat!(
@@ -151,22 +152,47 @@ __device__ __forceinline__ void matmul_rows(const unsigned char* __restrict__ ro
     }
 }
 
+// One activation row: the warp's `cols` columns from `j0` on, the
+// activations loaded once for all of them. Lane c stores column j0 + c.
+__device__ __forceinline__ void matmul_cols(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                                            float* __restrict__ y, const MatmulShape& s, unsigned int j0,
+                                            unsigned int cols, unsigned int lane, bool x16, bool vec_float) {
+    const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
+    const unsigned char* rows[MM_COLS];
+    float acc[MM_COLS], sq = 0.f;
+#pragma unroll
+    for (int c = 0; c < MM_COLS; ++c) {
+        // A missing column repeats the last one; its sum is not stored.
+        rows[c] = w + (size_t)(j0 + min((unsigned int)c, cols - 1)) * row_bytes;
+        acc[c] = 0.f;
+    }
+    dot_cols<false, MM_COLS>(s.dtype, rows, x, nullptr, s.k, lane, x16, vec_float, acc, sq);
+#pragma unroll
+    for (int c = 0; c < MM_COLS; ++c) {
+        const float v = warp_sum(acc[c]);
+        if (lane == (unsigned int)c && (unsigned int)c < cols) y[j0 + c] = v;
+    }
+}
+
 extern "C" __global__ void
 matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
        MatmulShape s) {
     encore_fix_value(s);
     const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const unsigned char* row = w + (size_t)j * ggml_row_bytes(s.dtype, s.k);
-    // The weights are read-only: fetch this warp's row into L2 while the
+    const unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;
+    const unsigned int j0 = warp * per_warp;
+    const unsigned int cols = j0 < s.n ? min(per_warp, s.n - j0) : 0;
+    const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
+    // The weights are read-only: fetch this warp's rows into L2 while the
     // previous kernel finishes.
-    if (j < s.n) prefetch_row(row, ggml_row_bytes(s.dtype, s.k), lane);
+    for (unsigned int c = 0; c < cols; ++c) prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
     encore_grid_wait();
-    if (j >= s.n) return;  // the whole warp leaves together
+    if (cols == 0) return;  // the whole warp leaves together
     const bool x16 = ((size_t)x & 15u) == 0;
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
-    if (s.rows == 1) matmul_rows<1>(row, x, y, s, j, lane, x16, vec_float);
-    else matmul_rows<4>(row, x, y, s, j, lane, x16, vec_float);
+    if (s.rows == 1) matmul_cols(w, x, y, s, j0, cols, lane, x16, vec_float);
+    else matmul_rows<4>(w + (size_t)j0 * row_bytes, x, y, s, j0, lane, x16, vec_float);
 }
 "#
 );
@@ -196,6 +222,7 @@ macro_rules! cuda_matmul_dots {
     () => {
         r#"
 #define MM_STEPS 4
+#define MM_COLS 1
 
 // Asks for the 128-byte lines of `bytes` bytes at `row` in L2, spread over the warp's lanes.
 __device__ __forceinline__ void prefetch_row(const unsigned char* row, unsigned long long bytes, unsigned int lane) {
@@ -469,19 +496,156 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
             break;
     }
 }
+
+// Q4_0, Q4_1 and Q8_0: per-lane partial dot products of N weight rows
+// (`rows[c]`) with one activation row, whose elements each lane loads once
+// for all N rows (and, with NORM, multiplies by `g` and squares into `sq`).
+// Lane layout and arithmetic as in dot_q4 and dot_q8_0; every weight load of
+// a step group is issued before the activations are used.
+template <unsigned int TYPE, bool VEC, bool NORM, int N>
+__device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows, const float* __restrict__ x,
+                                               const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                               float* acc, float& sq) {
+    const unsigned int bytes = TYPE == GGML_Q4_1 ? 20u : TYPE == GGML_Q4_0 ? 18u : 34u;
+    const unsigned int nb = k / 32, sub = lane & 3;
+    for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
+        // Scale words and codes of each row and step (Q8_0: 8 codes in lo and hi; Q4: 8 nibbles in lo).
+        unsigned int head[N][MM_STEPS], lo[N][MM_STEPS], hi[N][MM_STEPS];
+#pragma unroll
+        for (int c = 0; c < N; ++c) {
+#pragma unroll
+            for (int u = 0; u < MM_STEPS; ++u) {
+                const unsigned int b = b0 + 8 * u;
+                head[c][u] = lo[c][u] = hi[c][u] = 0u;
+                if (b < nb) {
+                    const unsigned char* blk = rows[c] + (size_t)b * bytes;
+                    const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+                    if (TYPE == GGML_Q4_1) {
+                        head[c][u] = *reinterpret_cast<const unsigned int*>(blk);
+                        lo[c][u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
+                    } else if (TYPE == GGML_Q4_0) {
+                        head[c][u] = h[0];
+                        lo[c][u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
+                    } else {
+                        head[c][u] = h[0];
+                        lo[c][u] = (unsigned int)h[1 + 4 * sub] | ((unsigned int)h[2 + 4 * sub] << 16);
+                        hi[c][u] = (unsigned int)h[3 + 4 * sub] | ((unsigned int)h[4 + 4 * sub] << 16);
+                    }
+                }
+            }
+        }
+        // The lane's 8 activations of each step and their sum.
+        float xv[MM_STEPS][8], sx[MM_STEPS];
+#pragma unroll
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            sx[u] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[u][i] = 0.f;
+            if (b < nb) {
+                const unsigned int e = b * 32 + (TYPE == GGML_Q8_0 ? 8 * sub : 4 * sub);
+                const unsigned int e2 = e + (TYPE == GGML_Q8_0 ? 4 : 16);
+                load_x4<VEC, NORM>(x + e, g + e, xv[u], sq);
+                load_x4<VEC, NORM>(x + e2, g + e2, xv[u] + 4, sq);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) sx[u] += xv[u][i] + xv[u][4 + i];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MM_STEPS; ++u) {
+            if (b0 + 8 * u >= nb) break;
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                const float d = f16_to_f32((f16_bits)(head[c][u] & 0xffffu));
+                if (TYPE == GGML_Q8_0) {
+                    float dot = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const unsigned int word = i < 4 ? lo[c][u] : hi[c][u];
+                        dot = fmaf((float)(signed char)((word >> (8 * (i & 3))) & 0xffu), xv[u][i], dot);
+                    }
+                    acc[c] = fmaf(d, dot, acc[c]);
+                } else {
+                    float nx = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        nx = fmaf((float)((lo[c][u] >> (8 * i)) & 15u), xv[u][i], nx);
+                        nx = fmaf((float)((lo[c][u] >> (8 * i + 4)) & 15u), xv[u][4 + i], nx);
+                    }
+                    if (TYPE == GGML_Q4_1) acc[c] += fmaf(d, nx, f16_to_f32((f16_bits)(head[c][u] >> 16)) * sx[u]);
+                    else acc[c] += d * fmaf(-8.f, sx[u], nx);
+                }
+            }
+        }
+    }
+}
+
+// N weight rows of type `dtype` against one activation row (decode): the
+// quantized types load the activations once for all rows; float weights
+// take the rows one at a time. `sq` gets the squares of the activations
+// once (with NORM).
+template <bool NORM, int N>
+__device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char* const* rows,
+                                         const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
+                                         unsigned int lane, bool x16, bool vec_float, float* acc, float& sq) {
+    switch (dtype) {
+        case GGML_Q4_1:
+            if (x16) dot_cols_quant<GGML_Q4_1, true, NORM, N>(rows, x, g, k, lane, acc, sq);
+            else dot_cols_quant<GGML_Q4_1, false, NORM, N>(rows, x, g, k, lane, acc, sq);
+            return;
+        case GGML_Q4_0:
+            if (x16) dot_cols_quant<GGML_Q4_0, true, NORM, N>(rows, x, g, k, lane, acc, sq);
+            else dot_cols_quant<GGML_Q4_0, false, NORM, N>(rows, x, g, k, lane, acc, sq);
+            return;
+        case GGML_Q8_0:
+            if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, acc, sq);
+            else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, acc, sq);
+            return;
+        default:
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                float other = 0.f;
+                dot_row<NORM, 1>(dtype, rows[c], x, g, k, 1, lane, x16, vec_float, acc + c, c == 0 ? &sq : &other);
+            }
+            return;
+    }
+}
+
+// The warps of a product over `n` columns: MM_COLS columns a warp for one
+// activation row, one column a warp (with tiles of rows) for more.
+__device__ __forceinline__ unsigned int product_warps(unsigned int rows, unsigned int n) {
+    return rows == 1 ? (n + MM_COLS - 1) / MM_COLS : n;
+}
 "#
     };
 }
 pub(crate) use cuda_matmul_dots;
 
-/// Output columns per CUDA block (one warp each).
-pub const CUDA_COLUMNS_PER_BLOCK: u32 = 4;
+/// Warps per CUDA block of the decode-shaped products.
+pub const CUDA_WARPS_PER_BLOCK: u32 = 4;
 
-/// The CUDA launch of a product run by `columns` warps (one per weight row).
-pub fn cuda_launch(columns: u32) -> encore::Launch {
+/// Output columns a warp computes for one activation row (`MM_COLS` in
+/// the CUDA source). More columns a warp load the activations fewer times
+/// and make each product faster in a chain of identical products, but the
+/// decode step slower: SmolLM2 on an H200, device µs per token with 1, 2
+/// and 4 columns a warp: 454.8, 569.8, 730.8 (fewer, longer warps).
+pub const CUDA_COLUMNS_PER_WARP: u32 = 1;
+
+/// The warps of a product of `rows` activation rows and `n` output columns
+/// (`product_warps` in the CUDA source).
+pub fn cuda_warps(rows: u32, n: u32) -> u32 {
+    if rows == 1 {
+        n.div_ceil(CUDA_COLUMNS_PER_WARP)
+    } else {
+        n
+    }
+}
+
+/// The CUDA launch of a product run by `warps` warps.
+pub fn cuda_launch(warps: u32) -> encore::Launch {
     encore::Launch::new(
-        columns.div_ceil(CUDA_COLUMNS_PER_BLOCK).max(1),
-        32 * CUDA_COLUMNS_PER_BLOCK,
+        warps.div_ceil(CUDA_WARPS_PER_BLOCK).max(1),
+        32 * CUDA_WARPS_PER_BLOCK,
     )
 }
 
@@ -533,4 +697,19 @@ pub fn def() -> KernelDef {
         .cuda(MATMUL_CUDA, "matmul")
         .programmatic()
         .specializable()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launch geometry and the kernels agree on how many columns a warp takes.
+    #[test]
+    fn rust_and_cuda_agree_on_columns_per_warp() {
+        let define = format!("#define MM_COLS {CUDA_COLUMNS_PER_WARP}\n");
+        assert!(MATMUL_CUDA.contains(&define));
+        assert_eq!(cuda_warps(1, 9), 9u32.div_ceil(CUDA_COLUMNS_PER_WARP));
+        assert_eq!(cuda_warps(3, 9), 9);
+        assert_eq!(cuda_launch(9).grid[0], 9u32.div_ceil(CUDA_WARPS_PER_BLOCK));
+    }
 }
