@@ -621,7 +621,9 @@ __device__ __forceinline__ unsigned int product_warps(unsigned int rows, unsigne
 }
 pub(crate) use cuda_matmul_dots;
 
-/// Warps per CUDA block of the decode-shaped products.
+/// Warps per CUDA block of the decode-shaped products (SmolLM2 on an
+/// H200, device µs per token with 2, 4 and 8 warps a block: 475.7, 455.1,
+/// 459.6).
 pub const CUDA_WARPS_PER_BLOCK: u32 = 4;
 
 /// Output columns a warp computes for one activation row (`MM_COLS` in
