@@ -10,7 +10,10 @@
 //! - [`passes::fuse`]: pattern-table fusion of dataflow chains into one kernel;
 //! - [`passes::remove_dead`]: removal of nodes whose outputs nothing reads;
 //! - [`passes::schedule`]: whole-graph scheduling into as few concurrent
-//!   groups as the dependencies allow, which is also minimal barrier placement.
+//!   groups as the dependencies allow, which is also minimal barrier placement;
+//! - specialization: on CUDA, a node whose kernel is
+//!   [`KernelDef::specializable`](crate::KernelDef::specializable) gets the
+//!   variant compiled for its shape (its value argument as constants).
 //!
 //! [`Graph::instantiate`] builds a backend executable (ordered concurrent
 //! groups on CPU, a native graph with real edges on CUDA) that owns every
