@@ -68,6 +68,9 @@ template <typename T> __device__ __forceinline__ void encore_fix_value(T&) {}
 // End of the Encore runtime prelude.
 "#;
 
+/// The compile option that makes a specialized variant (see [`KernelDef::specialized`]).
+const VALUE_WORDS_OPTION: &str = "--define-macro=ENCORE_VALUE_WORDS=";
+
 /// CUDA C source and the name of its `extern "C" __global__` entry point.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CudaSource {
@@ -199,10 +202,10 @@ impl KernelDef {
             .chunks_exact(4)
             .map(|w| format!("{:#x}u", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
             .collect();
-        Some(self.clone().option(format!(
-            "--define-macro=ENCORE_VALUE_WORDS={{{}}}",
-            words.join(",")
-        )))
+        // Specializing a variant again replaces its value.
+        let mut def = self.clone();
+        def.options.retain(|o| !o.starts_with(VALUE_WORDS_OPTION));
+        Some(def.option(format!("{VALUE_WORDS_OPTION}{{{}}}", words.join(","))))
     }
 
     /// Adds a compile option (such as `--use_fast_math`), part of the key.
