@@ -13,7 +13,7 @@ use crate::device::Device;
 use crate::encoder::Retained;
 use crate::error::{Error, Result};
 use crate::submission::{InFlight, Submission};
-use crate::Label;
+use crate::{Kernel, Label};
 
 struct ExecInner {
     device: Device,
@@ -39,14 +39,22 @@ impl std::fmt::Debug for GraphExec {
 /// Gives every node whose kernel is [`crate::KernelDef::specializable`] the
 /// variant compiled for its value argument, on backends that compile source
 /// (the CPU's kernels are Rust functions, with nothing to specialize).
-/// Nodes of one shape share one variant (the kernel cache's content key).
-/// Returns how many nodes changed kernels.
+/// Nodes of one shape share one variant, compiled once. Returns how many
+/// nodes changed kernels.
 fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
     if device.kind() != crate::BackendKind::Cuda {
         return Ok(0);
     }
-    let mut changed = 0;
-    for node in nodes {
+    specialize_nodes(device, nodes)
+}
+
+/// [`specialize`] on any backend.
+fn specialize_nodes(device: &Device, nodes: &mut [Node]) -> Result<usize> {
+    // The variant each node wants, as an index into `variants`.
+    let mut variants: Vec<crate::KernelDef> = Vec::new();
+    let mut index: HashMap<(crate::KernelKey, Vec<String>), usize> = HashMap::new();
+    let mut wants: Vec<(usize, usize)> = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
         let mut values = node.args.iter().filter_map(|a| match a {
             NodeArg::Bytes(bytes) => Some(bytes),
             NodeArg::Buffer(..) => None,
@@ -54,12 +62,24 @@ fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
         let (Some(value), None) = (values.next(), values.next()) else {
             continue;
         };
-        if let Some(def) = node.kernel.def().specialized(value) {
-            node.kernel = device.load_kernel(&def)?;
-            changed += 1;
-        }
+        let Some(def) = node.kernel.def().specialized(value) else {
+            continue;
+        };
+        let key = (node.kernel.key().clone(), def.options().to_vec());
+        let v = *index.entry(key).or_insert_with(|| {
+            variants.push(def);
+            variants.len() - 1
+        });
+        wants.push((n, v));
     }
-    Ok(changed)
+    let kernels = variants
+        .iter()
+        .map(|def| device.load_kernel(def))
+        .collect::<Result<Vec<Kernel>>>()?;
+    for &(n, v) in &wants {
+        nodes[n].kernel = kernels[v].clone();
+    }
+    Ok(wants.len())
 }
 
 impl GraphExec {
@@ -283,5 +303,73 @@ impl GraphCache {
     /// Drops every cached executable (in-flight replays keep theirs alive).
     pub fn clear(&self) {
         self.map.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{Arg, Config, KernelDef, Launch};
+
+    /// Nodes of one shape share one variant, other shapes get their own, and
+    /// kernels that are not specializable keep theirs. (On the CPU the
+    /// variants are the same Rust body under another key, which is enough
+    /// to see which node got which.)
+    #[test]
+    fn nodes_get_one_variant_per_shape() {
+        let device = Device::open("cpu", &Config::default()).unwrap();
+        let body = |a: &crate::CpuArgs<'_>| {
+            let v: u32 = a.scalar(1)?;
+            a.write::<u32>(0)?[0] = v;
+            Ok(())
+        };
+        let source = "extern \"C\" __global__ void k(unsigned int* y, unsigned int v) { encore_fix_value(v); }";
+        let special = device
+            .load_kernel(
+                &KernelDef::new("k")
+                    .cpu("k v1", body)
+                    .cuda(source, "k")
+                    .specializable(),
+            )
+            .unwrap();
+        let plain = device
+            .load_kernel(&KernelDef::new("p").cpu("p v1", body).cuda(source, "p"))
+            .unwrap();
+        let out = device.alloc(4 * 5).unwrap();
+        let mut enc = device.encoder();
+        for (i, (kernel, value)) in [
+            (&special, 7u32),
+            (&special, 9),
+            (&special, 7),
+            (&plain, 7),
+            (&special, 9),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let y = out.view(4 * i, 4).unwrap();
+            enc.dispatch(
+                kernel,
+                &[Arg::write(&y), Arg::value(&value)],
+                Launch::new(1, 1),
+                "n",
+            )
+            .unwrap();
+        }
+        let (mut nodes, _, _) = enc.finish_graph().unwrap().into_parts();
+        let compiles = device.counters().kernel_compiles;
+        assert_eq!(specialize_nodes(&device, &mut nodes).unwrap(), 4);
+        assert_eq!(
+            device.counters().kernel_compiles - compiles,
+            2,
+            "one compile per shape"
+        );
+        let k: Vec<&Kernel> = nodes.iter().map(|n| &n.kernel).collect();
+        assert!(k[0].same(k[2]) && k[1].same(k[4]) && !k[0].same(k[1]));
+        assert!(k[3].same(&plain) && !k[0].same(&special));
+        assert!(k[0].def().options()[0].ends_with("={0x7u}"));
+        assert!(k[1].def().options()[0].ends_with("={0x9u}"));
     }
 }
