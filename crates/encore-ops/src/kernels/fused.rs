@@ -51,7 +51,7 @@ pub struct FusedShape {
 }
 
 impl FusedShape {
-    /// Output columns the CUDA kernel assigns warps to.
+    /// Output columns: every weight's, or the gate's in the SwiGLU epilogue.
     pub fn columns(&self) -> u32 {
         if self.epilogue == EPILOGUE_SWIGLU {
             self.n[0]

@@ -13,7 +13,7 @@ use crate::device::Device;
 use crate::encoder::Retained;
 use crate::error::{Error, Result};
 use crate::submission::{InFlight, Submission};
-use crate::{Kernel, Label};
+use crate::Label;
 
 struct ExecInner {
     device: Device,
@@ -37,24 +37,12 @@ impl std::fmt::Debug for GraphExec {
 }
 
 /// Gives every node whose kernel is [`crate::KernelDef::specializable`] the
-/// variant compiled for its value argument, on backends that compile source
-/// (the CPU's kernels are Rust functions, with nothing to specialize).
-/// Nodes of one shape share one variant, compiled once. Returns how many
-/// nodes changed kernels.
+/// variant compiled for its value argument. Nodes of one shape share one
+/// variant through the kernel cache's content key. Returns how many nodes
+/// changed kernels.
 fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
-    if device.kind() != crate::BackendKind::Cuda {
-        return Ok(0);
-    }
-    specialize_nodes(device, nodes)
-}
-
-/// [`specialize`] on any backend.
-fn specialize_nodes(device: &Device, nodes: &mut [Node]) -> Result<usize> {
-    // The variant each node wants, as an index into `variants`.
-    let mut variants: Vec<crate::KernelDef> = Vec::new();
-    let mut index: HashMap<(crate::KernelKey, Vec<String>), usize> = HashMap::new();
-    let mut wants: Vec<(usize, usize)> = Vec::new();
-    for (n, node) in nodes.iter().enumerate() {
+    let mut changed = 0;
+    for node in nodes {
         let mut values = node.args.iter().filter_map(|a| match a {
             NodeArg::Bytes(bytes) => Some(bytes),
             NodeArg::Buffer(..) => None,
@@ -62,24 +50,12 @@ fn specialize_nodes(device: &Device, nodes: &mut [Node]) -> Result<usize> {
         let (Some(value), None) = (values.next(), values.next()) else {
             continue;
         };
-        let Some(def) = node.kernel.def().specialized(value) else {
-            continue;
-        };
-        let key = (node.kernel.key().clone(), def.options().to_vec());
-        let v = *index.entry(key).or_insert_with(|| {
-            variants.push(def);
-            variants.len() - 1
-        });
-        wants.push((n, v));
+        if let Some(def) = node.kernel.def().specialized(value) {
+            node.kernel = device.load_kernel(&def)?;
+            changed += 1;
+        }
     }
-    let kernels = variants
-        .iter()
-        .map(|def| device.load_kernel(def))
-        .collect::<Result<Vec<Kernel>>>()?;
-    for &(n, v) in &wants {
-        nodes[n].kernel = kernels[v].clone();
-    }
-    Ok(wants.len())
+    Ok(changed)
 }
 
 impl GraphExec {
@@ -104,7 +80,9 @@ impl GraphExec {
         };
         let schedule = passes::schedule(&nodes, options.schedule);
         let mut nodes: Vec<Node> = schedule.order.iter().map(|&i| nodes[i].clone()).collect();
-        let specialized = if options.specialize {
+        // Only backends that compile source have anything to specialize (the
+        // CPU's kernels are Rust functions).
+        let specialized = if options.specialize && device.kind() == crate::BackendKind::Cuda {
             specialize(&device, &mut nodes)?
         } else {
             0
@@ -311,7 +289,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::{Arg, Config, KernelDef, Launch};
+    use crate::{Arg, Config, Kernel, KernelDef, Launch};
 
     /// Nodes of one shape share one variant, other shapes get their own, and
     /// kernels that are not specializable keep theirs. (On the CPU the
@@ -360,7 +338,7 @@ mod tests {
         }
         let (mut nodes, _, _) = enc.finish_graph().unwrap().into_parts();
         let compiles = device.counters().kernel_compiles;
-        assert_eq!(specialize_nodes(&device, &mut nodes).unwrap(), 4);
+        assert_eq!(specialize(&device, &mut nodes).unwrap(), 4);
         assert_eq!(
             device.counters().kernel_compiles - compiles,
             2,
