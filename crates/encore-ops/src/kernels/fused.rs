@@ -116,7 +116,7 @@ struct Column {
 // then the epilogue. In the SwiGLU epilogue the warp multiplies both the
 // gate and the up row of its column.
 template <bool NORM, int TILE>
-__device__ void fused_rows(const Column& c, const float* __restrict__ x, const float* __restrict__ g,
+__device__ __forceinline__ void fused_rows(const Column& c, const float* __restrict__ x, const float* __restrict__ g,
                            const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
     for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
         const unsigned int rows = min((unsigned int)TILE, s.rows - r0);
@@ -162,7 +162,7 @@ __device__ void fused_rows(const Column& c, const float* __restrict__ x, const f
 // SwiGLU epilogue for the gate and the up rows together. Lane i stores
 // column c.j + i.
 template <bool NORM>
-__device__ void fused_cols(const Column& c, unsigned int cols, unsigned long long row_bytes,
+__device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, unsigned long long row_bytes,
                            unsigned long long row_bytes2, const float* __restrict__ x, const float* __restrict__ g,
                            const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
     const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
@@ -206,48 +206,65 @@ __device__ void fused_cols(const Column& c, unsigned int cols, unsigned long lon
     }
 }
 
-extern "C" __global__ void
+// One of three values by a run-time index, without an array: indexing one
+// by a run-time value puts it in local memory, and a variant specialized
+// for one shape keeps three equal constants (one type for every weight) a
+// constant.
+template <typename T>
+__device__ __forceinline__ T pick(unsigned int i, T a, T b, T c) {
+    return i == 0 ? a : i == 1 ? b : c;
+}
+
+extern "C" __global__ void __launch_bounds__(MM_THREADS, 1)
 fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const unsigned char* __restrict__ w0,
              const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
              float* y2, FusedShape s) {
     encore_fix_value(s);
     const unsigned int lane = threadIdx.x & 31u;
     unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const unsigned char* const ws[3] = {w0, w1, w2};
-    float* const ys[3] = {y0, y1, y2};
     const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;
     unsigned int i = 0;
     bool live;
     if (s.epilogue != EPILOGUE_SWIGLU) {
         // Find the weight whose warps hold this one.
         const unsigned int weights = min(s.weights, 3u);
-        while (i < weights && warp >= product_warps(s.rows, s.n[i])) warp -= product_warps(s.rows, s.n[i++]);
+#pragma unroll
+        for (unsigned int t = 0; t < 3; ++t) {
+            const unsigned int warps = product_warps(s.rows, s.n[t]);
+            if (i == t && t < weights && warp >= warps) {
+                warp -= warps;
+                i = t + 1;
+            }
+        }
         live = i < weights;
     } else {
         live = warp < product_warps(s.rows, s.n[0]);
     }
     if (!live) i = 0;  // an index in bounds; the warp has no columns
+    const unsigned char* const w = pick(i, w0, w1, w2);
+    const unsigned int n = pick(i, s.n[0], s.n[1], s.n[2]);
+    const unsigned int dtype = pick(i, s.dtype[0], s.dtype[1], s.dtype[2]);
     const unsigned int j0 = warp * per_warp;
-    const unsigned int cols = live ? min(per_warp, s.n[i] - j0) : 0;
-    const unsigned long long row_bytes = ggml_row_bytes(s.dtype[i], s.k), row_bytes2 = ggml_row_bytes(s.dtype[1], s.k);
+    const unsigned int cols = live ? min(per_warp, n - j0) : 0;
+    const unsigned long long row_bytes = ggml_row_bytes(dtype, s.k), row_bytes2 = ggml_row_bytes(s.dtype[1], s.k);
     // The weights are read-only: fetch this warp's rows into L2 while the
     // previous kernel finishes.
     for (unsigned int c = 0; c < cols; ++c) {
-        prefetch_row(ws[i] + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
+        prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
         if (s.epilogue == EPILOGUE_SWIGLU) prefetch_row(w1 + (size_t)(j0 + c) * row_bytes2, row_bytes2, lane);
     }
     encore_grid_wait();
     if (!live) return;  // the whole warp leaves together
     Column c;
     c.j = j0;
-    c.n = s.n[i];
-    c.dtype = s.dtype[i];
+    c.n = n;
+    c.dtype = dtype;
     c.dtype2 = s.dtype[1];
-    c.y = ys[i];
-    c.row = ws[i] + (size_t)j0 * row_bytes;
+    c.y = pick(i, y0, y1, y2);
+    c.row = w + (size_t)j0 * row_bytes;
     c.row2 = w1 + (size_t)j0 * row_bytes2;
     const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
-    const bool vec_float = x16 && ((size_t)ws[i] & 15u) == 0 && s.k % 8 == 0;
+    const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
     const bool vec_float2 = x16 && ((size_t)w1 & 15u) == 0 && s.k % 8 == 0;
     if (s.norm) {
         if (s.rows == 1) fused_cols<true>(c, cols, row_bytes, row_bytes2, x, g, s, lane, x16, vec_float, vec_float2);

@@ -174,7 +174,7 @@ __device__ __forceinline__ void matmul_cols(const unsigned char* __restrict__ w,
     }
 }
 
-extern "C" __global__ void
+extern "C" __global__ void __launch_bounds__(MM_THREADS, 1)
 matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
        MatmulShape s) {
     encore_fix_value(s);
@@ -222,6 +222,14 @@ macro_rules! cuda_matmul_dots {
     () => {
         r#"
 #define MM_STEPS 4
+// Threads a block (32 * CUDA_WARPS_PER_BLOCK). The kernels declare at least
+// one block an SM (`__launch_bounds__(MM_THREADS, 1)`): aiming at more,
+// the compiler keeps registers low by issuing a pass's loads in groups,
+// each behind the arithmetic on the one before, which puts several memory
+// round trips on every warp's path instead of one.
+#define MM_THREADS 128
+// Steps of 8 blocks a pass of dot_cols_quant (SmolLM2's longest rows, 1536, take one pass).
+#define DOT_STEPS 6
 #define MM_COLS 1
 
 // Asks for the 128-byte lines of `bytes` bytes at `row` in L2, spread over the warp's lanes.
@@ -500,60 +508,78 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
 // Q4_0, Q4_1 and Q8_0: per-lane partial dot products of N weight rows
 // (`rows[c]`) with one activation row, whose elements each lane loads once
 // for all N rows (and, with NORM, multiplies by `g` and squares into `sq`).
-// Lane layout and arithmetic as in dot_q4 and dot_q8_0; every weight load of
-// a step group is issued before the activations are used.
+// Lane layout and arithmetic as in dot_q4 and dot_q8_0.
+//
+// A pass covers DOT_STEPS steps of 8 blocks. Every load of a pass (weights,
+// activations, norm weights) is issued before any of them is used, from
+// addresses clamped into the row, so that one memory round trip serves the
+// whole pass: a load behind a branch, or behind arithmetic on an earlier
+// load, would wait for that load first. A lane whose block lies past the
+// row end (the last step of a row whose blocks are not a multiple of 8)
+// loads the last block again and adds nothing. Whether a step exists at all
+// is the same for every lane, and a constant once the kernel is specialized
+// for its shape, so the loops unroll to exactly the steps a row has.
 template <unsigned int TYPE, bool VEC, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows, const float* __restrict__ x,
                                                const float* __restrict__ g, unsigned int k, unsigned int lane,
                                                float* acc, float& sq) {
     const unsigned int bytes = TYPE == GGML_Q4_1 ? 20u : TYPE == GGML_Q4_0 ? 18u : 34u;
     const unsigned int nb = k / 32, sub = lane & 3;
-    for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
-        // Scale words and codes of each row and step (Q8_0: 8 codes in lo and hi; Q4: 8 nibbles in lo).
-        unsigned int head[N][MM_STEPS], lo[N][MM_STEPS], hi[N][MM_STEPS];
+    for (unsigned int base = 0; base < nb; base += 8 * DOT_STEPS) {
+        // Scale words and codes of each row and step (Q8_0: 8 codes in lo and hi; Q4: 8 nibbles in lo),
+        // the lane's 8 activations of each step and their norm weights.
+        unsigned int head[N][DOT_STEPS], lo[N][DOT_STEPS], hi[N][DOT_STEPS];
+        float xv[DOT_STEPS][8], gv[DOT_STEPS][8];
+        bool live[DOT_STEPS];
 #pragma unroll
-        for (int c = 0; c < N; ++c) {
+        for (int u = 0; u < DOT_STEPS; ++u) {
+            if (base + 8 * u >= nb) break;
+            const unsigned int b = base + 8 * u + (lane >> 2);
+            live[u] = b < nb;
+            const unsigned int bc = live[u] ? b : nb - 1;
 #pragma unroll
-            for (int u = 0; u < MM_STEPS; ++u) {
-                const unsigned int b = b0 + 8 * u;
-                head[c][u] = lo[c][u] = hi[c][u] = 0u;
-                if (b < nb) {
-                    const unsigned char* blk = rows[c] + (size_t)b * bytes;
-                    const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
-                    if (TYPE == GGML_Q4_1) {
-                        head[c][u] = *reinterpret_cast<const unsigned int*>(blk);
-                        lo[c][u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
-                    } else if (TYPE == GGML_Q4_0) {
-                        head[c][u] = h[0];
-                        lo[c][u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
-                    } else {
-                        head[c][u] = h[0];
-                        lo[c][u] = (unsigned int)h[1 + 4 * sub] | ((unsigned int)h[2 + 4 * sub] << 16);
-                        hi[c][u] = (unsigned int)h[3 + 4 * sub] | ((unsigned int)h[4 + 4 * sub] << 16);
-                    }
+            for (int c = 0; c < N; ++c) {
+                const unsigned char* blk = rows[c] + (size_t)bc * bytes;
+                const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+                hi[c][u] = 0u;
+                if (TYPE == GGML_Q4_1) {
+                    head[c][u] = *reinterpret_cast<const unsigned int*>(blk);
+                    lo[c][u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
+                } else if (TYPE == GGML_Q4_0) {
+                    head[c][u] = h[0];
+                    lo[c][u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
+                } else {
+                    head[c][u] = h[0];
+                    lo[c][u] = (unsigned int)h[1 + 4 * sub] | ((unsigned int)h[2 + 4 * sub] << 16);
+                    hi[c][u] = (unsigned int)h[3 + 4 * sub] | ((unsigned int)h[4 + 4 * sub] << 16);
                 }
             }
-        }
-        // The lane's 8 activations of each step and their sum.
-        float xv[MM_STEPS][8], sx[MM_STEPS];
-#pragma unroll
-        for (int u = 0; u < MM_STEPS; ++u) {
-            const unsigned int b = b0 + 8 * u;
-            sx[u] = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) xv[u][i] = 0.f;
-            if (b < nb) {
-                const unsigned int e = b * 32 + (TYPE == GGML_Q8_0 ? 8 * sub : 4 * sub);
-                const unsigned int e2 = e + (TYPE == GGML_Q8_0 ? 4 : 16);
-                load_x4<VEC, NORM>(x + e, g + e, xv[u], sq);
-                load_x4<VEC, NORM>(x + e2, g + e2, xv[u] + 4, sq);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) sx[u] += xv[u][i] + xv[u][4 + i];
+            const unsigned int e = bc * 32 + (TYPE == GGML_Q8_0 ? 8 * sub : 4 * sub);
+            const unsigned int e2 = e + (TYPE == GGML_Q8_0 ? 4 : 16);
+            load4<VEC>(x + e, xv[u]);
+            load4<VEC>(x + e2, xv[u] + 4);
+            if (NORM) {
+                load4<VEC>(g + e, gv[u]);
+                load4<VEC>(g + e2, gv[u] + 4);
             }
         }
 #pragma unroll
-        for (int u = 0; u < MM_STEPS; ++u) {
-            if (b0 + 8 * u >= nb) break;
+        for (int u = 0; u < DOT_STEPS; ++u) {
+            if (base + 8 * u >= nb) break;
+            // A block past the row end adds nothing (a select, not a branch:
+            // the compiler would move this step's loads behind a branch).
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[u][i] = live[u] ? xv[u][i] : 0.f;
+            if (NORM) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    sq = fmaf(xv[u][i], xv[u][i], sq);
+                    xv[u][i] *= gv[u][i];
+                }
+            }
+            float sx = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sx += xv[u][i] + xv[u][4 + i];
 #pragma unroll
             for (int c = 0; c < N; ++c) {
                 const float d = f16_to_f32((f16_bits)(head[c][u] & 0xffffu));
@@ -564,7 +590,7 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
                         const unsigned int word = i < 4 ? lo[c][u] : hi[c][u];
                         dot = fmaf((float)(signed char)((word >> (8 * (i & 3))) & 0xffu), xv[u][i], dot);
                     }
-                    acc[c] = fmaf(d, dot, acc[c]);
+                    acc[c] = live[u] ? fmaf(d, dot, acc[c]) : acc[c];
                 } else {
                     float nx = 0.f;
 #pragma unroll
@@ -572,8 +598,9 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
                         nx = fmaf((float)((lo[c][u] >> (8 * i)) & 15u), xv[u][i], nx);
                         nx = fmaf((float)((lo[c][u] >> (8 * i + 4)) & 15u), xv[u][4 + i], nx);
                     }
-                    if (TYPE == GGML_Q4_1) acc[c] += fmaf(d, nx, f16_to_f32((f16_bits)(head[c][u] >> 16)) * sx[u]);
-                    else acc[c] += d * fmaf(-8.f, sx[u], nx);
+                    const float part = TYPE == GGML_Q4_1 ? fmaf(d, nx, f16_to_f32((f16_bits)(head[c][u] >> 16)) * sx)
+                                                         : d * fmaf(-8.f, sx, nx);
+                    acc[c] = live[u] ? acc[c] + part : acc[c];
                 }
             }
         }
@@ -710,6 +737,9 @@ mod tests {
     fn rust_and_cuda_agree_on_columns_per_warp() {
         let define = format!("#define MM_COLS {CUDA_COLUMNS_PER_WARP}\n");
         assert!(MATMUL_CUDA.contains(&define));
+        let threads = format!("#define MM_THREADS {}\n", 32 * CUDA_WARPS_PER_BLOCK);
+        assert!(MATMUL_CUDA.contains(&threads));
+        assert_eq!(cuda_launch(9).block[0], 32 * CUDA_WARPS_PER_BLOCK);
         assert_eq!(cuda_warps(1, 9), 9u32.div_ceil(CUDA_COLUMNS_PER_WARP));
         assert_eq!(cuda_warps(3, 9), 9);
         assert_eq!(cuda_launch(9).grid[0], 9u32.div_ceil(CUDA_WARPS_PER_BLOCK));
