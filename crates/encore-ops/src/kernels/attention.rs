@@ -666,6 +666,17 @@ struct AttnShape {
     float scale;
 };
 
+// `acc` plus `qs[0..8]` times the 8 halves packed in `v`, in order.
+__device__ __forceinline__ float attn_dot8(const float* qs, uint4 v, float acc) {
+    const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        acc = fmaf(qs[2 * i], f16_to_f32((f16_bits)(u[i] & 0xffffu)), acc);
+        acc = fmaf(qs[2 * i + 1], f16_to_f32((f16_bits)(u[i] >> 16)), acc);
+    }
+    return acc;
+}
+
 // scale * q16 . K[t] for one position, by one thread; with VEC the K row is
 // 16-byte aligned and read 16 bytes at a time.
 template <bool VEC>
@@ -673,15 +684,7 @@ __device__ __forceinline__ float attn_score(const float* qs, const f16_bits* __r
                                             float scale) {
     float acc = 0.f;
     if (VEC) {
-        for (unsigned int d = 0; d < hd; d += 8) {
-            const uint4 v = *reinterpret_cast<const uint4*>(kt + d);
-            const unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                acc = fmaf(qs[d + 2 * i], f16_to_f32((f16_bits)(u[i] & 0xffffu)), acc);
-                acc = fmaf(qs[d + 2 * i + 1], f16_to_f32((f16_bits)(u[i] >> 16)), acc);
-            }
-        }
+        for (unsigned int d = 0; d < hd; d += 8) acc = attn_dot8(qs + d, *reinterpret_cast<const uint4*>(kt + d), acc);
     } else {
         for (unsigned int d = 0; d < hd; ++d) acc = fmaf(qs[d], f16_to_f32(kt[d]), acc);
     }

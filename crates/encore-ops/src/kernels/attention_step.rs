@@ -56,7 +56,13 @@ pub const CUDA_THREADS: u32 = 128;
 /// Before waiting for the previous dispatch, every block asks L2 for the K
 /// and V rows of its share; the position it reads for that may be stale,
 /// so addresses are clamped into the cache and the prefetch changes no
-/// memory. After the wait, each block:
+/// memory. Right after the wait, each thread loads its pair of the query and
+/// of the new K and V rows, and the K row it scores first for that guessed
+/// position (kept in registers, used only if the position is the guess),
+/// before the position itself, so that one memory round trip serves them
+/// all; each warp's first V rows of a tile load before the softmax's
+/// barriers. (The kernel declares one block an SM, `__launch_bounds__(128,
+/// 1)`, so that the compiler keeps those loads together.) Then each block:
 ///
 /// 1. rotates the query (when folded) and rounds it to f16 in shared
 ///    memory, as `attention` does; the block holding position `pos` also
@@ -96,6 +102,8 @@ struct AttnStepShape {
 #define STEP_MAX_HEAD 256
 #define STEP_PAIRS (STEP_MAX_HEAD / 64)
 #define STEP_BATCH 4
+// 16-byte words of a K row a thread holds in registers (head_dim <= 128).
+#define STEP_KROW 16
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define STEP_CLUSTER 1
@@ -137,23 +145,56 @@ __device__ __forceinline__ void store_to_first(float* local, float v) {
 #endif
 }
 
-// Element pair `e` of a head (of head_dim / 2): its indices, and its values
-// rotated by the angle (`sn`, `cs`) when `rotate` and the pair is within
-// rope_dim.
-__device__ __forceinline__ float2 step_pair(const RopeShape& rs, unsigned int e, float sn, float cs, const float* h,
-                                            bool rotate, unsigned int& ia, unsigned int& ib) {
+// The indices of element pair `e` of a head (of head_dim / 2): the rotated
+// layout's when `rotate` and the pair is within rope_dim, else 2e, 2e + 1.
+__device__ __forceinline__ void step_index(const RopeShape& rs, unsigned int e, bool rotate, unsigned int& ia,
+                                           unsigned int& ib) {
     const unsigned int half = rs.rope_dim / 2;
-    if (rotate && e < half) return rope_rotate(rs, e, sn, cs, h, ia, ib);
-    const unsigned int i = rotate ? rs.rope_dim + 2 * (e - half) : 2 * e;
-    ia = i;
-    ib = i + 1;
-    return make_float2(h[ia], h[ib]);
+    if (rotate && e < half) {
+        rope_index(rs, e, ia, ib);
+    } else {
+        ia = rotate ? rs.rope_dim + 2 * (e - half) : 2 * e;
+        ib = ia + 1;
+    }
 }
 
+// Pair `e` with values `v`, rotated by the angle (`sn`, `cs`) when `rotate`
+// and the pair is within rope_dim.
+__device__ __forceinline__ float2 step_rotate(const RopeShape& rs, unsigned int e, float sn, float cs, float2 v,
+                                              bool rotate) {
+    return rotate && e < rs.rope_dim / 2 ? rope_apply(v.x, v.y, sn, cs) : v;
+}
+
+// The V words (pairs of halves) of positions t0 + i0 + u * STEP_WARPS of a
+// tile of `n`, lane per pair of dimensions; the new row from shared memory.
 template <bool VEC>
-__device__ void step_attend(const f16_bits* __restrict__ kc, const f16_bits* __restrict__ vc,
-                            const AttnStepShape& s, unsigned int p, unsigned int begin, unsigned int end,
-                            bool new_k, bool new_v, StepScratch& sh) {
+__device__ __forceinline__ void step_v_batch(const f16_bits* __restrict__ vh, unsigned int kv_dim, unsigned int hd,
+                                             unsigned int p, bool new_v, const StepScratch& sh, unsigned int t0,
+                                             unsigned int i0, unsigned int n, unsigned int lane,
+                                             unsigned int (&pair)[STEP_BATCH][STEP_PAIRS]) {
+#pragma unroll
+    for (int u = 0; u < STEP_BATCH; ++u) {
+        const unsigned int i = i0 + u * STEP_WARPS;
+        const f16_bits* vt = (new_v && t0 + i == p) ? sh.vn : vh + (size_t)(t0 + i) * kv_dim;
+#pragma unroll
+        for (int c = 0; c < STEP_PAIRS; ++c) {
+            const unsigned int d = 2 * lane + 64 * c;
+            pair[u][c] = 0u;
+            if (i < n && d < hd) {
+                if (VEC) pair[u][c] = *reinterpret_cast<const unsigned int*>(vt + d);
+                else pair[u][c] = (unsigned int)vt[d] | (d + 1 < hd ? (unsigned int)vt[d + 1] << 16 : 0u);
+            }
+        }
+    }
+}
+
+// This block's share of the positions, `begin..end`. With `k_first`, this
+// thread's K row of the first tile is already in `krow` (VEC layout).
+template <bool VEC>
+__device__ __forceinline__ void step_attend(const f16_bits* __restrict__ kc, const f16_bits* __restrict__ vc,
+                                            const AttnStepShape& s, unsigned int p, unsigned int begin,
+                                            unsigned int end, bool new_k, bool new_v, bool k_first,
+                                            const uint4 (&krow)[STEP_KROW], StepScratch& sh) {
     const unsigned int tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const unsigned int hd = s.attn.head_dim, kv_dim = s.attn.kv_heads * hd;
     const unsigned int kv_off = (blockIdx.x / (s.attn.heads / s.attn.kv_heads)) * hd;
@@ -165,10 +206,24 @@ __device__ void step_attend(const f16_bits* __restrict__ kc, const f16_bits* __r
     for (int c = 0; c < STEP_PAIRS; ++c) acc[c] = make_float2(0.f, 0.f);
     for (unsigned int t0 = begin; t0 < end; t0 += STEP_THREADS) {
         const unsigned int t = t0 + tid;
+        const unsigned int n = min(end - t0, (unsigned int)STEP_THREADS);
+        // The first V rows of this warp, loaded before the barriers of the
+        // softmax below so that their latency overlaps them.
+        unsigned int pair[STEP_BATCH][STEP_PAIRS];
+        step_v_batch<VEC>(vh, kv_dim, hd, p, new_v, sh, t0, warp, n, lane, pair);
         float sc = __uint_as_float(0xff800000u);
         if (t < end) {
-            const f16_bits* kr = (new_k && t == p) ? sh.kn : kh + (size_t)t * kv_dim;
-            sc = attn_score<VEC>(sh.qs, kr, hd, s.attn.scale);
+            if (new_k && t == p) {
+                sc = attn_score<VEC>(sh.qs, sh.kn, hd, s.attn.scale);
+            } else if (VEC && k_first && t0 == begin) {
+                float dot = 0.f;
+#pragma unroll
+                for (int j = 0; j < STEP_KROW; ++j)
+                    if (8 * j < hd) dot = attn_dot8(sh.qs + 8 * j, krow[j], dot);
+                sc = s.attn.scale * dot;
+            } else {
+                sc = attn_score<VEC>(sh.qs, kh + (size_t)t * kv_dim, hd, s.attn.scale);
+            }
         }
         const float m_new = fmaxf(m, attn_block_reduce<true, STEP_WARPS>(sc, sh.red));
         const float e = t < end ? expf(sc - m_new) : 0.f;
@@ -182,24 +237,9 @@ __device__ void step_attend(const f16_bits* __restrict__ kc, const f16_bits* __r
             acc[c].y *= r;
         }
         m = m_new;
-        const unsigned int n = min(end - t0, (unsigned int)STEP_THREADS);
         // Warp per position, the V rows of STEP_BATCH positions loaded before any is used.
         for (unsigned int i0 = warp; i0 < n; i0 += STEP_WARPS * STEP_BATCH) {
-            unsigned int pair[STEP_BATCH][STEP_PAIRS];
-#pragma unroll
-            for (int u = 0; u < STEP_BATCH; ++u) {
-                const unsigned int i = i0 + u * STEP_WARPS;
-                const f16_bits* vt = (new_v && t0 + i == p) ? sh.vn : vh + (size_t)(t0 + i) * kv_dim;
-#pragma unroll
-                for (int c = 0; c < STEP_PAIRS; ++c) {
-                    const unsigned int d = 2 * lane + 64 * c;
-                    pair[u][c] = 0u;
-                    if (i < n && d < hd) {
-                        if (VEC) pair[u][c] = *reinterpret_cast<const unsigned int*>(vt + d);
-                        else pair[u][c] = (unsigned int)vt[d] | (d + 1 < hd ? (unsigned int)vt[d + 1] << 16 : 0u);
-                    }
-                }
-            }
+            if (i0 != warp) step_v_batch<VEC>(vh, kv_dim, hd, p, new_v, sh, t0, i0, n, lane, pair);
 #pragma unroll
             for (int u = 0; u < STEP_BATCH; ++u) {
                 const unsigned int i = i0 + u * STEP_WARPS;
@@ -234,7 +274,7 @@ __device__ void step_attend(const f16_bits* __restrict__ kc, const f16_bits* __r
     }
 }
 
-extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+extern "C" __global__ void __launch_bounds__(STEP_THREADS, 1)
 #if STEP_CLUSTER
 __cluster_dims__(1, STEP_SPLITS, 1)
 #endif
@@ -273,6 +313,38 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     }
     encore_grid_wait();
     if (!valid || (!STEP_CLUSTER && blockIdx.y != 0)) return;
+    const unsigned int group = a.heads / a.kv_heads, kv_off = (h / group) * hd;
+    // This thread's pair of the query and of the new K and V rows (one pair
+    // a thread, head_dim <= 2 * STEP_THREADS), loaded before the position so
+    // that all of them are in flight together.
+    const bool pair = tid < hd / 2;
+    const bool rope_q = s.flags & STEP_ROPE_Q, rope_k = s.flags & STEP_ROPE_K;
+    unsigned int qa = 0, qb = 0, ka = 0, kb = 0;
+    float2 qv = make_float2(0.f, 0.f), kv = qv, vv = qv;
+    if (pair) {
+        step_index(s.rope, tid, rope_q, qa, qb);
+        qv = make_float2(q[(size_t)h * hd + qa], q[(size_t)h * hd + qb]);
+        if (s.flags & STEP_K_NEW) {
+            step_index(s.rope, tid, rope_k, ka, kb);
+            kv = make_float2(k_new[kv_off + ka], k_new[kv_off + kb]);
+        }
+        if (s.flags & STEP_V_NEW) vv = make_float2(v_new[kv_off + 2 * tid], v_new[kv_off + 2 * tid + 1]);
+    }
+    // The K row this thread scores first, for the position read before the
+    // wait (used only if the position is that one), so that it too loads
+    // alongside the position. Not the new row, which this kernel writes.
+    const bool vec = hd % 8 == 0 && kv_dim % 8 == 0 && ((size_t)kc & 15u) == 0 && ((size_t)vc & 15u) == 0;
+    uint4 krow[STEP_KROW];
+    const unsigned int g_len = min(guess, a.max_seq - 1) + 1, g_chunk = (g_len + splits - 1) / splits;
+    const unsigned int g_begin = min(split * g_chunk, g_len), g_end = min(g_begin + g_chunk, g_len);
+    const unsigned int kt = g_begin + tid;
+    const bool k_first = vec && hd <= 8 * STEP_KROW && guess < a.max_seq;
+    if (k_first && kt < g_end && !((s.flags & STEP_K_NEW) && kt == guess)) {
+        const uint4* kr = reinterpret_cast<const uint4*>(kc + (size_t)kt * kv_dim + kv_off);
+#pragma unroll
+        for (int j = 0; j < STEP_KROW; ++j)
+            if (8 * j < hd) krow[j] = kr[j];
+    }
     const unsigned int p = pos[0];
     // The same decision in every block of a cluster, so none waits alone at a barrier.
     if (p >= a.max_seq) return;
@@ -280,28 +352,25 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     const unsigned int len = p + 1, chunk = (len + splits - 1) / splits;
     const unsigned int begin = min(split * chunk, len), end = min(begin + chunk, len);
     const bool holds_p = begin <= p && p < end;
-    const unsigned int group = a.heads / a.kv_heads, kv_off = (h / group) * hd;
     const bool new_k = holds_p && (s.flags & STEP_K_NEW), new_v = holds_p && (s.flags & STEP_V_NEW);
     const bool store = h % group == 0;
-    // One pair a thread (head_dim <= 2 * STEP_THREADS), with the angle above.
-    if (tid < hd / 2) {
+    if (pair) {
         const unsigned int e = tid;
-        unsigned int ia, ib;
-        const float2 qv = step_pair(s.rope, e, sn, cs, q + (size_t)h * hd, s.flags & STEP_ROPE_Q, ia, ib);
-        sh.qs[ia] = round_f16(qv.x);
-        sh.qs[ib] = round_f16(qv.y);
+        qv = step_rotate(s.rope, e, sn, cs, qv, rope_q);
+        sh.qs[qa] = round_f16(qv.x);
+        sh.qs[qb] = round_f16(qv.y);
         if (new_k) {
-            const float2 kv = step_pair(s.rope, e, sn, cs, k_new + kv_off, s.flags & STEP_ROPE_K, ia, ib);
+            kv = step_rotate(s.rope, e, sn, cs, kv, rope_k);
             const f16_bits x = f32_to_f16(kv.x), y = f32_to_f16(kv.y);
-            sh.kn[ia] = x;
-            sh.kn[ib] = y;
+            sh.kn[ka] = x;
+            sh.kn[kb] = y;
             if (store) {
-                kc[(size_t)p * kv_dim + kv_off + ia] = x;
-                kc[(size_t)p * kv_dim + kv_off + ib] = y;
+                kc[(size_t)p * kv_dim + kv_off + ka] = x;
+                kc[(size_t)p * kv_dim + kv_off + kb] = y;
             }
         }
         if (new_v) {
-            const f16_bits x = f32_to_f16(v_new[kv_off + 2 * e]), y = f32_to_f16(v_new[kv_off + 2 * e + 1]);
+            const f16_bits x = f32_to_f16(vv.x), y = f32_to_f16(vv.y);
             sh.vn[2 * e] = x;
             sh.vn[2 * e + 1] = y;
             if (store) {
@@ -311,9 +380,8 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
         }
     }
     __syncthreads();
-    const bool vec = hd % 8 == 0 && kv_dim % 8 == 0 && ((size_t)kc & 15u) == 0 && ((size_t)vc & 15u) == 0;
-    if (vec) step_attend<true>(kc, vc, s, p, begin, end, new_k, new_v, sh);
-    else step_attend<false>(kc, vc, s, p, begin, end, new_k, new_v, sh);
+    if (vec) step_attend<true>(kc, vc, s, p, begin, end, new_k, new_v, k_first && p == guess, krow, sh);
+    else step_attend<false>(kc, vc, s, p, begin, end, new_k, new_v, false, krow, sh);
     cluster_barrier();
     if (split != 0) return;
     // The first block: Σ_b e^(m_b - M) acc_b / Σ_b e^(m_b - M) l_b.

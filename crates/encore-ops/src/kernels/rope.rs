@@ -95,15 +95,23 @@ __device__ __forceinline__ void rope_angle(const RopeShape& s, unsigned int i, u
     sincosf(theta, &sn, &cs);
 }
 
+// The element indices of rotated pair `i` of a head.
+__device__ __forceinline__ void rope_index(const RopeShape& s, unsigned int i, unsigned int& ia, unsigned int& ib) {
+    ia = s.neox ? i : 2 * i;
+    ib = s.neox ? i + s.rope_dim / 2 : 2 * i + 1;
+}
+
+// The pair (a, b) rotated by the angle with sine `sn` and cosine `cs`.
+__device__ __forceinline__ float2 rope_apply(float a, float b, float sn, float cs) {
+    return make_float2(fmaf(a, cs, -__fmul_rn(b, sn)), fmaf(a, sn, __fmul_rn(b, cs)));
+}
+
 // Pair `i` of a head: its element indices, and the pair rotated by the
 // angle with sine `sn` and cosine `cs`.
 __device__ __forceinline__ float2 rope_rotate(const RopeShape& s, unsigned int i, float sn, float cs, const float* h,
                                               unsigned int& ia, unsigned int& ib) {
-    const unsigned int half = s.rope_dim / 2;
-    ia = s.neox ? i : 2 * i;
-    ib = s.neox ? i + half : 2 * i + 1;
-    const float a = h[ia], b = h[ib];
-    return make_float2(fmaf(a, cs, -__fmul_rn(b, sn)), fmaf(a, sn, __fmul_rn(b, cs)));
+    rope_index(s, i, ia, ib);
+    return rope_apply(h[ia], h[ib], sn, cs);
 }
 
 // Pair `i` of a head at position `p`: its element indices, and the pair
