@@ -20,6 +20,28 @@ pub mod prefill_attention;
 pub mod rope;
 
 /// Reads a one-element `u32` buffer argument (a graph parameter slot).
+/// Every kernel definition of this crate (what [`crate::Ops::new`] loads).
+pub fn all() -> Vec<encore::KernelDef> {
+    vec![
+        norm::def(),
+        matmul::def(),
+        gemm::def(),
+        rope::def(),
+        rope::rope_store_def(),
+        attention::kv_store_def(),
+        attention::attention_def(),
+        attention_step::def(),
+        prefill_attention::def(),
+        elementwise::add_def(),
+        elementwise::add_rows_def(),
+        elementwise::silu_mul_def(),
+        embed::def(),
+        argmax::def(),
+        advance::def(),
+        fused::def(),
+    ]
+}
+
 pub(crate) fn param(a: &encore::CpuArgs<'_>, i: usize) -> Result<u32, String> {
     a.read::<u32>(i)?
         .first()
@@ -46,24 +68,7 @@ mod tests {
     /// kernel whose source never waits; this checks that none of ours opted out.
     #[test]
     fn every_cuda_kernel_is_programmatic_and_waits() {
-        let defs = [
-            norm::def(),
-            matmul::def(),
-            gemm::def(),
-            rope::def(),
-            rope::rope_store_def(),
-            attention::kv_store_def(),
-            attention::attention_def(),
-            attention_step::def(),
-            prefill_attention::def(),
-            elementwise::add_def(),
-            elementwise::add_rows_def(),
-            elementwise::silu_mul_def(),
-            embed::def(),
-            argmax::def(),
-            advance::def(),
-            fused::def(),
-        ];
+        let defs = all();
         for def in defs {
             let Some(cuda) = def.cuda_impl() else {
                 panic!("{} has no CUDA source", def.name());
