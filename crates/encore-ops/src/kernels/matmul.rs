@@ -732,9 +732,9 @@ pub fn def() -> KernelDef {
 mod tests {
     use super::*;
 
-    /// The launch geometry and the kernels agree on how many columns a warp takes.
+    /// The launch geometry and the kernels agree on the columns a warp and the threads a block.
     #[test]
-    fn rust_and_cuda_agree_on_columns_per_warp() {
+    fn rust_and_cuda_agree_on_the_launch_shape() {
         let define = format!("#define MM_COLS {CUDA_COLUMNS_PER_WARP}\n");
         assert!(MATMUL_CUDA.contains(&define));
         let threads = format!("#define MM_THREADS {}\n", 32 * CUDA_WARPS_PER_BLOCK);
