@@ -13,15 +13,25 @@ pub fn upload<T: bytemuck::Pod>(ops: &Ops, data: &[T]) -> Buffer {
     ops.device().buffer_from(data).unwrap()
 }
 
-/// A small xorshift generator: fresh inputs per run, reproducible from the printed seed.
+/// A small xorshift generator: fresh inputs per run, reproducible from the
+/// printed seed (`ENCORE_TEST_SEED=0x...` runs a test on that seed again).
 pub struct Rng(pub u64);
 
 impl Rng {
     pub fn new() -> Rng {
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            | 1;
+        let given = std::env::var("ENCORE_TEST_SEED").ok().map(|v| {
+            let v = v.trim();
+            match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => v.parse(),
+            }
+            .unwrap_or_else(|e| panic!("ENCORE_TEST_SEED={v:?}: {e}"))
+        });
+        let seed = given.unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        }) | 1;
         eprintln!("random seed {seed:#x}");
         Rng(seed)
     }
