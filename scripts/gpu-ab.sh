@@ -20,15 +20,17 @@ if [[ ! -f $model ]]; then
     timeout 180 .gpu/tests/cuda_engine --ignored --exact synthetic_smollm2_decode_speed_on_cuda \
         --test-threads=1 >"$out/ab-model.log" 2>&1
 fi
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-# One short run each first, so that kernel compiles stay out of the figures.
-for b in "$@"; do timeout 120 ".gpu-exp/$b" generate --model "$model" --device cuda -n 4 hi >/dev/null 2>&1; done
-for round in 1 2 3; do
-    for b in "$@"; do
-        echo "$b (round $round): $(timeout 120 ".gpu-exp/$b" bench --device cuda --model "$model" --repeats 5 2>&1 | tr '\n' ' ')"
+{
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    # One short run each first, so that kernel compiles stay out of the figures.
+    for b in "$@"; do timeout 120 ".gpu-exp/$b" generate --model "$model" --device cuda -n 4 hi >/dev/null 2>&1; done
+    for round in 1 2 3; do
+        for b in "$@"; do
+            echo "$b (round $round): $(timeout 120 ".gpu-exp/$b" bench --device cuda --model "$model" --repeats 5 2>&1 | tr '\n' ' ')"
+        done
     done
-done
-for b in "$@"; do
-    echo "$b, tg128 after pp512: $(timeout 120 ".gpu-exp/$b" bench --device cuda --model "$model" \
-        --prompt-tokens 512 --gen-tokens 128 --repeats 3 2>&1 | tr '\n' ' ')"
-done | tee "$out/ab.txt"
+    for b in "$@"; do
+        echo "$b, tg128 after pp512: $(timeout 120 ".gpu-exp/$b" bench --device cuda --model "$model" \
+            --prompt-tokens 512 --gen-tokens 128 --repeats 3 2>&1 | tr '\n' ' ')"
+    done
+} | tee "$out/ab.txt"
