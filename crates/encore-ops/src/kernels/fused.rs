@@ -206,10 +206,10 @@ __device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, u
     }
 }
 
-// One of three values by a run-time index, without an array: indexing one
-// by a run-time value puts it in local memory, and a variant specialized
-// for one shape keeps three equal constants (one type for every weight) a
-// constant.
+// One of three values by a run-time index, without an array (an array
+// indexed at run time lives in local memory). Where the three are equal
+// constants, such as one weight type in a variant specialized for its
+// shape, the choice folds to that constant.
 template <typename T>
 __device__ __forceinline__ T pick(unsigned int i, T a, T b, T c) {
     return i == 0 ? a : i == 1 ? b : c;
