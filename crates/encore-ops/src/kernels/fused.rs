@@ -161,32 +161,46 @@ __device__ __forceinline__ void fused_rows(const Column& c, const float* __restr
 // (MM_COLS at most), the input loaded once for all of them, and in the
 // SwiGLU epilogue for the gate and the up rows together. Lane i stores
 // column c.j + i.
-template <bool NORM>
-__device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, unsigned long long row_bytes,
-                           unsigned long long row_bytes2, const float* __restrict__ x, const float* __restrict__ g,
-                           const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
-    const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
-    // Gate rows then up rows when both have one type, so one pass loads both.
-    const bool together = swiglu && c.dtype2 == c.dtype;
-    const unsigned char* rows[2 * MM_COLS];
-    float acc[2 * MM_COLS], sq = 0.f, sq2 = 0.f;
+// The weight rows of the warp's `cols` columns (one activation row): the
+// gate's, or the only weight's, then the up weight's. A missing column
+// repeats the last one; its sum is not stored.
+__device__ __forceinline__ void fused_col_rows(const Column& c, unsigned int cols, unsigned long long row_bytes,
+                                               unsigned long long row_bytes2,
+                                               const unsigned char* (&rows)[2 * MM_COLS]) {
 #pragma unroll
     for (int i = 0; i < MM_COLS; ++i) {
-        // A missing column repeats the last one; its sum is not stored.
         const unsigned int j = min((unsigned int)i, cols - 1);
         rows[i] = c.row + j * row_bytes;
         rows[MM_COLS + i] = c.row2 + j * row_bytes2;
-        acc[i] = acc[MM_COLS + i] = 0.f;
     }
+}
+
+// Gate rows then up rows when both have one type, so one pass loads both.
+__device__ __forceinline__ bool fused_together(const FusedShape& s, const Column& c) {
+    return s.epilogue == EPILOGUE_SWIGLU && c.dtype2 == c.dtype;
+}
+
+template <bool NORM>
+__device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, const unsigned char* const* rows,
+                           const QuantPass<MM_COLS>& first, const QuantPass<2 * MM_COLS>& first_both,
+                           const float* __restrict__ x, const float* __restrict__ g,
+                           const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
+    const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
+    const bool together = fused_together(s, c);
+    float acc[2 * MM_COLS], sq = 0.f, sq2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2 * MM_COLS; ++i) acc[i] = 0.f;
     // The residual an accumulating product adds to, loaded before the dot
     // product so that its latency overlaps it.
     float old = 0.f;
     if (s.epilogue == EPILOGUE_ACCUMULATE && lane < cols) old = c.y[c.j + lane];
     if (together) {
-        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq);
+        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq, &first_both);
     } else {
-        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq);
-        if (swiglu) dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, s.k, lane, x16, vec_float2, acc + MM_COLS, sq2);
+        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq, &first);
+        if (swiglu)
+            dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, s.k, lane, x16, vec_float2, acc + MM_COLS, sq2,
+                                    (const QuantPass<MM_COLS>*)nullptr);
     }
     const float inv = NORM ? 1.0f / sqrtf(warp_sum(sq) / (float)s.k + s.eps) : 1.0f;
 #pragma unroll
@@ -253,8 +267,6 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
         prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
         if (s.epilogue == EPILOGUE_SWIGLU) prefetch_row(w1 + (size_t)(j0 + c) * row_bytes2, row_bytes2, lane);
     }
-    encore_grid_wait();
-    if (!live) return;  // the whole warp leaves together
     Column c;
     c.j = j0;
     c.n = n;
@@ -263,14 +275,26 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     c.y = pick(i, y0, y1, y2);
     c.row = w + (size_t)j0 * row_bytes;
     c.row2 = w1 + (size_t)j0 * row_bytes2;
+    // One activation row: the first pass of quantized weights goes into
+    // registers before the wait as well.
+    const unsigned char* rows[2 * MM_COLS];
+    QuantPass<MM_COLS> first;
+    QuantPass<2 * MM_COLS> first_both;
+    if (live && s.rows == 1) {
+        fused_col_rows(c, cols, row_bytes, row_bytes2, rows);
+        if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, s.k, lane, first_both);
+        else quant_pass_first<MM_COLS>(dtype, rows, s.k, lane, first);
+    }
+    encore_grid_wait();
+    if (!live) return;  // the whole warp leaves together
     const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
     const bool vec_float2 = x16 && ((size_t)w1 & 15u) == 0 && s.k % 8 == 0;
     if (s.norm) {
-        if (s.rows == 1) fused_cols<true>(c, cols, row_bytes, row_bytes2, x, g, s, lane, x16, vec_float, vec_float2);
+        if (s.rows == 1) fused_cols<true>(c, cols, rows, first, first_both, x, g, s, lane, x16, vec_float, vec_float2);
         else fused_rows<true, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
     } else {
-        if (s.rows == 1) fused_cols<false>(c, cols, row_bytes, row_bytes2, x, g, s, lane, x16, vec_float, vec_float2);
+        if (s.rows == 1) fused_cols<false>(c, cols, rows, first, first_both, x, g, s, lane, x16, vec_float, vec_float2);
         else fused_rows<false, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
     }
 }

@@ -152,21 +152,27 @@ __device__ __forceinline__ void matmul_rows(const unsigned char* __restrict__ ro
     }
 }
 
-// One activation row: the warp's `cols` columns from `j0` on, the
-// activations loaded once for all of them. Lane c stores column j0 + c.
-__device__ __forceinline__ void matmul_cols(const unsigned char* __restrict__ w, const float* __restrict__ x,
-                                            float* __restrict__ y, const MatmulShape& s, unsigned int j0,
-                                            unsigned int cols, unsigned int lane, bool x16, bool vec_float) {
+// One activation row: the weight rows of the warp's `cols` columns from
+// `j0` on (a missing column repeats the last one; its sum is not stored).
+__device__ __forceinline__ void matmul_col_rows(const unsigned char* __restrict__ w, const MatmulShape& s,
+                                                unsigned int j0, unsigned int cols,
+                                                const unsigned char* (&rows)[MM_COLS]) {
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
-    const unsigned char* rows[MM_COLS];
+#pragma unroll
+    for (int c = 0; c < MM_COLS; ++c) rows[c] = w + (size_t)(j0 + min((unsigned int)c, cols - 1)) * row_bytes;
+}
+
+// One activation row: the warp's `cols` columns, the activations loaded
+// once for all of them, the first pass of quantized weights from `first`.
+// Lane c stores column j0 + c.
+__device__ __forceinline__ void matmul_cols(const unsigned char* const* rows, const QuantPass<MM_COLS>& first,
+                                            const float* __restrict__ x, float* __restrict__ y,
+                                            const MatmulShape& s, unsigned int j0, unsigned int cols,
+                                            unsigned int lane, bool x16, bool vec_float) {
     float acc[MM_COLS], sq = 0.f;
 #pragma unroll
-    for (int c = 0; c < MM_COLS; ++c) {
-        // A missing column repeats the last one; its sum is not stored.
-        rows[c] = w + (size_t)(j0 + min((unsigned int)c, cols - 1)) * row_bytes;
-        acc[c] = 0.f;
-    }
-    dot_cols<false, MM_COLS>(s.dtype, rows, x, nullptr, s.k, lane, x16, vec_float, acc, sq);
+    for (int c = 0; c < MM_COLS; ++c) acc[c] = 0.f;
+    dot_cols<false, MM_COLS>(s.dtype, rows, x, nullptr, s.k, lane, x16, vec_float, acc, sq, &first);
 #pragma unroll
     for (int c = 0; c < MM_COLS; ++c) {
         const float v = warp_sum(acc[c]);
@@ -187,11 +193,19 @@ matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* 
     // The weights are read-only: fetch this warp's rows into L2 while the
     // previous kernel finishes.
     for (unsigned int c = 0; c < cols; ++c) prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
+    // One activation row: the first pass of quantized weights goes into
+    // registers before the wait as well.
+    const unsigned char* rows[MM_COLS];
+    QuantPass<MM_COLS> first;
+    if (s.rows == 1 && cols > 0) {
+        matmul_col_rows(w, s, j0, cols, rows);
+        quant_pass_first<MM_COLS>(s.dtype, rows, s.k, lane, first);
+    }
     encore_grid_wait();
     if (cols == 0) return;  // the whole warp leaves together
     const bool x16 = ((size_t)x & 15u) == 0;
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
-    if (s.rows == 1) matmul_cols(w, x, y, s, j0, cols, lane, x16, vec_float);
+    if (s.rows == 1) matmul_cols(rows, first, x, y, s, j0, cols, lane, x16, vec_float);
     else matmul_rows<4>(w + (size_t)j0 * row_bytes, x, y, s, j0, lane, x16, vec_float);
 }
 "#
@@ -519,16 +533,87 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
 // loads the last block again and adds nothing. Whether a step exists at all
 // is the same for every lane, and a constant once the kernel is specialized
 // for its shape, so the loops unroll to exactly the steps a row has.
+// The weight words of one pass of dot_cols_quant over N rows: each row's
+// scale word and codes for every step (Q8_0: 8 codes in lo and hi; Q4: 8
+// nibbles in lo).
+template <int N>
+struct QuantPass {
+    unsigned int head[N][DOT_STEPS], lo[N][DOT_STEPS], hi[N][DOT_STEPS];
+};
+
+// Loads the weight words of the pass from block `base` on, from addresses
+// clamped into the row (a lane past the row end reads its last block).
+template <unsigned int TYPE, int N>
+__device__ __forceinline__ void quant_pass_load(const unsigned char* const* rows, unsigned int nb, unsigned int base,
+                                                unsigned int lane, QuantPass<N>& w) {
+    const unsigned int bytes = TYPE == GGML_Q4_1 ? 20u : TYPE == GGML_Q4_0 ? 18u : 34u;
+    const unsigned int sub = lane & 3;
+#pragma unroll
+    for (int u = 0; u < DOT_STEPS; ++u) {
+        if (base + 8 * u >= nb) break;
+        const unsigned int b = base + 8 * u + (lane >> 2);
+        const unsigned int bc = b < nb ? b : nb - 1;
+#pragma unroll
+        for (int c = 0; c < N; ++c) {
+            const unsigned char* blk = rows[c] + (size_t)bc * bytes;
+            const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+            w.hi[c][u] = 0u;
+            if (TYPE == GGML_Q4_1) {
+                w.head[c][u] = *reinterpret_cast<const unsigned int*>(blk);
+                w.lo[c][u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
+            } else if (TYPE == GGML_Q4_0) {
+                w.head[c][u] = h[0];
+                w.lo[c][u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
+            } else {
+                w.head[c][u] = h[0];
+                w.lo[c][u] = (unsigned int)h[1 + 4 * sub] | ((unsigned int)h[2 + 4 * sub] << 16);
+                w.hi[c][u] = (unsigned int)h[3 + 4 * sub] | ((unsigned int)h[4 + 4 * sub] << 16);
+            }
+        }
+    }
+}
+
+// The first pass's weight words of N rows of type `dtype` (nothing for float
+// weights, which dot_cols reads itself). Weights are read-only, so a kernel
+// calls this before encore_grid_wait(): the loads then overlap the previous
+// kernel instead of following the wait.
+template <int N>
+__device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsigned char* const* rows, unsigned int k,
+                                                 unsigned int lane, QuantPass<N>& w) {
+    switch (dtype) {
+        case GGML_Q4_1: quant_pass_load<GGML_Q4_1, N>(rows, k / 32, 0, lane, w); return;
+        case GGML_Q4_0: quant_pass_load<GGML_Q4_0, N>(rows, k / 32, 0, lane, w); return;
+        case GGML_Q8_0: quant_pass_load<GGML_Q8_0, N>(rows, k / 32, 0, lane, w); return;
+        default: return;
+    }
+}
+
+// Q4_0, Q4_1 and Q8_0: per-lane partial dot products of N weight rows
+// (`rows[c]`) with one activation row, whose elements each lane loads once
+// for all N rows (and, with NORM, multiplies by `g` and squares into `sq`).
+// Lane layout and arithmetic as in dot_q4 and dot_q8_0.
+//
+// A pass covers DOT_STEPS steps of 8 blocks. Every load of a pass (weights,
+// activations, norm weights) is issued before any of them is used, from
+// addresses clamped into the row, so that one memory round trip serves the
+// whole pass: a load behind a branch, or behind arithmetic on an earlier
+// load, would wait for that load first. A lane whose block lies past the
+// row end (the last step of a row whose blocks are not a multiple of 8)
+// loads the last block again and adds nothing. Whether a step exists at all
+// is the same for every lane, and a constant once the kernel is specialized
+// for its shape, so the loops unroll to exactly the steps a row has. The
+// first pass's weights come from `first` when the caller loaded them
+// already (quant_pass_first), else from memory here.
 template <unsigned int TYPE, bool VEC, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows, const float* __restrict__ x,
                                                const float* __restrict__ g, unsigned int k, unsigned int lane,
-                                               float* acc, float& sq) {
-    const unsigned int bytes = TYPE == GGML_Q4_1 ? 20u : TYPE == GGML_Q4_0 ? 18u : 34u;
+                                               float* acc, float& sq, const QuantPass<N>* first) {
     const unsigned int nb = k / 32, sub = lane & 3;
     for (unsigned int base = 0; base < nb; base += 8 * DOT_STEPS) {
-        // Scale words and codes of each row and step (Q8_0: 8 codes in lo and hi; Q4: 8 nibbles in lo),
-        // the lane's 8 activations of each step and their norm weights.
-        unsigned int head[N][DOT_STEPS], lo[N][DOT_STEPS], hi[N][DOT_STEPS];
+        QuantPass<N> w;
+        if (first != nullptr && base == 0) w = *first;
+        else quant_pass_load<TYPE, N>(rows, nb, base, lane, w);
+        // The lane's 8 activations of each step and their norm weights.
         float xv[DOT_STEPS][8], gv[DOT_STEPS][8];
         bool live[DOT_STEPS];
 #pragma unroll
@@ -537,23 +622,6 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
             const unsigned int b = base + 8 * u + (lane >> 2);
             live[u] = b < nb;
             const unsigned int bc = live[u] ? b : nb - 1;
-#pragma unroll
-            for (int c = 0; c < N; ++c) {
-                const unsigned char* blk = rows[c] + (size_t)bc * bytes;
-                const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
-                hi[c][u] = 0u;
-                if (TYPE == GGML_Q4_1) {
-                    head[c][u] = *reinterpret_cast<const unsigned int*>(blk);
-                    lo[c][u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
-                } else if (TYPE == GGML_Q4_0) {
-                    head[c][u] = h[0];
-                    lo[c][u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
-                } else {
-                    head[c][u] = h[0];
-                    lo[c][u] = (unsigned int)h[1 + 4 * sub] | ((unsigned int)h[2 + 4 * sub] << 16);
-                    hi[c][u] = (unsigned int)h[3 + 4 * sub] | ((unsigned int)h[4 + 4 * sub] << 16);
-                }
-            }
             const unsigned int e = bc * 32 + (TYPE == GGML_Q8_0 ? 8 * sub : 4 * sub);
             const unsigned int e2 = e + (TYPE == GGML_Q8_0 ? 4 : 16);
             load4<VEC>(x + e, xv[u]);
@@ -582,12 +650,12 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
             for (int i = 0; i < 4; ++i) sx += xv[u][i] + xv[u][4 + i];
 #pragma unroll
             for (int c = 0; c < N; ++c) {
-                const float d = f16_to_f32((f16_bits)(head[c][u] & 0xffffu));
+                const float d = f16_to_f32((f16_bits)(w.head[c][u] & 0xffffu));
                 if (TYPE == GGML_Q8_0) {
                     float dot = 0.f;
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
-                        const unsigned int word = i < 4 ? lo[c][u] : hi[c][u];
+                        const unsigned int word = i < 4 ? w.lo[c][u] : w.hi[c][u];
                         dot = fmaf((float)(signed char)((word >> (8 * (i & 3))) & 0xffu), xv[u][i], dot);
                     }
                     acc[c] = live[u] ? fmaf(d, dot, acc[c]) : acc[c];
@@ -595,10 +663,10 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
                     float nx = 0.f;
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        nx = fmaf((float)((lo[c][u] >> (8 * i)) & 15u), xv[u][i], nx);
-                        nx = fmaf((float)((lo[c][u] >> (8 * i + 4)) & 15u), xv[u][4 + i], nx);
+                        nx = fmaf((float)((w.lo[c][u] >> (8 * i)) & 15u), xv[u][i], nx);
+                        nx = fmaf((float)((w.lo[c][u] >> (8 * i + 4)) & 15u), xv[u][4 + i], nx);
                     }
-                    const float part = TYPE == GGML_Q4_1 ? fmaf(d, nx, f16_to_f32((f16_bits)(head[c][u] >> 16)) * sx)
+                    const float part = TYPE == GGML_Q4_1 ? fmaf(d, nx, f16_to_f32((f16_bits)(w.head[c][u] >> 16)) * sx)
                                                          : d * fmaf(-8.f, sx, nx);
                     acc[c] = live[u] ? acc[c] + part : acc[c];
                 }
@@ -614,19 +682,20 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
 template <bool NORM, int N>
 __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char* const* rows,
                                          const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
-                                         unsigned int lane, bool x16, bool vec_float, float* acc, float& sq) {
+                                         unsigned int lane, bool x16, bool vec_float, float* acc, float& sq,
+                                         const QuantPass<N>* first) {
     switch (dtype) {
         case GGML_Q4_1:
-            if (x16) dot_cols_quant<GGML_Q4_1, true, NORM, N>(rows, x, g, k, lane, acc, sq);
-            else dot_cols_quant<GGML_Q4_1, false, NORM, N>(rows, x, g, k, lane, acc, sq);
+            if (x16) dot_cols_quant<GGML_Q4_1, true, NORM, N>(rows, x, g, k, lane, acc, sq, first);
+            else dot_cols_quant<GGML_Q4_1, false, NORM, N>(rows, x, g, k, lane, acc, sq, first);
             return;
         case GGML_Q4_0:
-            if (x16) dot_cols_quant<GGML_Q4_0, true, NORM, N>(rows, x, g, k, lane, acc, sq);
-            else dot_cols_quant<GGML_Q4_0, false, NORM, N>(rows, x, g, k, lane, acc, sq);
+            if (x16) dot_cols_quant<GGML_Q4_0, true, NORM, N>(rows, x, g, k, lane, acc, sq, first);
+            else dot_cols_quant<GGML_Q4_0, false, NORM, N>(rows, x, g, k, lane, acc, sq, first);
             return;
         case GGML_Q8_0:
-            if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, acc, sq);
-            else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, acc, sq);
+            if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, acc, sq, first);
+            else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, acc, sq, first);
             return;
         default:
 #pragma unroll
