@@ -282,8 +282,9 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     QuantPass<2 * MM_COLS> first_both;
     if (live && s.rows == 1) {
         fused_col_rows(c, cols, row_bytes, row_bytes2, rows);
-        if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, s.k, lane, first_both);
-        else quant_pass_first<MM_COLS>(dtype, rows, s.k, lane, first);
+        const float* gn = s.norm ? g : nullptr;
+        if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, gn, s.k, lane, first_both);
+        else quant_pass_first<MM_COLS>(dtype, rows, gn, s.k, lane, first);
     }
     encore_grid_wait();
     if (!live) return;  // the whole warp leaves together

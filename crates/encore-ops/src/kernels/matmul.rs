@@ -199,7 +199,7 @@ matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* 
     QuantPass<MM_COLS> first;
     if (s.rows == 1 && cols > 0) {
         matmul_col_rows(w, s, j0, cols, rows);
-        quant_pass_first<MM_COLS>(s.dtype, rows, s.k, lane, first);
+        quant_pass_first<MM_COLS>(s.dtype, rows, nullptr, s.k, lane, first);
     }
     encore_grid_wait();
     if (cols == 0) return;  // the whole warp leaves together
@@ -536,10 +536,37 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
 // The weight words of one pass of dot_cols_quant over N rows: each row's
 // scale word and codes for every step (Q8_0: 8 codes in lo and hi; Q4: 8
 // nibbles in lo).
+// With a norm folded in, also the lane's norm weights of each step.
 template <int N>
 struct QuantPass {
     unsigned int head[N][DOT_STEPS], lo[N][DOT_STEPS], hi[N][DOT_STEPS];
+    float g[DOT_STEPS][8];
 };
+
+// The first and the fifth of the 8 activations a lane takes in block `b`
+// (Q8_0: 8 consecutive; Q4: 4 and the 4 that sit 16 further).
+template <unsigned int TYPE>
+__device__ __forceinline__ void quant_lane_elements(unsigned int b, unsigned int lane, unsigned int& e,
+                                                    unsigned int& e2) {
+    e = b * 32 + (TYPE == GGML_Q8_0 ? 8 * (lane & 3) : 4 * (lane & 3));
+    e2 = e + (TYPE == GGML_Q8_0 ? 4 : 16);
+}
+
+// Loads the norm weights of the pass from block `base` on (the elements
+// the lane's activations multiply).
+template <unsigned int TYPE, bool VEC, int N>
+__device__ __forceinline__ void norm_pass_load(const float* __restrict__ g, unsigned int nb, unsigned int base,
+                                               unsigned int lane, QuantPass<N>& w) {
+#pragma unroll
+    for (int u = 0; u < DOT_STEPS; ++u) {
+        if (base + 8 * u >= nb) break;
+        const unsigned int b = base + 8 * u + (lane >> 2);
+        unsigned int e, e2;
+        quant_lane_elements<TYPE>(b < nb ? b : nb - 1, lane, e, e2);
+        load4<VEC>(g + e, w.g[u]);
+        load4<VEC>(g + e2, w.g[u] + 4);
+    }
+}
 
 // Loads the weight words of the pass from block `base` on, from addresses
 // clamped into the row (a lane past the row end reads its last block).
@@ -573,17 +600,28 @@ __device__ __forceinline__ void quant_pass_load(const unsigned char* const* rows
     }
 }
 
-// The first pass's weight words of N rows of type `dtype` (nothing for float
+// The first pass's weight words of N rows of type `dtype`, and with a norm
+// weight `g` (not null) its elements for that pass (nothing for float
 // weights, which dot_cols reads itself). Weights are read-only, so a kernel
 // calls this before encore_grid_wait(): the loads then overlap the previous
 // kernel instead of following the wait.
+template <unsigned int TYPE, int N>
+__device__ __forceinline__ void quant_pass_first_of(const unsigned char* const* rows, const float* __restrict__ g,
+                                                    unsigned int k, unsigned int lane, QuantPass<N>& w) {
+    quant_pass_load<TYPE, N>(rows, k / 32, 0, lane, w);
+    if (g == nullptr) return;
+    if (((size_t)g & 15u) == 0) norm_pass_load<TYPE, true, N>(g, k / 32, 0, lane, w);
+    else norm_pass_load<TYPE, false, N>(g, k / 32, 0, lane, w);
+}
+
 template <int N>
-__device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsigned char* const* rows, unsigned int k,
-                                                 unsigned int lane, QuantPass<N>& w) {
+__device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsigned char* const* rows,
+                                                 const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                                 QuantPass<N>& w) {
     switch (dtype) {
-        case GGML_Q4_1: quant_pass_load<GGML_Q4_1, N>(rows, k / 32, 0, lane, w); return;
-        case GGML_Q4_0: quant_pass_load<GGML_Q4_0, N>(rows, k / 32, 0, lane, w); return;
-        case GGML_Q8_0: quant_pass_load<GGML_Q8_0, N>(rows, k / 32, 0, lane, w); return;
+        case GGML_Q4_1: quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w); return;
+        case GGML_Q4_0: quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w); return;
+        case GGML_Q8_0: quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w); return;
         default: return;
     }
 }
@@ -608,28 +646,27 @@ template <unsigned int TYPE, bool VEC, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows, const float* __restrict__ x,
                                                const float* __restrict__ g, unsigned int k, unsigned int lane,
                                                float* acc, float& sq, const QuantPass<N>* first) {
-    const unsigned int nb = k / 32, sub = lane & 3;
+    const unsigned int nb = k / 32;
     for (unsigned int base = 0; base < nb; base += 8 * DOT_STEPS) {
         QuantPass<N> w;
-        if (first != nullptr && base == 0) w = *first;
-        else quant_pass_load<TYPE, N>(rows, nb, base, lane, w);
-        // The lane's 8 activations of each step and their norm weights.
-        float xv[DOT_STEPS][8], gv[DOT_STEPS][8];
+        if (first != nullptr && base == 0) {
+            w = *first;
+        } else {
+            quant_pass_load<TYPE, N>(rows, nb, base, lane, w);
+            if (NORM) norm_pass_load<TYPE, VEC, N>(g, nb, base, lane, w);
+        }
+        // The lane's 8 activations of each step.
+        float xv[DOT_STEPS][8];
         bool live[DOT_STEPS];
 #pragma unroll
         for (int u = 0; u < DOT_STEPS; ++u) {
             if (base + 8 * u >= nb) break;
             const unsigned int b = base + 8 * u + (lane >> 2);
             live[u] = b < nb;
-            const unsigned int bc = live[u] ? b : nb - 1;
-            const unsigned int e = bc * 32 + (TYPE == GGML_Q8_0 ? 8 * sub : 4 * sub);
-            const unsigned int e2 = e + (TYPE == GGML_Q8_0 ? 4 : 16);
+            unsigned int e, e2;
+            quant_lane_elements<TYPE>(live[u] ? b : nb - 1, lane, e, e2);
             load4<VEC>(x + e, xv[u]);
             load4<VEC>(x + e2, xv[u] + 4);
-            if (NORM) {
-                load4<VEC>(g + e, gv[u]);
-                load4<VEC>(g + e2, gv[u] + 4);
-            }
         }
 #pragma unroll
         for (int u = 0; u < DOT_STEPS; ++u) {
@@ -642,7 +679,7 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     sq = fmaf(xv[u][i], xv[u][i], sq);
-                    xv[u][i] *= gv[u][i];
+                    xv[u][i] *= w.g[u][i];
                 }
             }
             float sx = 0.f;
