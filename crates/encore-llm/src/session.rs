@@ -52,7 +52,7 @@ impl Session {
         let cache = model.new_cache(max_seq)?;
         let params = Params::new(&device, &["pos", "token"])?;
         let decode = Activations::new(&model, 1)?;
-        let argmax_out = device.alloc(4)?;
+        let argmax_out = model.ops.argmax_buffer()?;
         let history = device.alloc(max_seq * 4)?;
         let graphs = GraphCache::new(model.ops.fusion_patterns());
         let use_graphs = device.config().graphs;
@@ -341,7 +341,7 @@ impl Session {
     /// The device-side argmax of the last decode step's logits.
     pub fn argmax(&self) -> Result<u32> {
         let mut out = [0u32];
-        self.argmax_out.download_into(&mut out)?;
+        self.argmax_out.view(0, 4)?.download_into(&mut out)?;
         Ok(out[0])
     }
 

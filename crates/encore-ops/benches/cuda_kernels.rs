@@ -106,7 +106,7 @@ fn main() {
     let max_seq = 2048;
     let kc = device.alloc(max_seq * kv * 2).unwrap();
     let vc = device.alloc(max_seq * kv * 2).unwrap();
-    let out = device.alloc(4).unwrap();
+    let out = ops.argmax_buffer().unwrap();
     let bytes = |w: &[&Weight]| w.iter().map(|w| w.buffer.len()).sum::<usize>();
 
     println!("kernel                         us/node  nodes  weight GB/s");

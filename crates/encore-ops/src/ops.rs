@@ -421,18 +421,39 @@ impl Ops {
         )
     }
 
-    /// `out[0] = argmax(x[..n])`.
+    /// `out[0] = argmax(x[..n])`, the first index of the largest value;
+    /// `out` comes from [`Ops::argmax_buffer`] (its other bytes are the
+    /// kernel's scratch, zero between dispatches).
     pub fn argmax(&self, enc: &mut Encoder, x: &Buffer, out: &Buffer, n: usize) -> Result<()> {
+        if out.len() < argmax::OUT_BYTES || !out.offset().is_multiple_of(8) {
+            return Err(invalid(
+                "argmax",
+                "argmax",
+                format!(
+                    "out must hold {} bytes at an 8-byte aligned offset (Ops::argmax_buffer makes one); \
+                     got {} bytes at offset {}",
+                    argmax::OUT_BYTES,
+                    out.len(),
+                    out.offset()
+                ),
+            ));
+        }
         enc.dispatch(
             &self.argmax,
             &[
                 Arg::read(&f32s(x, n)?),
-                Arg::write(&out.view(0, 4)?),
+                Arg::read_write(&out.view(0, argmax::OUT_BYTES)?),
                 Arg::value(&(n as u32)),
             ],
-            Launch::new(1, argmax::CUDA_BLOCK),
+            argmax::cuda_launch(n as u32),
             "argmax",
         )
+    }
+
+    /// A buffer for [`Ops::argmax`]'s result: [`argmax::OUT_BYTES`] bytes,
+    /// zeroed, the index in the first four.
+    pub fn argmax_buffer(&self) -> Result<Buffer> {
+        self.device.buffer_from(&[0u32; argmax::OUT_BYTES / 4])
     }
 
     /// One greedy step's bookkeeping on the device: `token = next`,

@@ -366,22 +366,53 @@ fn embed_matches_cpu_bit_for_bit_for_every_table_type() {
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn argmax_matches_cpu_including_ties() {
+    // The CUDA kernel merges its blocks' results in the output buffer's
+    // scratch words, which must be zero again after every dispatch: one
+    // buffer per device serves every case, and all four words are compared.
     let mut rng = Rng::new();
     let pair = both();
-    for n in [1usize, 5, 1000, 49152, 100_003] {
-        let mut x = rng.vec(n);
-        if n > 10 {
-            // Two equal maxima: the first wins.
-            let (a, b) = (rng.below(n / 2), n / 2 + rng.below(n / 2));
-            x[a] = 2.0;
-            x[b] = 2.0;
+    let outs = [0, 1].map(|i| pair[i].argmax_buffer().unwrap());
+    for n in [1usize, 5, 1000, 4099, 49152, 100_003] {
+        for case in 0..4 {
+            let mut x = rng.vec(n);
+            if n > 10 {
+                // Two equal maxima: the first wins.
+                let (a, b) = (rng.below(n / 2), n / 2 + rng.below(n / 2));
+                let top = if case == 3 { f32::INFINITY } else { 2.0 };
+                x[a] = top;
+                x[b] = top;
+                match case {
+                    // NaNs, one above where the maxima sit: a NaN never wins.
+                    1 => {
+                        for _ in 0..8 {
+                            x[rng.below(n)] = f32::NAN;
+                        }
+                        x[(a + 1) % n] = f32::NAN;
+                    }
+                    // All values non-positive, the largest a -0.0 before a 0.0.
+                    2 => {
+                        for v in x.iter_mut() {
+                            *v = -v.abs();
+                        }
+                        x[a] = -0.0;
+                        x[b] = 0.0;
+                    }
+                    _ => {}
+                }
+            }
+            if case == 1 && n > 1 {
+                // A NaN first makes the answer 0, as the CPU's comparison gives.
+                x[0] = f32::NAN;
+            }
+            let [cpu, gpu] = on_both::<u32>(&pair, |ops| {
+                let i = usize::from(ops.device().kind() != encore::BackendKind::Cpu);
+                let xb = upload(ops, &x);
+                run(ops, |o, e| o.argmax(e, &xb, &outs[i], n));
+                outs[i].clone()
+            });
+            assert_eq!(gpu, cpu, "argmax of {n}, case {case}");
+            assert_eq!(&cpu[1..], &[0, 0, 0], "scratch left zero");
         }
-        let [cpu, gpu] = on_both::<u32>(&pair, |ops| {
-            let (xb, out) = (upload(ops, &x), ops.device().alloc(4).unwrap());
-            run(ops, |o, e| o.argmax(e, &xb, &out, n));
-            out
-        });
-        assert_eq!(gpu, cpu, "argmax of {n}");
     }
 }
 

@@ -1,6 +1,9 @@
 //! Argmax: `out[0] = argmax_i x[i]` (the first index among equal maxima).
 //!
-//! Arguments: `x: f32[n]` (read), `out: u32[1]` (write), `n: u32` (value).
+//! Arguments: `x: f32[n]` (read), `out: u32[4]` (read-write), `n: u32`
+//! (value). `out[1..4]` is the CUDA kernel's scratch for merging its
+//! blocks' results: it must be zero before a dispatch and is zero again
+//! after it (see [`crate::Ops::argmax_buffer`]).
 
 use encore::KernelDef;
 
@@ -35,59 +38,105 @@ pub fn argmax(x: &[f32]) -> u32 {
     (chunk * 64 + within) as u32
 }
 
-/// CUDA: one block of [`CUDA_BLOCK`] threads. Each thread keeps the best
-/// `(value, index)` of a strided part (read 16 bytes at a time when aligned); the block reduces pairs with warp
-/// shuffles, preferring the larger value and, among equal values, the
-/// smaller index. As on the CPU, a NaN never wins, and a NaN at index 0
-/// makes the answer 0.
+/// CUDA: blocks of [`CUDA_BLOCK`] threads, each thread taking
+/// [`CUDA_PER_THREAD`] values (four at a load when aligned, all its loads
+/// in flight at once), so the whole vector takes one memory round trip
+/// spread over many multiprocessors. A block reduces its best
+/// `(value, index)` pairs with warp shuffles, preferring the larger value
+/// and, among equal values, the smaller index, packs the winner into one
+/// 64-bit key ordered the same way and merges it into `out[2..4]` with an
+/// atomic maximum; the last block to finish (counted in `out[1]`) writes
+/// the index to `out[0]` and sets `out[1..4]` back to zero. As on the CPU,
+/// a NaN never wins, and a NaN at index 0 makes the answer 0.
 const ARGMAX_CUDA: &str = r#"
+#define ARGMAX_LOADS 4
+
 __device__ __forceinline__ void argmax_take(float& v, unsigned int& i, float ov, unsigned int oi) {
     if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+}
+
+// (value, index) as a key whose unsigned order is argmax_take's: the
+// value's bits made monotonic (-0 counted as +0, which compares equal)
+// above the complemented index; 0 for no value at all.
+__device__ __forceinline__ unsigned long long argmax_key(float v, unsigned int i) {
+    if (i == 0xffffffffu) return 0ull;
+    const unsigned int b = __float_as_uint(v == 0.f ? 0.f : v);
+    const unsigned int ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)ordered << 32) | (unsigned long long)~i;
 }
 
 extern "C" __global__ void argmax(const float* __restrict__ x, unsigned int* __restrict__ out, unsigned int n) {
     encore_fix_value(n);
     encore_grid_wait();
-    __shared__ float best_v[32];
-    __shared__ unsigned int best_i[32];
+    __shared__ unsigned long long best[32];
+    __shared__ bool last;
     float v = __uint_as_float(0xff800000u);  // -infinity (NVRTC has no math.h)
     unsigned int i = 0xffffffffu;
-    unsigned int tail = 0;
     if (((size_t)x & 15u) == 0) {
-        // Four values a load, several loads in flight per thread.
+        // Each block takes ARGMAX_LOADS * 4 * blockDim.x values, loaded
+        // from addresses clamped into the vector (the extra ones ignored);
+        // block 0 also takes the n % 4 values past the last full load.
         const float4* x4 = reinterpret_cast<const float4*>(x);
         const unsigned int n4 = n / 4;
-#pragma unroll 4
-        for (unsigned int q = threadIdx.x; q < n4; q += blockDim.x) {
-            const float4 a = x4[q];
-            argmax_take(v, i, a.x, 4 * q);
-            argmax_take(v, i, a.y, 4 * q + 1);
-            argmax_take(v, i, a.z, 4 * q + 2);
-            argmax_take(v, i, a.w, 4 * q + 3);
+        const unsigned int q0 = blockIdx.x * ARGMAX_LOADS * blockDim.x + threadIdx.x;
+        if (n4 > 0) {
+            float4 a[ARGMAX_LOADS];
+#pragma unroll
+            for (int u = 0; u < ARGMAX_LOADS; ++u) a[u] = x4[min(q0 + u * blockDim.x, n4 - 1)];
+#pragma unroll
+            for (int u = 0; u < ARGMAX_LOADS; ++u) {
+                const unsigned int q = q0 + u * blockDim.x;
+                if (q < n4) {
+                    argmax_take(v, i, a[u].x, 4 * q);
+                    argmax_take(v, i, a[u].y, 4 * q + 1);
+                    argmax_take(v, i, a[u].z, 4 * q + 2);
+                    argmax_take(v, i, a[u].w, 4 * q + 3);
+                }
+            }
         }
-        tail = 4 * n4;
+        if (blockIdx.x == 0)
+            for (unsigned int j = 4 * n4 + threadIdx.x; j < n; j += blockDim.x) argmax_take(v, i, x[j], j);
+    } else {
+        for (unsigned int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+            argmax_take(v, i, x[j], j);
     }
-    for (unsigned int j = tail + threadIdx.x; j < n; j += blockDim.x) argmax_take(v, i, x[j], j);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         argmax_take(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    if (lane == 0) { best_v[warp] = v; best_i[warp] = i; }
+    if (lane == 0) best[warp] = argmax_key(v, i);
     __syncthreads();
-    if (warp == 0) {
-        const unsigned int warps = (blockDim.x + 31) / 32;
-        v = lane < warps ? best_v[lane] : __uint_as_float(0xff800000u);
-        i = lane < warps ? best_i[lane] : 0xffffffffu;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            argmax_take(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-        if (lane == 0) out[0] = (i == 0xffffffffu || n == 0 || x[0] != x[0]) ? 0u : i;
+    unsigned long long* key = reinterpret_cast<unsigned long long*>(out + 2);
+    if (threadIdx.x == 0) {
+        unsigned long long k = 0ull;
+        for (unsigned int w = 0; w < (blockDim.x + 31) / 32; ++w) k = max(k, best[w]);
+        if (k != 0ull) atomicMax(key, k);
+        __threadfence();
+        last = atomicAdd(out + 1, 1u) == gridDim.x - 1;
     }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    // Every block's maximum is in: take the answer and leave the scratch zero.
+    __threadfence();
+    const unsigned long long k = atomicExch(key, 0ull);
+    out[1] = 0u;
+    out[0] = (k == 0ull || n == 0 || x[0] != x[0]) ? 0u : ~(unsigned int)(k & 0xffffffffull);
 }
 "#;
 
-/// CUDA threads in the one block.
-pub const CUDA_BLOCK: u32 = 1024;
+/// CUDA threads a block.
+pub const CUDA_BLOCK: u32 = 256;
+
+/// Values a CUDA thread takes (`4 * ARGMAX_LOADS` in the source).
+pub const CUDA_PER_THREAD: u32 = 16;
+
+/// Bytes of the `out` buffer: the index, then the kernel's scratch.
+pub const OUT_BYTES: usize = 16;
+
+/// The CUDA launch for `n` values.
+pub fn cuda_launch(n: u32) -> encore::Launch {
+    encore::Launch::new(n.div_ceil(CUDA_BLOCK * CUDA_PER_THREAD).max(1), CUDA_BLOCK)
+}
 
 pub fn def() -> KernelDef {
     KernelDef::new("argmax")
@@ -97,7 +146,7 @@ pub fn def() -> KernelDef {
             let x = a.read::<f32>(0)?;
             super::need("x", x, n)?;
             let out = a.write::<u32>(1)?;
-            super::need("out", out, 1)?;
+            super::need("out", out, OUT_BYTES / 4)?;
             out[0] = argmax(&x[..n]);
             Ok(())
         })
