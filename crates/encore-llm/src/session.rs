@@ -19,6 +19,15 @@ use encore::{Buffer, GraphCache, GraphExec, Params};
 use crate::error::{LlmError, Result};
 use crate::model::{Activations, LayerCache, Model};
 
+/// Greedy decode steps one replay of the self-feeding graph runs: each
+/// replay boundary costs the device the end of one graph, two events and
+/// the start of the next, which the steps inside one replay do without.
+/// More steps a replay make the device's step shorter but the token no
+/// faster (synthetic SmolLM2 on an H200, µs per token on the device and
+/// on the wall with 1, 2 and 4 steps: 335.7 / 340.2, 334.4 / 340.2, 333.8
+/// / 342.7), and a short generation can only use whole replays.
+pub const GREEDY_STEPS_PER_REPLAY: usize = 2;
+
 /// One conversation's state on the device.
 pub struct Session {
     model: Arc<Model>,
@@ -33,8 +42,9 @@ pub struct Session {
     history: Buffer,
     graphs: GraphCache,
     step: Option<GraphExec>,
-    /// The self-feeding greedy step, once recorded.
-    greedy: Option<GraphExec>,
+    /// The self-feeding greedy step, once recorded: one run a replay, and
+    /// [`GREEDY_STEPS_PER_REPLAY`] runs a replay.
+    greedy: [Option<GraphExec>; 2],
     use_graphs: bool,
     last_step_time: Option<std::time::Duration>,
     step_times: Vec<std::time::Duration>,
@@ -67,7 +77,7 @@ impl Session {
             history,
             graphs,
             step: None,
-            greedy: None,
+            greedy: [None, None],
             use_graphs,
             last_step_time: None,
             step_times: Vec::new(),
@@ -153,15 +163,11 @@ impl Session {
     }
 
     /// The self-feeding greedy step (the forward pass, the argmax and
-    /// [`encore_ops::Ops::advance`]), recorded and instantiated on first use.
-    ///
-    /// One step a graph, replayed once per token: a graph of several steps
-    /// saves each token its launch (H200: 1640 against 1530 tok/s with 8
-    /// steps a graph), but the graph passes grow faster than linearly with
-    /// the node count (8 steps took 0.5 s to instantiate on the CPU against
-    /// 8 ms for one), which a short generation would pay many times over.
-    fn greedy_graph(&mut self) -> Result<GraphExec> {
-        if let Some(e) = &self.greedy {
+    /// [`encore_ops::Ops::advance`]), recorded and instantiated on first
+    /// use, with `runs` steps a replay (1 or [`GREEDY_STEPS_PER_REPLAY`]).
+    fn greedy_graph(&mut self, runs: usize) -> Result<GraphExec> {
+        let slot = usize::from(runs > 1);
+        if let Some(e) = &self.greedy[slot] {
             return Ok(e.clone());
         }
         let device = self.model.device.clone();
@@ -173,6 +179,7 @@ impl Session {
             .advance(&mut enc, &self.argmax_out, &token, &pos, &self.history)?;
         let mut graph = enc.finish_graph()?;
         graph.set_params(&self.params);
+        graph.set_runs_per_replay(runs);
         graph.mark_output(&self.decode.logits);
         graph.mark_output(self.params.buffer());
         graph.mark_output(&self.history);
@@ -181,7 +188,7 @@ impl Session {
             graph.mark_output(&lc.v);
         }
         let exec = self.graphs.get_or_instantiate(&graph)?;
-        self.greedy = Some(exec.clone());
+        self.greedy[slot] = Some(exec.clone());
         Ok(exec)
     }
 
@@ -189,7 +196,7 @@ impl Session {
     /// so that its first call does not pay for it.
     pub fn prepare_greedy(&mut self) -> Result<()> {
         if self.use_graphs {
-            self.greedy_graph()?;
+            self.greedy_graph(GREEDY_STEPS_PER_REPLAY)?;
         }
         Ok(())
     }
@@ -199,11 +206,13 @@ impl Session {
     /// logits as the next step's input, on the device. Steps are queued
     /// `batch` at a time and their tokens read back once per batch;
     /// `on_token` gets each chosen token in order and returns whether to go
-    /// on. Returns the number of tokens delivered. The position advances
-    /// by one per delivered token; steps queued past a stop only wrote cache
-    /// positions that later steps overwrite (and [`Session::logits`] then
-    /// holds the last queued step's logits). Without graphs, each step runs
-    /// eagerly and its argmax is read back at once.
+    /// on. Returns the number of tokens delivered. The next batch is
+    /// queued before a batch's tokens are read, so up to two batches run
+    /// past a stop: the position advances by one per delivered token, the
+    /// steps queued past it only wrote cache positions that later steps
+    /// overwrite (and [`Session::logits`] then holds the last queued step's
+    /// logits). Without graphs, each step runs eagerly and its argmax is
+    /// read back at once.
     pub fn decode_greedy(
         &mut self,
         token: u32,
@@ -235,24 +244,26 @@ impl Session {
         let batch = batch.max(1);
         let mut tokens = vec![0u32; batch];
         let mut done = 0;
-        let exec = self.greedy_graph()?;
+        // The next batch is queued before this one's tokens are read, so
+        // that the device never waits for the host between batches.
+        let mut current = self.queue_greedy(start, token, 0, batch.min(max))?;
         while done < max {
             let n = batch.min(max - done);
-            let mut queued = Vec::with_capacity(n);
-            for i in 0..n {
-                // The first step starts from the host's token and position;
-                // the others from what the step before them left.
-                let values = [("pos", start as u32), ("token", token)];
-                let first = done == 0 && i == 0;
-                queued.push(exec.replay(if first { &values[..] } else { &[] })?);
-            }
+            let next = if done + n < max {
+                Some(self.queue_greedy(start, token, done + n, batch.min(max - done - n))?)
+            } else {
+                None
+            };
             let read = self.history.view((start + done) * 4, n * 4)?;
-            read.download_into(&mut tokens[..n])?;
-            for s in &queued {
+            if let Some((last, _)) = current.last() {
+                read.download_after(last, &mut tokens[..n])?;
+            }
+            for (s, runs) in &current {
                 s.wait()?;
                 if let Some(t) = s.elapsed() {
-                    self.last_step_time = Some(t);
-                    self.step_times.push(t);
+                    let per_step = t / *runs as u32;
+                    self.last_step_time = Some(per_step);
+                    self.step_times.extend(std::iter::repeat_n(per_step, *runs));
                 }
             }
             for (i, &t) in tokens[..n].iter().enumerate() {
@@ -262,8 +273,39 @@ impl Session {
                 }
             }
             done += n;
+            current = next.unwrap_or_default();
         }
         Ok(done)
+    }
+
+    /// Queues `n` self-feeding greedy steps, the first of them step `done`
+    /// of a decode that started from `token` at position `start`: replays
+    /// of several steps while they fit, then single steps. Returns each
+    /// replay with its steps.
+    fn queue_greedy(
+        &mut self,
+        start: usize,
+        token: u32,
+        done: usize,
+        n: usize,
+    ) -> Result<Vec<(encore::Submission, usize)>> {
+        let mut queued = Vec::new();
+        let mut steps = 0;
+        while steps < n {
+            let runs = if n - steps >= GREEDY_STEPS_PER_REPLAY {
+                GREEDY_STEPS_PER_REPLAY
+            } else {
+                1
+            };
+            let exec = self.greedy_graph(runs)?;
+            // The first step starts from the host's token and position;
+            // the others from what the step before them left.
+            let values = [("pos", start as u32), ("token", token)];
+            let first = done == 0 && steps == 0;
+            queued.push((exec.replay(if first { &values[..] } else { &[] })?, runs));
+            steps += runs;
+        }
+        Ok(queued)
     }
 
     /// Encodes one decode step: the forward pass of the token in the

@@ -158,6 +158,28 @@ impl Buffer {
             .read(self.alloc.mem, self.offset, bytes)
     }
 
+    /// Fills `out` from the start of this buffer as `after` left it: waits
+    /// for `after` to complete, but not for work submitted later, which
+    /// keeps the device busy meanwhile. Later work must not write the bytes
+    /// read (they would come back in an unspecified state); this is for
+    /// reading results while the next work runs, such as the tokens of one
+    /// batch of decode steps while the next batch decodes.
+    pub fn download_after<T: bytemuck::Pod>(
+        &self,
+        after: &crate::Submission,
+        out: &mut [T],
+    ) -> Result<()> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        self.check_range("download", 0, bytes.len())?;
+        if !after.device().same(&self.device) {
+            return Err(Error::WrongDevice("download_after"));
+        }
+        after.wait()?;
+        self.device
+            .backend()
+            .read_settled(self.alloc.mem, self.offset, bytes)
+    }
+
     fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<usize> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(end),

@@ -55,6 +55,11 @@ impl Submission {
         &self.label
     }
 
+    /// The device the work runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Blocks until the work completes. A failure inside any dispatch comes
     /// back here as a typed error; later calls report it again.
     pub fn wait(&self) -> Result<()> {

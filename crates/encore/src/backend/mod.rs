@@ -95,6 +95,48 @@ impl Program {
             .get(d.args.start as usize..d.args.end as usize)
             .unwrap_or(&[])
     }
+
+    /// The program run `times` times in a row: copy `i + 1` starts after
+    /// all of copy `i` (its first groups follow the last group before them;
+    /// with edges, every dispatch nothing in its copy waits for precedes
+    /// every dispatch that waits for nothing in the next copy). The copies
+    /// share the inline-byte arena.
+    pub(crate) fn repeated(&self, times: usize) -> Program {
+        let n = self.dispatches.len() as u32;
+        let arg_count = self.args.len() as u32;
+        let has_out: Vec<bool> = (0..n)
+            .map(|i| self.edges.iter().any(|&(a, _)| a == i))
+            .collect();
+        let has_in: Vec<bool> = (0..n)
+            .map(|i| self.edges.iter().any(|&(_, b)| b == i))
+            .collect();
+        let mut out = Program {
+            bytes: self.bytes.clone(),
+            ..Program::default()
+        };
+        for copy in 0..times as u32 {
+            let (first, args_at) = (copy * n, copy * arg_count);
+            out.args.extend_from_slice(&self.args);
+            out.dispatches
+                .extend(self.dispatches.iter().map(|d| DispatchRec {
+                    args: d.args.start + args_at..d.args.end + args_at,
+                    ..d.clone()
+                }));
+            out.group_ends
+                .extend(self.group_ends.iter().map(|&e| e + first));
+            out.edges
+                .extend(self.edges.iter().map(|&(a, b)| (a + first, b + first)));
+            if copy > 0 && !self.edges.is_empty() {
+                let prev = first - n;
+                for sink in (0..n).filter(|&i| !has_out[i as usize]) {
+                    for source in (0..n).filter(|&i| !has_in[i as usize]) {
+                        out.edges.push((prev + sink, first + source));
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 /// Bytes written into device memory before a program runs (graph parameters).
@@ -151,6 +193,13 @@ pub(crate) trait Backend: Send + Sync {
     fn write(&self, mem: RawMem, offset: usize, data: &[u8]) -> Result<()>;
     /// Copies device bytes out, ordered after all submitted work.
     fn read(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Copies device bytes out without waiting for submitted work, which
+    /// goes on running: the caller has seen the work that wrote them
+    /// complete. Backends that cannot copy beside running work read as
+    /// [`Backend::read`] does.
+    fn read_settled(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.read(mem, offset, out)
+    }
     /// Compiles a kernel's implementation for this backend.
     fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>>;
     /// Runs a program once.

@@ -65,6 +65,7 @@ impl GraphExec {
         options: Options,
     ) -> Result<GraphExec> {
         let device = graph.device.clone();
+        let runs = graph.runs_per_replay();
         let (nodes, outputs, params) = graph.clone().into_parts();
         let recorded = passes::schedule(&nodes, false);
         let before = GraphShape::new(nodes.len(), recorded.edges.len(), &recorded.group_ends);
@@ -132,8 +133,13 @@ impl GraphExec {
             fused,
             removed,
             specialized,
+            runs_per_replay: runs,
         };
-        let program = Arc::new(program);
+        let program = Arc::new(if runs > 1 {
+            program.repeated(runs)
+        } else {
+            program
+        });
         let executable = device.backend().instantiate(program.clone())?;
         device.add_counters(&Counters {
             graph_instantiations: 1,
@@ -187,8 +193,9 @@ impl GraphExec {
         device.add_counters(&Counters {
             graph_replays: 1,
             submissions: 1,
-            dispatches: inner.nodes.len() as u64,
-            barriers: inner.stats.after.groups.saturating_sub(1) as u64,
+            dispatches: (inner.nodes.len() * inner.stats.runs_per_replay) as u64,
+            barriers: (inner.stats.after.groups * inner.stats.runs_per_replay).saturating_sub(1)
+                as u64,
             ..Counters::default()
         });
         let replay = device.next_replay();

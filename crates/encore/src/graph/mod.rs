@@ -161,6 +161,8 @@ pub struct GraphStats {
     pub removed: usize,
     /// Nodes given a kernel variant compiled for their shape.
     pub specialized: usize,
+    /// Runs of the graph one replay makes (the shapes above are one run's).
+    pub runs_per_replay: usize,
 }
 
 /// A recorded sequence of dispatches.
@@ -170,6 +172,7 @@ pub struct Graph {
     nodes: Vec<Node>,
     outputs: Vec<Buffer>,
     params: Option<Params>,
+    runs: usize,
 }
 
 impl Graph {
@@ -179,6 +182,7 @@ impl Graph {
             nodes,
             outputs: Vec::new(),
             params: None,
+            runs: 1,
         }
     }
 
@@ -200,6 +204,20 @@ impl Graph {
 
     pub fn params(&self) -> Option<&Params> {
         self.params.as_ref()
+    }
+
+    /// Makes one replay of the executable run the graph `runs` times in a
+    /// row, each run after the whole of the one before: for a graph whose
+    /// runs feed each other on the device (a greedy decode step), so that
+    /// the boundary between two replays is paid once per `runs` runs. The
+    /// passes work on one run. At least 1 (the default).
+    pub fn set_runs_per_replay(&mut self, runs: usize) {
+        self.runs = runs.max(1);
+    }
+
+    /// Runs of the graph in one replay.
+    pub fn runs_per_replay(&self) -> usize {
+        self.runs
     }
 
     pub fn outputs(&self) -> &[Buffer] {
@@ -252,6 +270,7 @@ impl Graph {
             h.write(&(o.offset() as u64).to_le_bytes());
             h.write(&(o.len() as u64).to_le_bytes());
         }
+        h.write(&(self.runs as u64).to_le_bytes());
         h.finish()
     }
 

@@ -263,6 +263,23 @@ impl Backend for CudaBackend {
         self.queue.synchronize()
     }
 
+    fn read_settled(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
+        let ctx = self.ctx();
+        ctx.bind()?;
+        ctx.usable()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller checked `offset + len` against the buffer,
+        // which stays allocated while borrowed; the copy runs on the legacy
+        // default stream, which the queue's non-blocking stream does not
+        // wait for, and is complete when the call returns.
+        let code = unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), mem + offset as u64, out.len())
+        };
+        ctx.check(code, || format!("copy {} bytes from the device", out.len()))
+    }
+
     fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>> {
         let source = def.cuda_impl().ok_or_else(|| Error::NoImplementation {
             kernel: def.name().to_string(),
