@@ -116,6 +116,37 @@ impl CudaBackend {
         Some(dir.join("kernels").join(format!("{}.cubin", key.digest())))
     }
 
+    /// Copies device bytes to `out`: after all submitted work (`ordered`),
+    /// or beside it.
+    fn copy_out(&self, mem: RawMem, offset: usize, out: &mut [u8], ordered: bool) -> Result<()> {
+        let ctx = self.ctx();
+        ctx.bind()?;
+        ctx.usable()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (dst, src, len) = (out.as_mut_ptr().cast(), mem + offset as u64, out.len());
+        // SAFETY: the caller checked `offset + len` against the buffer, which
+        // stays allocated while borrowed, and `out` is exclusively borrowed
+        // until the copy is complete: ordered, it runs on the queue's stream
+        // after submitted work and the synchronization below waits for it;
+        // otherwise it runs on the legacy default stream, which the queue's
+        // non-blocking stream does not wait for, and is complete on return.
+        let code = unsafe {
+            if ordered {
+                sys::cuMemcpyDtoHAsync_v2(dst, src, len, self.queue.stream)
+            } else {
+                sys::cuMemcpyDtoH_v2(dst, src, len)
+            }
+        };
+        ctx.check(code, || format!("copy {len} bytes from the device"))?;
+        if ordered {
+            self.queue.synchronize()
+        } else {
+            Ok(())
+        }
+    }
+
     /// Loads device code and finds `entry` in it.
     fn load(&self, def: &KernelDef, image: &[u8], entry: &str) -> Result<CudaKernel> {
         let ctx = &self.queue.ctx;
@@ -243,41 +274,11 @@ impl Backend for CudaBackend {
     }
 
     fn read(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
-        let ctx = self.ctx();
-        ctx.bind()?;
-        ctx.usable()?;
-        if out.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: as in `write`; `out` is exclusively borrowed until the
-        // stream has been synchronized.
-        let code = unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                out.as_mut_ptr().cast(),
-                mem + offset as u64,
-                out.len(),
-                self.queue.stream,
-            )
-        };
-        ctx.check(code, || format!("copy {} bytes from the device", out.len()))?;
-        self.queue.synchronize()
+        self.copy_out(mem, offset, out, true)
     }
 
     fn read_settled(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
-        let ctx = self.ctx();
-        ctx.bind()?;
-        ctx.usable()?;
-        if out.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the caller checked `offset + len` against the buffer,
-        // which stays allocated while borrowed; the copy runs on the legacy
-        // default stream, which the queue's non-blocking stream does not
-        // wait for, and is complete when the call returns.
-        let code = unsafe {
-            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), mem + offset as u64, out.len())
-        };
-        ctx.check(code, || format!("copy {} bytes from the device", out.len()))
+        self.copy_out(mem, offset, out, false)
     }
 
     fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>> {
