@@ -538,6 +538,78 @@ fn a_native_graph_with_real_edges_equals_eager_execution() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn a_native_graph_of_several_runs_a_replay_equals_running_them_in_turn() {
+    // a = x*s and b = x*2 run side by side, then x = a+b: each run reads
+    // the x the run before wrote, so the runs of one replay must follow
+    // each other through the graph's edges.
+    let d = cuda();
+    let scale = d
+        .load_kernel(&KernelDef::new("scale").cuda(SCALE, "scale"))
+        .unwrap();
+    let add = d
+        .load_kernel(&KernelDef::new("add").cuda(ADD, "add"))
+        .unwrap();
+    let n = 5000u32;
+    let start = Rng::new().vec(n as usize);
+    let bytes = n as usize * 4;
+    let (x, a, b) = (
+        d.buffer_from(&start).unwrap(),
+        d.alloc(bytes).unwrap(),
+        d.alloc(bytes).unwrap(),
+    );
+    let params = encore::Params::new(&d, &["s"]).unwrap();
+    let two = d.buffer_from(&[2.0f32]).unwrap();
+    let launch = Launch::cover(n, 128);
+    let record = |enc: &mut encore::Encoder, s: &Buffer| {
+        let nv = Arg::value(&n);
+        for (y, factor, label) in [(&a, s, "a"), (&b, &two, "b")] {
+            enc.dispatch(
+                &scale,
+                &[Arg::read(&x), Arg::write(y), Arg::read(factor), nv],
+                launch,
+                label,
+            )
+            .unwrap();
+        }
+        enc.dispatch(
+            &add,
+            &[Arg::read(&a), Arg::read(&b), Arg::write(&x), nv],
+            launch,
+            "x",
+        )
+        .unwrap();
+    };
+    let runs = 3;
+    let mut enc = d.encoder();
+    record(&mut enc, &params.slot("s").unwrap());
+    let mut graph = enc.finish_graph().unwrap();
+    graph.set_params(&params);
+    graph.set_runs_per_replay(runs);
+    graph.mark_output(&x);
+    let exec = graph.instantiate(&[]).unwrap();
+    assert!(exec.stats().after.edges >= 2, "{:?}", exec.stats());
+    let value = 0.75f32;
+    exec.replay(&[("s", value.to_bits())])
+        .unwrap()
+        .wait()
+        .unwrap();
+    let replayed: Vec<f32> = x.download().unwrap();
+
+    x.upload(&start).unwrap();
+    let scalar = d.buffer_from(&[value]).unwrap();
+    for _ in 0..runs {
+        let mut enc = d.encoder();
+        record(&mut enc, &scalar);
+        enc.commit_and_wait().unwrap();
+    }
+    let eager: Vec<f32> = x.download().unwrap();
+    assert_eq!(replayed, eager);
+    let once: Vec<f32> = start.iter().map(|v| v * value + v * 2.0).collect();
+    assert_ne!(replayed, once, "the runs fed each other");
+}
+
 const EARLY: &str = r#"
 // y[i] = x[i] * a + b after spinning `cycles` clock cycles, waiting for the
 // kernels before it first: launched early, it must still see their writes.

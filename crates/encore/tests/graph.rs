@@ -111,12 +111,15 @@ fn eager(ops: &[Op], values: &[u32], seed: u32) -> Vec<f32> {
     buf.download().unwrap()
 }
 
+/// The graph of `ops` replayed once for each of `values`, `runs` runs a
+/// replay.
 fn replayed(
     ops: &[Op],
     values: &[u32],
     seed: u32,
     fusion: bool,
     schedule: bool,
+    runs: usize,
 ) -> (Vec<f32>, encore::GraphStats) {
     let d = device_with(fusion, schedule);
     let k = mix_kernel(&d);
@@ -127,6 +130,7 @@ fn replayed(
     encode_ops(&d, &mut enc, &k, &buf, &scratch, &params, ops);
     let mut graph = enc.finish_graph().unwrap();
     graph.set_params(&params);
+    graph.set_runs_per_replay(runs);
     graph.mark_output(&buf);
     let exec = graph.instantiate(&[]).unwrap();
     // Drop every handle the caller had: the executable owns what it needs.
@@ -151,12 +155,28 @@ proptest! {
         seed in 0u32..1000,
     ) {
         let expected = eager(&ops, &values, seed);
-        let (got, stats) = replayed(&ops, &values, seed, true, true);
+        let (got, stats) = replayed(&ops, &values, seed, true, true, 1);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         prop_assert_eq!(bits(&got), bits(&expected));
         prop_assert!(stats.after.groups <= stats.before.groups, "{:?}", stats);
-        let (unscheduled, _) = replayed(&ops, &values, seed, false, false);
+        let (unscheduled, _) = replayed(&ops, &values, seed, false, false, 1);
         prop_assert_eq!(bits(&unscheduled), bits(&expected));
+    }
+
+    /// A replay of several runs equals as many eager executions with the
+    /// same parameter value, each run seeing what the one before wrote.
+    #[test]
+    fn a_replay_of_several_runs_equals_running_them_one_after_another(
+        ops in prop::collection::vec(op_strategy(256), 1..24),
+        value in 0u32..100,
+        runs in 2usize..5,
+        seed in 0u32..1000,
+    ) {
+        let expected = eager(&ops, &vec![value; runs], seed);
+        let (got, stats) = replayed(&ops, &[value], seed, true, true, runs);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&got), bits(&expected));
+        prop_assert_eq!(stats.runs_per_replay, runs);
     }
 }
 

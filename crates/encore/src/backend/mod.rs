@@ -104,12 +104,11 @@ impl Program {
     pub(crate) fn repeated(&self, times: usize) -> Program {
         let n = self.dispatches.len() as u32;
         let arg_count = self.args.len() as u32;
-        let has_out: Vec<bool> = (0..n)
-            .map(|i| self.edges.iter().any(|&(a, _)| a == i))
-            .collect();
-        let has_in: Vec<bool> = (0..n)
-            .map(|i| self.edges.iter().any(|&(_, b)| b == i))
-            .collect();
+        let (mut has_out, mut has_in) = (vec![false; n as usize], vec![false; n as usize]);
+        for &(a, b) in &self.edges {
+            has_out[a as usize] = true;
+            has_in[b as usize] = true;
+        }
         let mut out = Program {
             bytes: self.bytes.clone(),
             ..Program::default()
