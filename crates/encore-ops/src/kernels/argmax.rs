@@ -157,7 +157,22 @@ pub fn def() -> KernelDef {
 
 #[cfg(test)]
 mod tests {
-    use super::argmax;
+    use super::*;
+
+    /// The launch covers every value with the loads the kernel makes.
+    #[test]
+    fn rust_and_cuda_agree_on_the_values_a_thread_takes() {
+        let define = format!("#define ARGMAX_LOADS {}\n", CUDA_PER_THREAD / 4);
+        assert!(ARGMAX_CUDA.contains(&define));
+        for n in [1u32, 4096, 4097, 49152, 100_003] {
+            let launch = cuda_launch(n);
+            assert!(
+                launch.grid[0] * launch.block[0] * CUDA_PER_THREAD >= n,
+                "n {n}"
+            );
+            assert_eq!(launch.block[0], CUDA_BLOCK);
+        }
+    }
 
     fn one_pass(x: &[f32]) -> u32 {
         let mut best = 0usize;
