@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use encore::{Arg, Buffer, Config, Device, Error, KernelDef, Launch, ProfileMode};
+use encore::{Arg, Buffer, Config, Device, Error, Kernel, KernelDef, Launch, ProfileMode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 
@@ -445,16 +445,20 @@ extern "C" __global__ void add(const float* x, const float* y, float* z, unsigne
 }
 "#;
 
+/// The `scale` and `add` kernels, loaded on `d`.
+fn scale_and_add(d: &Device) -> (Kernel, Kernel) {
+    let load = |name: &str, source| {
+        d.load_kernel(&KernelDef::new(name).cuda(source, name))
+            .unwrap()
+    };
+    (load("scale", SCALE), load("add", ADD))
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn a_native_graph_with_real_edges_equals_eager_execution() {
     let d = cuda();
-    let scale = d
-        .load_kernel(&KernelDef::new("scale").cuda(SCALE, "scale"))
-        .unwrap();
-    let add = d
-        .load_kernel(&KernelDef::new("add").cuda(ADD, "add"))
-        .unwrap();
+    let (scale, add) = scale_and_add(&d);
     let n = 5000u32;
     let mut rng = Rng::new();
     let x = d.buffer_from(&rng.vec(n as usize)).unwrap();
@@ -545,12 +549,7 @@ fn a_native_graph_of_several_runs_a_replay_equals_running_them_in_turn() {
     // the x the run before wrote, so the runs of one replay must follow
     // each other through the graph's edges.
     let d = cuda();
-    let scale = d
-        .load_kernel(&KernelDef::new("scale").cuda(SCALE, "scale"))
-        .unwrap();
-    let add = d
-        .load_kernel(&KernelDef::new("add").cuda(ADD, "add"))
-        .unwrap();
+    let (scale, add) = scale_and_add(&d);
     let n = 5000u32;
     let start = Rng::new().vec(n as usize);
     let bytes = n as usize * 4;
