@@ -28,7 +28,9 @@ pub fn rms_norm_row(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
 /// of the row in f64 (like the CPU), the block reduces them with warp
 /// shuffles and one shared-memory exchange between warps, then every thread
 /// scales its part: `y = x * (1 / sqrt(mean + eps)) * w`, multiplied in the
-/// CPU's order without fused multiply-adds.
+/// CPU's order without fused multiply-adds. A thread keeps its first few
+/// elements of `x` and `w` in registers, the weights loaded before the
+/// wait for the previous kernel.
 const RMS_NORM_CUDA: &str = r#"
 struct NormShape {
     unsigned int rows;
@@ -36,9 +38,21 @@ struct NormShape {
     float eps;
 };
 
+// Elements of a row each thread keeps in registers (the rest of a longer
+// row is read again for the output).
+#define NORM_HELD 4
+
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ y, NormShape s) {
     encore_fix_value(s);
+    // The weights are read-only: load the thread's share while the kernel
+    // before this one finishes.
+    float wv[NORM_HELD];
+#pragma unroll
+    for (int k = 0; k < NORM_HELD; ++k) {
+        const unsigned int i = threadIdx.x + k * blockDim.x;
+        wv[k] = i < s.dim ? w[i] : 0.f;
+    }
     encore_grid_wait();
     __shared__ double partial[32];
     __shared__ float scale_shared;
@@ -46,8 +60,16 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     if (r >= s.rows) return;
     const float* xr = x + (size_t)r * s.dim;
     float* yr = y + (size_t)r * s.dim;
+    float xv[NORM_HELD];
+#pragma unroll
+    for (int k = 0; k < NORM_HELD; ++k) {
+        const unsigned int i = threadIdx.x + k * blockDim.x;
+        xv[k] = i < s.dim ? xr[i] : 0.f;
+    }
     double sum = 0.0;
-    for (unsigned int i = threadIdx.x; i < s.dim; i += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < NORM_HELD; ++k) sum += (double)__fmul_rn(xv[k], xv[k]);
+    for (unsigned int i = threadIdx.x + NORM_HELD * blockDim.x; i < s.dim; i += blockDim.x) {
         const float v = xr[i];
         sum += (double)__fmul_rn(v, v);
     }
@@ -68,7 +90,12 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     }
     __syncthreads();
     const float scale = scale_shared;
-    for (unsigned int i = threadIdx.x; i < s.dim; i += blockDim.x)
+#pragma unroll
+    for (int k = 0; k < NORM_HELD; ++k) {
+        const unsigned int i = threadIdx.x + k * blockDim.x;
+        if (i < s.dim) yr[i] = __fmul_rn(__fmul_rn(xv[k], scale), wv[k]);
+    }
+    for (unsigned int i = threadIdx.x + NORM_HELD * blockDim.x; i < s.dim; i += blockDim.x)
         yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 "#;
