@@ -519,24 +519,10 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
     }
 }
 
-// Q4_0, Q4_1 and Q8_0: per-lane partial dot products of N weight rows
-// (`rows[c]`) with one activation row, whose elements each lane loads once
-// for all N rows (and, with NORM, multiplies by `g` and squares into `sq`).
-// Lane layout and arithmetic as in dot_q4 and dot_q8_0.
-//
-// A pass covers DOT_STEPS steps of 8 blocks. Every load of a pass (weights,
-// activations, norm weights) is issued before any of them is used, from
-// addresses clamped into the row, so that one memory round trip serves the
-// whole pass: a load behind a branch, or behind arithmetic on an earlier
-// load, would wait for that load first. A lane whose block lies past the
-// row end (the last step of a row whose blocks are not a multiple of 8)
-// loads the last block again and adds nothing. Whether a step exists at all
-// is the same for every lane, and a constant once the kernel is specialized
-// for its shape, so the loops unroll to exactly the steps a row has.
 // The weight words of one pass of dot_cols_quant over N rows: each row's
 // scale word and codes for every step (Q8_0: 8 codes in lo and hi; Q4: 8
-// nibbles in lo).
-// With a norm folded in, also the lane's norm weights of each step.
+// nibbles in lo), and with a norm folded in, the lane's norm weights of
+// each step.
 template <int N>
 struct QuantPass {
     unsigned int head[N][DOT_STEPS], lo[N][DOT_STEPS], hi[N][DOT_STEPS];
