@@ -137,11 +137,18 @@ impl CudaGraph {
         // independent of the graph, which the guard then destroys.
         let code = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) };
         ctx.check(code, || format!("instantiate a graph of {n} kernels"))?;
-        Ok(CudaGraph {
+        let graph = CudaGraph {
             queue: queue.clone(),
             exec,
             program,
-        })
+        };
+        // The first launch of an executable otherwise sets up its work on
+        // the device first (hundreds of microseconds for a decode step):
+        // do it now, in stream order, so that no replay pays for it.
+        // SAFETY: the executable and the stream belong to this context.
+        let code = unsafe { sys::cuGraphUpload(graph.exec, queue.stream) };
+        ctx.check(code, || format!("upload a graph of {n} kernels"))?;
+        Ok(graph)
     }
 }
 
