@@ -169,7 +169,7 @@ fn trace_holds_host_phases_replays_and_every_dispatch() {
     let batches = host.iter().filter(|&&n| n == "greedy decode").count();
     let replays = complete(&json, "graph replay");
     assert_eq!(batches, 1);
-    let per_replay = encore_llm::session::GREEDY_STEPS_PER_REPLAY;
+    let per_replay = encore_ops::Ops::steps_per_replay_on(encore::BackendKind::Cpu);
     assert_eq!(replays.len(), 7 / per_replay + 7 % per_replay);
     let submissions = complete(&json, "submission");
     assert!(submissions.iter().any(|e| e["name"] == "prefill"));

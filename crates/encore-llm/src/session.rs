@@ -19,15 +19,6 @@ use encore::{Buffer, GraphCache, GraphExec, Params};
 use crate::error::{LlmError, Result};
 use crate::model::{Activations, LayerCache, Model};
 
-/// Greedy decode steps one replay of the self-feeding graph runs: each
-/// replay boundary costs the device the end of one graph, two events and
-/// the start of the next, which the steps inside one replay do without.
-/// More steps a replay make the device's step shorter but the token no
-/// faster (synthetic SmolLM2 on an H200, µs per token on the device and
-/// on the wall with 1, 2 and 4 steps: 335.7 / 340.2, 334.4 / 340.2, 333.8
-/// / 342.7), and a short generation can only use whole replays.
-pub const GREEDY_STEPS_PER_REPLAY: usize = 2;
-
 /// One conversation's state on the device.
 pub struct Session {
     model: Arc<Model>,
@@ -43,7 +34,7 @@ pub struct Session {
     graphs: GraphCache,
     step: Option<GraphExec>,
     /// The self-feeding greedy step, once recorded: one run a replay, and
-    /// [`GREEDY_STEPS_PER_REPLAY`] runs a replay.
+    /// [`encore_ops::Ops::steps_per_replay`] runs a replay.
     greedy: [Option<GraphExec>; 2],
     use_graphs: bool,
     last_step_time: Option<std::time::Duration>,
@@ -164,7 +155,8 @@ impl Session {
 
     /// The self-feeding greedy step (the forward pass, the argmax and
     /// [`encore_ops::Ops::advance`]), recorded and instantiated on first
-    /// use, with `runs` steps a replay (1 or [`GREEDY_STEPS_PER_REPLAY`]).
+    /// use, with `runs` steps a replay (1 or the device's
+    /// [`encore_ops::Ops::steps_per_replay`]).
     fn greedy_graph(&mut self, runs: usize) -> Result<GraphExec> {
         let slot = usize::from(runs > 1);
         if let Some(e) = &self.greedy[slot] {
@@ -196,7 +188,7 @@ impl Session {
     /// so that its first call does not pay for it.
     pub fn prepare_greedy(&mut self) -> Result<()> {
         if self.use_graphs {
-            self.greedy_graph(GREEDY_STEPS_PER_REPLAY)?;
+            self.greedy_graph(self.model.ops.steps_per_replay())?;
         }
         Ok(())
     }
@@ -291,9 +283,10 @@ impl Session {
     ) -> Result<Vec<(encore::Submission, usize)>> {
         let mut queued = Vec::new();
         let mut steps = 0;
+        let per_replay = self.model.ops.steps_per_replay();
         while steps < n {
-            let runs = if n - steps >= GREEDY_STEPS_PER_REPLAY {
-                GREEDY_STEPS_PER_REPLAY
+            let runs = if n - steps >= per_replay {
+                per_replay
             } else {
                 1
             };
