@@ -137,7 +137,8 @@ impl CudaGraph {
         // independent of the graph, which the guard then destroys.
         let code = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) };
         ctx.check(code, || format!("instantiate a graph of {n} kernels"))?;
-        let graph = CudaGraph {
+        // Owned from here on, so that every error path below destroys it.
+        let built = CudaGraph {
             queue: queue.clone(),
             exec,
             program,
@@ -146,9 +147,9 @@ impl CudaGraph {
         // the device first (hundreds of microseconds for a decode step):
         // do it now, in stream order, so that no replay pays for it.
         // SAFETY: the executable and the stream belong to this context.
-        let code = unsafe { sys::cuGraphUpload(graph.exec, queue.stream) };
+        let code = unsafe { sys::cuGraphUpload(built.exec, queue.stream) };
         ctx.check(code, || format!("upload a graph of {n} kernels"))?;
-        Ok(graph)
+        Ok(built)
     }
 }
 
