@@ -45,8 +45,11 @@ pub struct AttnStepShape {
 
 /// Blocks (splits of the positions) per query head on CUDA.
 pub const CUDA_SPLITS: u32 = 8;
-/// CUDA threads per block.
-pub const CUDA_THREADS: u32 = 128;
+/// CUDA threads per block. Eight warps rather than four halve each warp's
+/// serial share of the V rows, which long contexts feel most (SmolLM2 on
+/// an H200, µs a token with 128 and 256 threads: tg64 after pp128
+/// 326.7–327.5 / 326.0–326.5, tg128 after pp512 374.0 / 345.7).
+pub const CUDA_THREADS: u32 = 256;
 
 /// CUDA `attention_step`: a cluster of [`CUDA_SPLITS`] blocks per query
 /// head (sm_90 thread-block clusters), each block taking an equal share of
@@ -61,7 +64,7 @@ pub const CUDA_THREADS: u32 = 128;
 /// position (kept in registers, used only if the position is the guess),
 /// before the position itself, so that one memory round trip serves them
 /// all; each warp's first V rows of a tile load before the softmax's
-/// barriers. (The kernel declares one block an SM, `__launch_bounds__(128,
+/// barriers. (The kernel declares one block an SM, `__launch_bounds__(256,
 /// 1)`, so that the compiler keeps those loads together.) Then each block:
 ///
 /// 1. rotates the query (when folded) and rounds it to f16 in shared
@@ -104,7 +107,7 @@ struct AttnStepShape {
 #define STEP_K_NEW 2u
 #define STEP_ROPE_K 4u
 #define STEP_V_NEW 8u
-#define STEP_THREADS 128
+#define STEP_THREADS 256
 #define STEP_WARPS (STEP_THREADS / 32)
 #define STEP_SPLITS 8
 #define STEP_MAX_HEAD 256
