@@ -112,9 +112,9 @@ struct AttnStepShape {
 #define STEP_SPLITS 8
 #define STEP_MAX_HEAD 256
 #define STEP_PAIRS (STEP_MAX_HEAD / 64)
-// Positions a warp loads the V rows of before using any (H100, SmolLM2,
-// device us a decode step at tg64 / tg128 after pp512: 4 381.5 / 432.9,
-// 8 376.1 / 420.3, 16 385.1 / 426.5).
+// Positions a warp loads the V rows of before using any (H200, SmolLM2,
+// 256 threads, us a token at tg64 after pp128 / tg128 after pp512:
+// 4 323.2-323.7 / 352.6, 8 326.2-326.6 / 346.4, 16 334.2-334.7 / 339.6).
 #define STEP_BATCH 8
 // 16-byte words of a K row a thread holds in registers (head_dim <= 128).
 #define STEP_KROW 16
