@@ -39,6 +39,10 @@ pub type CpuFn = Arc<dyn Fn(&CpuArgs<'_>) -> std::result::Result<(), String> + S
 /// `encore_prefetch_l2(p)` asks for the 128-byte line at `p` in L2; it may
 /// run before the wait (it reads nothing into registers).
 ///
+/// `encore_smem_addr(p)` is the 32-bit shared-memory address of the
+/// shared variable at `p`, as PTX instructions on shared memory take it
+/// (`ldmatrix`, `mbarrier`, `mapa`).
+///
 /// `encore_fix_value(v)` does nothing in a kernel compiled from its plain
 /// source. In a variant specialized for one value argument (see
 /// [`KernelDef::specializable`]) it overwrites `v` with the words that
@@ -54,6 +58,11 @@ __device__ __forceinline__ void encore_grid_wait() {
 }
 __device__ __forceinline__ void encore_prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+__device__ __forceinline__ unsigned int encore_smem_addr(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
 }
 #ifdef ENCORE_VALUE_WORDS
 template <typename T> __device__ __forceinline__ void encore_fix_value(T& v) {

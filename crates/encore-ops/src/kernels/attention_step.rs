@@ -141,17 +141,10 @@ struct StepScratch {
 };
 
 #if STEP_CLUSTER
-// The shared-memory address of `p` in this block.
-__device__ __forceinline__ unsigned int smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 // The address of `p`'s place in the shared memory of the cluster's first block.
 __device__ __forceinline__ unsigned int first_addr(const void* p) {
     unsigned int r;
-    asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(r) : "r"(smem_addr(p)));
+    asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(r) : "r"(encore_smem_addr(p)));
     return r;
 }
 
@@ -326,7 +319,7 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     // (its own, with the bytes it expects), made visible to the cluster
     // before the other blocks send (they wait at the cluster barrier).
     if (blockIdx.y == 0 && tid == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(&sh.shares_in)) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(encore_smem_addr(&sh.shares_in)) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -431,7 +424,7 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     if (split != 0) return;
 #if STEP_CLUSTER
     {
-        const unsigned int bar = smem_addr(&sh.shares_in);
+        const unsigned int bar = encore_smem_addr(&sh.shares_in);
         if (tid == 0)
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                          :: "r"(bar), "r"((splits - 1) * (hd + 2) * 4) : "memory");

@@ -73,18 +73,12 @@ pub fn cuda_shared_bytes(dtype: DType) -> u32 {
 }
 
 /// CUDA C shared by the tensor-core kernels (`gemm` and the prefill
-/// attention): shared-memory addresses, `ldmatrix`, the m16n8k16 `mma` and
+/// attention): `ldmatrix`, the m16n8k16 `mma` and
 /// packing two f32 into an f16 pair, all as inline PTX (NVRTC has no CUDA
 /// headers here).
 macro_rules! cuda_mma_common {
     () => {
         r#"
-__device__ __forceinline__ unsigned int smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned int addr, unsigned int* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -449,7 +443,7 @@ __device__ __forceinline__ void gemm_multiply(const GemmSmem<TYPE>& sm, int stag
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
                 const unsigned int row = wm * 32 + mt * 16 + (lane % 16), col = kk + 8 * (lane / 16);
-                ldmatrix_x4(smem_addr(sm.a_tile(stage, p) + row * GM_PITCH + col), a[p][mt]);
+                ldmatrix_x4(encore_smem_addr(sm.a_tile(stage, p) + row * GM_PITCH + col), a[p][mt]);
             }
 #pragma unroll
         for (int p = 0; p < T::B_PARTS; ++p)
@@ -458,7 +452,7 @@ __device__ __forceinline__ void gemm_multiply(const GemmSmem<TYPE>& sm, int stag
                 const unsigned int row = wn * 32 + np * 16 + (lane % 8) + 8 * (lane / 16);
                 const unsigned int col = kk + 8 * ((lane / 8) % 2);
                 unsigned int r[4];
-                ldmatrix_x4(smem_addr(sm.b_tile(stage, p) + row * GM_PITCH + col), r);
+                ldmatrix_x4(encore_smem_addr(sm.b_tile(stage, p) + row * GM_PITCH + col), r);
                 b[p][2 * np][0] = r[0];
                 b[p][2 * np][1] = r[1];
                 b[p][2 * np + 1][0] = r[2];
