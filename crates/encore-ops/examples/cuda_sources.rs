@@ -1,7 +1,8 @@
 //! Writes the full CUDA source of every kernel (runtime prelude included)
-//! to a directory, one `<name>.cu` a kernel, for inspecting what NVRTC makes
-//! of it without a GPU (`scripts/kernel-info.sh` compiles one and reports
-//! its registers, stack and instructions).
+//! to a directory, one `<name>.cu` a kernel and `<name>-exact.cu` for each
+//! exact version ([`encore::Config::exact`]) that differs, for inspecting
+//! what NVRTC makes of it without a GPU (`scripts/kernel-info.sh` compiles
+//! one and reports its registers, stack and instructions).
 //!
 //! ```text
 //! cargo run -p encore-ops --example cuda_sources -- target/cuda-sources
@@ -20,11 +21,23 @@ fn main() -> ExitCode {
         eprintln!("cannot create {}: {e}", dir.display());
         return ExitCode::FAILURE;
     }
-    for def in encore_ops::kernels::all() {
+    let default = encore_ops::kernels::all(false);
+    let exact = encore_ops::kernels::all(true);
+    for (def, suffix) in default
+        .iter()
+        .map(|d| (d, ""))
+        .chain(exact.iter().map(|d| (d, "-exact")))
+    {
         let Some(cuda) = def.cuda_impl() else {
             continue;
         };
-        let path = dir.join(format!("{}.cu", def.name()));
+        let same_as_default = default
+            .iter()
+            .any(|d| d.name() == def.name() && d.cuda_impl() == Some(cuda));
+        if !suffix.is_empty() && same_as_default {
+            continue;
+        }
+        let path = dir.join(format!("{}{suffix}.cu", def.name()));
         if let Err(e) = std::fs::write(&path, &cuda.source) {
             eprintln!("cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;

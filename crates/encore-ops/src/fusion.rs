@@ -475,11 +475,13 @@ fn store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     a.node(kernel)
 }
 
-/// The rules, in the order the pass applies them.
+/// The rules, in the order the pass applies them; the rules that fold into
+/// `attention_step` only when it is given (the exact kernels leave it out:
+/// its split softmax is not the CPU's recurrence).
 pub fn patterns(
     fused_matmul: &Kernel,
     rope_store: &Kernel,
-    attention_step: &Kernel,
+    attention_step: Option<&Kernel>,
 ) -> Vec<FusionPattern> {
     let k = fused_matmul.clone();
     let mut table = vec![FusionPattern::siblings(
@@ -516,6 +518,9 @@ pub fn patterns(
         &["rope", "kv_store"],
         move |n| rope_then_store(n, &k),
     ));
+    let Some(attention_step) = attention_step else {
+        return table;
+    };
     type Rule = fn(&[&Node], &Kernel) -> Option<Node>;
     let into_attention: [(&str, &str, Rule); 3] = [
         ("rope into attention", "rope", rope_into_attention),

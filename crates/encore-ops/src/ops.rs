@@ -50,6 +50,8 @@ fn invalid(kernel: &str, label: &str, reason: String) -> Error {
 /// Every operation's kernel, loaded on one device.
 pub struct Ops {
     device: Device,
+    /// Whether the exact kernels were loaded ([`encore::Config::exact`]).
+    exact: bool,
     rms_norm: Kernel,
     matmul: Kernel,
     gemm: Kernel,
@@ -69,13 +71,17 @@ pub struct Ops {
 }
 
 impl Ops {
-    /// Loads (compiling where needed) every kernel on `device`.
+    /// Loads (compiling where needed) every kernel on `device`, in the
+    /// exact versions when the device's [`encore::Config::exact`] asks for
+    /// them.
     pub fn new(device: &Device) -> Result<Ops> {
         let load = |def| device.load_kernel(&def);
+        let exact = device.config().exact;
         Ok(Ops {
             device: device.clone(),
+            exact,
             rms_norm: load(norm::def())?,
-            matmul: load(matmul::def())?,
+            matmul: load(matmul::def(exact))?,
             gemm: load(gemm::def())?,
             rope: load(rope::def())?,
             kv_store: load(attention::kv_store_def())?,
@@ -87,7 +93,7 @@ impl Ops {
             embed: load(embed::def())?,
             argmax: load(argmax::def())?,
             advance: load(advance::def())?,
-            fused_matmul: load(fused::def())?,
+            fused_matmul: load(fused::def(exact))?,
             rope_store: load(rope::rope_store_def())?,
             attention_step: load(attention_step::def())?,
         })
@@ -95,6 +101,12 @@ impl Ops {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Whether these are the exact kernels ([`encore::Config::exact`]),
+    /// which give the CPU's results bit for bit on every backend.
+    pub fn exact(&self) -> bool {
+        self.exact
     }
 
     /// Steps of a self-feeding decode loop worth running in one graph
@@ -134,7 +146,8 @@ impl Ops {
     /// Every fusion rule, whatever the device (the CPU bodies of the fused
     /// kernels give the unfused results bit for bit, which tests rely on).
     pub fn all_fusion_patterns(&self) -> Vec<FusionPattern> {
-        crate::fusion::patterns(&self.fused_matmul, &self.rope_store, &self.attention_step)
+        let attention_step = (!self.exact).then_some(&self.attention_step);
+        crate::fusion::patterns(&self.fused_matmul, &self.rope_store, attention_step)
     }
 
     /// `y = rms_norm(x) * w` over `rows` rows of `dim`.
@@ -170,8 +183,8 @@ impl Ops {
     /// `y[rows, n] = x[rows, k] · wᵀ`. On CUDA, from
     /// [`gemm::GEMM_MIN_ROWS`] rows on, the tiled tensor-core kernel of
     /// [`gemm`] computes it (activations rounded to f16 or split into bf16
-    /// parts, see there); fewer rows, and every row count on the CPU, take
-    /// [`matmul`].
+    /// parts, see there), except with the exact kernels; fewer rows, and
+    /// every row count on the CPU, take [`matmul`].
     pub fn matmul(
         &self,
         enc: &mut Encoder,
@@ -194,7 +207,7 @@ impl Ops {
             Arg::write(&y),
             Arg::value(&shape),
         ];
-        if rows >= gemm::GEMM_MIN_ROWS && self.device.kind() == BackendKind::Cuda {
+        if rows >= gemm::GEMM_MIN_ROWS && self.device.kind() == BackendKind::Cuda && !self.exact {
             let launch = Launch::grid3(
                 [
                     (w.n as u32).div_ceil(gemm::CUDA_TILE_COLUMNS).max(1),

@@ -16,6 +16,7 @@
 //! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
 //! | `ENCORE_EARLY_LAUNCH` | [`Config::early_launch`] | `0` makes every graph edge wait for full completion | `1` |
 //! | `ENCORE_SPECIALIZE` | [`Config::specialize`] | `0` keeps graph nodes on their kernels' generic code | `1` |
+//! | `ENCORE_EXACT` | [`Config::exact`] | `1` makes GPU kernels compute the CPU backend's results bit for bit, slower | `0` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges (below) | unset |
@@ -93,6 +94,12 @@ pub struct Config {
     /// Give graph nodes of kernels declared
     /// [`crate::KernelDef::specializable`] a variant compiled for their shape.
     pub specialize: bool,
+    /// Load the kernels that give the CPU backend's results bit for bit on
+    /// every backend (the same arithmetic in the same order), at some cost
+    /// in speed. Greedy text from a quantized model is chaotic: without
+    /// this, a GPU's text parts from the CPU's (and llama.cpp's) within a
+    /// few dozen tokens.
+    pub exact: bool,
     /// What to measure.
     pub profile: ProfileMode,
     /// Where compiled kernels persist; `None` disables the disk cache.
@@ -114,6 +121,7 @@ impl Default for Config {
             schedule: true,
             early_launch: true,
             specialize: true,
+            exact: false,
             profile: ProfileMode::Off,
             cache_dir: default_cache_dir(),
             capture: None,
@@ -162,6 +170,9 @@ impl Config {
         }
         if let Some(v) = get("ENCORE_SPECIALIZE") {
             c.specialize = parse_bool("ENCORE_SPECIALIZE", &v)?;
+        }
+        if let Some(v) = get("ENCORE_EXACT") {
+            c.exact = parse_bool("ENCORE_EXACT", &v)?;
         }
         if let Some(v) = get("ENCORE_PROFILE") {
             c.profile = ProfileMode::parse(&v).ok_or_else(|| Error::Config {
@@ -224,6 +235,7 @@ mod tests {
             "ENCORE_PROFILE" => Some("dispatches".into()),
             "ENCORE_EARLY_LAUNCH" => Some("0".into()),
             "ENCORE_SPECIALIZE" => Some("off".into()),
+            "ENCORE_EXACT" => Some("1".into()),
             _ => None,
         })
         .unwrap();
@@ -231,6 +243,8 @@ mod tests {
         assert!(Config::default().early_launch);
         assert!(!c.specialize);
         assert!(Config::default().specialize);
+        assert!(c.exact);
+        assert!(!Config::default().exact);
         assert!(c.serial);
         assert_eq!(c.cpu_threads(), 3);
         assert_eq!(c.profile, ProfileMode::Dispatches);

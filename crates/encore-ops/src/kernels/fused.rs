@@ -15,15 +15,21 @@
 //! [`FusedShape`] (value).
 //!
 //! The CPU body runs the unfused operations' own code in sequence, so a
-//! fused graph gives bit-identical results on the CPU. The CUDA kernel folds
-//! the norm into the product: each warp sums the squares of the activations
-//! it reads anyway and scales its finished dot product by `1 / rms`.
+//! fused graph gives bit-identical results on the CPU. So does the exact
+//! version of the CUDA kernel ([`encore::Config::exact`]) with quantized
+//! weights: each warp normalizes the input it reads as `rms_norm` does,
+//! then multiplies as the exact `matmul` does (see [`super::matmul`]).
+//! Otherwise the CUDA kernel folds the norm into the product: each warp sums
+//! the squares of the activations it reads anyway and scales its finished
+//! dot product by `1 / rms`.
 
 use std::cell::Cell;
 
 use encore::KernelDef;
 
-use super::matmul::{cuda_ggml_types, cuda_matmul_dots};
+use super::matmul::{
+    cuda_ggml_types, cuda_matmul_dots, cuda_quant_dots_exact, cuda_quant_dots_fast,
+};
 use crate::DType;
 
 /// `y_i = p_i`.
@@ -85,10 +91,9 @@ impl FusedShape {
 /// meeting in shared memory, measured slower on an H200: 4.0 against 5.7 µs
 /// for SmolLM2's FFN.) The accumulate epilogue loads the residual before
 /// the dot product, so its latency overlaps it.
-const FUSED_CUDA: &str = concat!(
-    cuda_ggml_types!(),
-    cuda_matmul_dots!(),
-    r#"
+macro_rules! cuda_fused_kernel {
+    () => {
+        r#"
 struct FusedShape {
     unsigned int rows;
     unsigned int k;
@@ -111,10 +116,11 @@ struct Column {
     unsigned int j, n, dtype, dtype2;
 };
 
-// The tiles of rows for the warp's column: the dot products (with NORM,
-// each warp sums the squares of the input it reads and scales by 1 / rms),
-// then the epilogue. In the SwiGLU epilogue the warp multiplies both the
-// gate and the up row of its column.
+// Several activation rows (not by column): the tiles of rows for the
+// warp's column: the dot products (with NORM, each warp sums the squares of
+// the input it reads and scales by 1 / rms), then the epilogue. In the
+// SwiGLU epilogue the warp multiplies both the gate and the up row of its
+// column.
 template <bool NORM, int TILE>
 __device__ __forceinline__ void fused_rows(const Column& c, const float* __restrict__ x, const float* __restrict__ g,
                            const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
@@ -157,11 +163,7 @@ __device__ __forceinline__ void fused_rows(const Column& c, const float* __restr
     }
 }
 
-// One activation row (decode): the warp's `cols` columns from `c.j` on
-// (MM_COLS at most), the input loaded once for all of them, and in the
-// SwiGLU epilogue for the gate and the up rows together. Lane i stores
-// column c.j + i.
-// The weight rows of the warp's `cols` columns (one activation row): the
+// The weight rows of the warp's `cols` columns (column by column): the
 // gate's, or the only weight's, then the up weight's. A missing column
 // repeats the last one; its sum is not stored.
 __device__ __forceinline__ void fused_col_rows(const Column& c, unsigned int cols, unsigned long long row_bytes,
@@ -180,42 +182,37 @@ __device__ __forceinline__ bool fused_together(const FusedShape& s, const Column
     return s.epilogue == EPILOGUE_SWIGLU && c.dtype2 == c.dtype;
 }
 
+// Activation row `r` at `x`: the warp's `cols` columns from `c.j` on
+// (MM_COLS at most), the input loaded once for all of them, and in the
+// SwiGLU epilogue for the gate and the up rows together. Lane i stores
+// column c.j + i.
 template <bool NORM>
 __device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, const unsigned char* const* rows,
                            const QuantPass<MM_COLS>& first, const QuantPass<2 * MM_COLS>& first_both,
-                           const float* __restrict__ x, const float* __restrict__ g,
-                           const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
+                           const float* __restrict__ x, const float* __restrict__ g, const FusedShape& s,
+                           unsigned int r, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
     const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
-    const bool together = fused_together(s, c);
-    float acc[2 * MM_COLS], sq = 0.f, sq2 = 0.f;
-#pragma unroll
-    for (int i = 0; i < 2 * MM_COLS; ++i) acc[i] = 0.f;
+    float v[2 * MM_COLS];
+    float* y = c.y + (size_t)r * c.n;
     // The residual an accumulating product adds to, loaded before the dot
     // product so that its latency overlaps it.
     float old = 0.f;
-    if (s.epilogue == EPILOGUE_ACCUMULATE && lane < cols) old = c.y[c.j + lane];
-    if (together) {
-        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq, &first_both);
+    if (s.epilogue == EPILOGUE_ACCUMULATE && lane < cols) old = y[c.j + lane];
+    if (fused_together(s, c)) {
+        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, s.k, s.eps, lane, x16, vec_float, v, &first_both);
     } else {
-        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, s.k, lane, x16, vec_float, acc, sq, &first);
+        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, s.k, s.eps, lane, x16, vec_float, v, &first);
         if (swiglu)
-            dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, s.k, lane, x16, vec_float2, acc + MM_COLS, sq2,
+            dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, s.k, s.eps, lane, x16, vec_float2, v + MM_COLS,
                                     (const QuantPass<MM_COLS>*)nullptr);
     }
-    const float inv = NORM ? 1.0f / sqrtf(warp_sum(sq) / (float)s.k + s.eps) : 1.0f;
 #pragma unroll
     for (int i = 0; i < MM_COLS; ++i) {
-        float v = warp_sum(acc[i]);
-        float up = swiglu ? warp_sum(acc[MM_COLS + i]) : 0.f;
-        if (NORM) {
-            v *= inv;
-            up *= inv;
-        }
         if (lane == (unsigned int)i && (unsigned int)i < cols) {
-            float* out = c.y + c.j + i;
-            if (swiglu) *out = __fmul_rn(silu(v), up);
-            else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old + v;
-            else *out = v;
+            float* out = y + c.j + i;
+            if (swiglu) *out = __fmul_rn(silu(v[i]), v[MM_COLS + i]);
+            else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old + v[i];
+            else *out = v[i];
         }
     }
 }
@@ -275,12 +272,16 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     c.y = pick(i, y0, y1, y2);
     c.row = w + (size_t)j0 * row_bytes;
     c.row2 = w1 + (size_t)j0 * row_bytes2;
-    // One activation row: the first pass of quantized weights goes into
-    // registers before the wait as well.
+    // One activation row goes column by column; so do several, row by row,
+    // in the exact version with quantized weights; else tiles of rows.
+    const bool by_column = s.rows == 1 || (MM_QUANT_BY_COLUMN && (ggml_quantized(dtype) ||
+                           (s.epilogue == EPILOGUE_SWIGLU && ggml_quantized(c.dtype2))));
+    // The first pass of quantized weights (the same for every activation
+    // row) goes into registers before the wait as well.
     const unsigned char* rows[2 * MM_COLS];
     QuantPass<MM_COLS> first;
     QuantPass<2 * MM_COLS> first_both;
-    if (live && s.rows == 1) {
+    if (live && by_column) {
         fused_col_rows(c, cols, row_bytes, row_bytes2, rows);
         const float* gn = s.norm ? g : nullptr;
         if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, gn, s.k, lane, first_both);
@@ -291,15 +292,34 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
     const bool vec_float2 = x16 && ((size_t)w1 & 15u) == 0 && s.k % 8 == 0;
-    if (s.norm) {
-        if (s.rows == 1) fused_cols<true>(c, cols, rows, first, first_both, x, g, s, lane, x16, vec_float, vec_float2);
-        else fused_rows<true, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
+    if (by_column) {
+        for (unsigned int r = 0; r < s.rows; ++r) {
+            const float* xr = x + (size_t)r * s.k;
+            if (s.norm) fused_cols<true>(c, cols, rows, first, first_both, xr, g, s, r, lane, x16, vec_float, vec_float2);
+            else fused_cols<false>(c, cols, rows, first, first_both, xr, g, s, r, lane, x16, vec_float, vec_float2);
+        }
+    } else if (s.norm) {
+        fused_rows<true, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
     } else {
-        if (s.rows == 1) fused_cols<false>(c, cols, rows, first, first_both, x, g, s, lane, x16, vec_float, vec_float2);
-        else fused_rows<false, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
+        fused_rows<false, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
     }
 }
 "#
+    };
+}
+
+const FUSED_CUDA: &str = concat!(
+    cuda_ggml_types!(),
+    cuda_matmul_dots!(),
+    cuda_quant_dots_fast!(),
+    cuda_fused_kernel!()
+);
+
+const FUSED_CUDA_EXACT: &str = concat!(
+    cuda_ggml_types!(),
+    cuda_matmul_dots!(),
+    cuda_quant_dots_exact!(),
+    cuda_fused_kernel!()
 );
 
 thread_local! {
@@ -393,11 +413,16 @@ fn run_cpu(a: &encore::CpuArgs<'_>) -> Result<(), String> {
     result
 }
 
-pub fn def() -> KernelDef {
+/// The `fused_matmul` kernel; with `exact`, its CUDA code gives the CPU's
+/// results bit for bit for quantized weights (see the module docs).
+pub fn def(exact: bool) -> KernelDef {
     KernelDef::new("fused_matmul")
         .op("fused_matmul")
         .cpu("fused_matmul v1", run_cpu)
-        .cuda(FUSED_CUDA, "fused_matmul")
+        .cuda(
+            if exact { FUSED_CUDA_EXACT } else { FUSED_CUDA },
+            "fused_matmul",
+        )
         .programmatic()
         .specializable()
 }

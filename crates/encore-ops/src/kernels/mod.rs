@@ -20,11 +20,12 @@ pub mod prefill_attention;
 pub mod rope;
 
 /// Reads a one-element `u32` buffer argument (a graph parameter slot).
-/// Every kernel definition of this crate (what [`crate::Ops::new`] loads).
-pub fn all() -> Vec<encore::KernelDef> {
+/// Every kernel definition of this crate that [`crate::Ops::new`] loads,
+/// in the default version or the exact one ([`encore::Config::exact`]).
+pub fn all(exact: bool) -> Vec<encore::KernelDef> {
     vec![
         norm::def(),
-        matmul::def(),
+        matmul::def(exact),
         gemm::def(),
         rope::def(),
         rope::rope_store_def(),
@@ -38,7 +39,7 @@ pub fn all() -> Vec<encore::KernelDef> {
         embed::def(),
         argmax::def(),
         advance::def(),
-        fused::def(),
+        fused::def(exact),
     ]
 }
 
@@ -68,7 +69,7 @@ mod tests {
     /// kernel whose source never waits; this checks that none of ours opted out.
     #[test]
     fn every_cuda_kernel_is_programmatic_and_waits() {
-        let defs = all();
+        let defs = [all(false), all(true)].concat();
         for def in defs {
             let Some(cuda) = def.cuda_impl() else {
                 panic!("{} has no CUDA source", def.name());
