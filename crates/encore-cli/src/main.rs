@@ -41,6 +41,11 @@ struct ModelArgs {
     /// Device: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Compute exactly what the CPU backend computes, bit for bit, so that
+    /// greedy text on a GPU is the CPU's (and llama.cpp's); slower on a GPU.
+    /// Same as ENCORE_EXACT=1.
+    #[arg(long)]
+    exact: bool,
 }
 
 #[derive(Args)]
@@ -176,6 +181,7 @@ fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
     if let Some(mode) = profile.profile {
         config.profile = mode;
     }
+    config.exact |= args.exact;
     let device = Device::open(&args.device, &config).map_err(|e| e.to_string())?;
     if profile.trace.is_some() {
         device.start_trace();

@@ -34,6 +34,37 @@ fn device_with(name: &str, graphs: bool, fusion: bool) -> Device {
     Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"))
 }
 
+/// A device that loads the exact kernels ([`Config::exact`]).
+fn exact_device(name: &str) -> Device {
+    let config = Config {
+        exact: true,
+        cache_dir: Some(
+            std::env::temp_dir().join(format!("encore-cuda-engine-{}", std::process::id())),
+        ),
+        ..Config::default()
+    };
+    Device::open(name, &config).unwrap_or_else(|e| panic!("exact device {name}: {e}"))
+}
+
+/// The index of the first element whose bits differ, if any.
+fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+    assert_eq!(a.len(), b.len());
+    (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits())
+}
+
+/// Free-running greedy decoding of `steps` tokens after `first`, through
+/// the self-feeding graph (`Session::decode_greedy`), as `generate` runs it.
+fn greedy_tokens(session: &mut Session, first: u32, steps: usize) -> Vec<u32> {
+    let mut tokens = Vec::new();
+    session
+        .decode_greedy(first, steps, 4, |t| {
+            tokens.push(t);
+            Ok(true)
+        })
+        .unwrap();
+    tokens
+}
+
 /// `max |a - b|` relative to `max |b|`.
 fn relative_error(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -196,6 +227,58 @@ fn real_model_on_cuda_follows_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU and ENCORE_TEST_MODEL; run with scripts/gpu-run.sh real"]
+fn real_model_exact_on_cuda_generates_the_cpus_text() {
+    // With the exact kernels, free-running greedy text on CUDA is the
+    // CPU's: 32 tokens of each prompt, raw and through the chat template.
+    let path = std::env::var_os("ENCORE_TEST_MODEL")
+        .map(PathBuf::from)
+        .expect("ENCORE_TEST_MODEL names the default model's GGUF file");
+    let cpu = Engine::load(&path, &device("cpu", true)).unwrap();
+    let gpu = Engine::load(&path, &exact_device("cuda")).unwrap();
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The quick brown fox",
+        "In 1969, the first",
+        "Water boils at",
+        "My favorite food is",
+        "The meaning of life is",
+    ];
+    let steps = 32;
+    let mut equal = 0;
+    for prompt in prompts {
+        for raw in [true, false] {
+            let tokens = cpu.prompt_tokens(prompt, raw).unwrap();
+            let mut sessions = vec![
+                cpu.session(tokens.len() + steps + 1).unwrap(),
+                gpu.session(tokens.len() + steps + 1).unwrap(),
+            ];
+            let logits: Vec<Vec<f32>> = sessions
+                .iter_mut()
+                .map(|s| s.prefill(&tokens).unwrap())
+                .collect();
+            let first = greedy(&logits[0]);
+            let text: Vec<Vec<u32>> = sessions
+                .iter_mut()
+                .map(|s| greedy_tokens(s, first, steps))
+                .collect();
+            let same = text[1] == text[0] && greedy(&logits[1]) == first;
+            eprintln!(
+                "{prompt:?} (raw {raw}, {} prompt tokens): {}",
+                tokens.len(),
+                if same { "same text" } else { "TEXT DIFFERS" }
+            );
+            equal += same as usize;
+        }
+    }
+    let total = prompts.len() * 2;
+    println!("real model, exact kernels: {equal}/{total} greedy continuations of 32 tokens equal the CPU's");
+    assert_eq!(equal, total, "exact CUDA text differs from the CPU's");
+}
+
+#[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
     let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(7))).unwrap();
@@ -293,6 +376,58 @@ fn synthetic_model_long_prefill_on_cuda_matches_cpu() {
         assert!(
             err <= LOGITS_TOLERANCE,
             "step {step} after the long prefill: logits differ by {err:.2e}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn synthetic_model_exact_on_cuda_equals_the_cpu_bit_for_bit() {
+    // With the exact kernels CUDA computes what the CPU computes: the
+    // prefill's logits bit for bit (a short prompt, and one long enough for
+    // the tiled attention path), then free-running greedy text, and the
+    // logits after it.
+    let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(7))).unwrap();
+    let cpu = Engine::from_gguf(&file, &device("cpu", true)).unwrap();
+    let gpu = Engine::from_gguf(&file, &exact_device("cuda")).unwrap();
+    let vocab = cpu.model().config.vocab as u32;
+    let steps = 32;
+    for len in [13u32, 100] {
+        let prompt: Vec<u32> = (0..len).map(|i| (i * 37 + 5) % vocab).collect();
+        let mut sessions: Vec<Session> = [&cpu, &gpu]
+            .iter()
+            .map(|e| e.session(prompt.len() + steps + 1).unwrap())
+            .collect();
+        let logits: Vec<Vec<f32>> = sessions
+            .iter_mut()
+            .map(|s| s.prefill(&prompt).unwrap())
+            .collect();
+        if let Some(i) = first_difference(&logits[1], &logits[0]) {
+            panic!(
+                "{len}-token prefill: logit {i}: CUDA {} vs CPU {} (relative error {:.2e} overall)",
+                logits[1][i],
+                logits[0][i],
+                relative_error(&logits[1], &logits[0])
+            );
+        }
+        let first = greedy(&logits[0]);
+        let tokens: Vec<Vec<u32>> = sessions
+            .iter_mut()
+            .map(|s| greedy_tokens(s, first, steps))
+            .collect();
+        assert_eq!(tokens[1], tokens[0], "{len}-token prompt: greedy tokens");
+        assert!(
+            sessions[1].graph_stats().is_some(),
+            "CUDA decode did not use a graph"
+        );
+        for s in sessions.iter_mut() {
+            s.step(tokens[0][steps - 1]).unwrap();
+        }
+        let after: Vec<Vec<f32>> = sessions.iter().map(|s| s.logits().unwrap()).collect();
+        assert_eq!(
+            first_difference(&after[1], &after[0]),
+            None,
+            "{len}-token prompt: logits after {steps} tokens"
         );
     }
 }
