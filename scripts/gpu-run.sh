@@ -75,6 +75,8 @@ if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]]; then
         timeout 120 "${bench[@]}" 2>&1
         echo "-- eager (ENCORE_GRAPHS=0)"
         ENCORE_GRAPHS=0 timeout 120 "${bench[@]}" 2>&1
+        echo "-- graph replay, exact kernels (--exact)"
+        timeout 120 "${bench[@]}" --exact 2>&1
         echo "-- graph replay, per-dispatch profile"
         timeout 120 "${bench[@]}" --repeats 1 --profile dispatches 2>&1
         exit $rc
@@ -87,8 +89,9 @@ else
 fi
 
 # The default model, when staged in parts by `scripts/gpu-suite.sh
-# --real-model`: greedy continuations on CUDA must equal the CPU backend's
-# (first 32 tokens of several raw prompts), and the CUDA bench on it.
+# --real-model`: greedy continuations on CUDA against the CPU backend's
+# (first 32 tokens of several raw prompts), with the default kernels and
+# with the exact ones (which must all be equal), and the CUDA bench on it.
 if [[ -x .gpu/bin/encore ]] && compgen -G ".gpu-model/part-*" >/dev/null && wanted real "$@"; then
     echo "== real model"
     model=/tmp/encore-real/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -96,21 +99,24 @@ if [[ -x .gpu/bin/encore ]] && compgen -G ".gpu-model/part-*" >/dev/null && want
     cat .gpu-model/part-* >"$model"
     {
         sha256sum "$model"
-        same=0
-        total=0
-        while IFS= read -r prompt; do
-            total=$((total + 1))
-            cpu=$(.gpu/bin/encore generate --model "$model" --device cpu --temperature 0 --raw -n 32 "$prompt" 2>/dev/null)
-            gpu=$(.gpu/bin/encore generate --model "$model" --device cuda --temperature 0 --raw -n 32 "$prompt" 2>/dev/null)
-            if [[ "$cpu" == "$gpu" ]]; then
-                same=$((same + 1))
-                echo "SAME $prompt"
-            else
-                echo "DIFF $prompt"
-                echo "  cpu:  ${cpu:0:200}"
-                echo "  cuda: ${gpu:0:200}"
-            fi
-        done <<'PROMPTS'
+        for mode in default exact; do
+            flags=()
+            [[ $mode == exact ]] && flags=(--exact)
+            same=0
+            total=0
+            while IFS= read -r prompt; do
+                total=$((total + 1))
+                cpu=$(.gpu/bin/encore generate --model "$model" --device cpu --temperature 0 --raw -n 32 "$prompt" 2>/dev/null)
+                gpu=$(.gpu/bin/encore generate --model "$model" --device cuda "${flags[@]}" --temperature 0 --raw -n 32 "$prompt" 2>/dev/null)
+                if [[ "$cpu" == "$gpu" ]]; then
+                    same=$((same + 1))
+                    echo "SAME ($mode) $prompt"
+                else
+                    echo "DIFF ($mode) $prompt"
+                    echo "  cpu:  ${cpu:0:200}"
+                    echo "  cuda: ${gpu:0:200}"
+                fi
+            done <<'PROMPTS'
 The capital of France is
 Once upon a time
 def fibonacci(n):
@@ -120,13 +126,15 @@ Water boils at
 My favorite food is
 The meaning of life is
 PROMPTS
-        echo "greedy CPU vs CUDA on the real model: $same of $total identical over 32 tokens"
-        ENCORE_TEST_MODEL=$model timeout 300 .gpu/tests/cuda_engine --ignored --exact real_model_on_cuda_follows_the_cpu \
+            echo "greedy CPU vs CUDA ($mode kernels) on the real model: $same of $total identical over 32 tokens"
+        done
+        ENCORE_TEST_MODEL=$model timeout 300 .gpu/tests/cuda_engine --ignored real_model_on_cuda \
             --show-output --test-threads=1
         timeout 120 .gpu/bin/encore bench --device cuda --model "$model" --repeats 5
         timeout 120 .gpu/bin/encore bench --device cuda --model "$model" --prompt-tokens 512 --gen-tokens 128 --repeats 5
+        timeout 120 .gpu/bin/encore bench --device cuda --model "$model" --exact --repeats 5
     } 2>&1 | tee "$out/real-model.log"
-    summary+=("$(grep -E 'greedy CPU vs CUDA|fed the CPU|^test result' "$out/real-model.log")")
+    summary+=("$(grep -E 'greedy CPU vs CUDA|fed the CPU|exact kernels:|^test result' "$out/real-model.log")")
     summary+=("$(grep -E '^device' "$out/real-model.log" | sed 's/^/real model: /')")
 fi
 

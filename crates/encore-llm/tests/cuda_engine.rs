@@ -228,7 +228,7 @@ fn real_model_on_cuda_follows_the_cpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU and ENCORE_TEST_MODEL; run with scripts/gpu-run.sh real"]
-fn real_model_exact_on_cuda_generates_the_cpus_text() {
+fn real_model_on_cuda_exact_generates_the_cpus_text() {
     // With the exact kernels, free-running greedy text on CUDA is the
     // CPU's: 32 tokens of each prompt, raw and through the chat template.
     let path = std::env::var_os("ENCORE_TEST_MODEL")
