@@ -9,6 +9,7 @@
 pub mod advance;
 pub mod argmax;
 pub mod attention;
+pub mod attention_exact;
 pub mod attention_step;
 pub mod elementwise;
 pub mod embed;
@@ -30,6 +31,7 @@ pub fn all() -> Vec<encore::KernelDef> {
         rope::rope_store_def(),
         attention::kv_store_def(),
         attention::attention_def(),
+        attention_exact::def(),
         attention_step::def(),
         prefill_attention::def(),
         elementwise::add_def(),
