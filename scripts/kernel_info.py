@@ -8,7 +8,8 @@ Used by scripts/kernel-info.sh, which fetches the tools and the sources.
 
 WORDs are the 32-bit words of a value argument (decimal or 0x hex), as a
 graph specializes a kernel for its node's shape (`ENCORE_VALUE_WORDS`);
-without them the kernel's generic code is compiled.
+without them the kernel's generic code is compiled. The kernel's own
+compile options come from SOURCE.options (one a line) where it exists.
 """
 import ctypes
 import glob
@@ -29,6 +30,9 @@ def main():
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), text, b"kernel.cu", 0, None, None) != 0:
         sys.exit("nvrtcCreateProgram failed")
     opts = [b"--gpu-architecture=sm_90", b"--ptxas-options=-v"]
+    options = os.path.splitext(source)[0] + ".options"
+    if os.path.exists(options):
+        opts += [line.strip().encode() for line in open(options) if line.strip()]
     if words:
         value = ",".join(hex(int(w, 0)) + "u" for w in words)
         opts.append(("--define-macro=ENCORE_VALUE_WORDS={" + value + "}").encode())

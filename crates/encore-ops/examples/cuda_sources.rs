@@ -1,8 +1,9 @@
 //! Writes the full CUDA source of every kernel (runtime prelude included)
 //! to a directory, one `<name>.cu` a kernel and `<name>-exact.cu` for each
-//! exact version ([`encore::Config::exact`]) that differs, for inspecting
-//! what NVRTC makes of it without a GPU (`scripts/kernel-info.sh` compiles
-//! one and reports its registers, stack and instructions).
+//! exact version ([`encore::Config::exact`]) that differs, and its compile
+//! options, one a line, to `<name>.options` where it has any, for
+//! inspecting what NVRTC makes of it without a GPU (`scripts/kernel-info.sh`
+//! compiles one and reports its registers, stack and instructions).
 //!
 //! ```text
 //! cargo run -p encore-ops --example cuda_sources -- target/cuda-sources
@@ -40,6 +41,19 @@ fn main() -> ExitCode {
         let path = dir.join(format!("{}{suffix}.cu", def.name()));
         if let Err(e) = std::fs::write(&path, &cuda.source) {
             eprintln!("cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        let options = dir.join(format!("{}{suffix}.options", def.name()));
+        let written = if def.options().is_empty() {
+            match std::fs::remove_file(&options) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        } else {
+            std::fs::write(&options, def.options().join("\n") + "\n")
+        };
+        if let Err(e) = written {
+            eprintln!("cannot write {}: {e}", options.display());
             return ExitCode::FAILURE;
         }
         println!("{} (entry {})", path.display(), cuda.entry);

@@ -10,8 +10,8 @@ use encore::graph::passes::FusionPattern;
 use encore::{Arg, BackendKind, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
 
 use crate::kernels::{
-    advance, argmax, attention, attention_step, elementwise, embed, fused, gemm, matmul, norm,
-    prefill_attention, rope,
+    advance, argmax, attention, attention_exact, attention_step, elementwise, embed, fused, gemm,
+    matmul, norm, prefill_attention, rope,
 };
 use crate::DType;
 
@@ -85,7 +85,11 @@ impl Ops {
             gemm: load(gemm::def())?,
             rope: load(rope::def())?,
             kv_store: load(attention::kv_store_def())?,
-            attention: load(attention::attention_def())?,
+            attention: load(if exact {
+                attention_exact::def()
+            } else {
+                attention::attention_def()
+            })?,
             attention_prefill: load(prefill_attention::def())?,
             add: load(elementwise::add_def())?,
             add_rows: load(elementwise::add_rows_def())?,
@@ -304,7 +308,8 @@ impl Ops {
     /// Causal grouped-query attention of `rows` queries over the cache. On
     /// CUDA, batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more
     /// with a head size of [`prefill_attention::HEAD_DIMS`] and 16-byte
-    /// aligned caches take the tiled kernel of [`prefill_attention`].
+    /// aligned caches take the tiled kernel of [`prefill_attention`]; the
+    /// exact kernels take [`attention_exact`] for every batch.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -341,6 +346,14 @@ impl Ops {
             Arg::write(&out),
             Arg::value(&shape),
         ];
+        if self.exact {
+            return enc.dispatch(
+                &self.attention,
+                &args,
+                attention_exact::cuda_launch(&shape),
+                "attention",
+            );
+        }
         if shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
             && self.device.kind() == BackendKind::Cuda
             && prefill_attention::HEAD_DIMS.contains(&head_dim)

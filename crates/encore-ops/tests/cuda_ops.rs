@@ -11,8 +11,9 @@
 
 use std::path::PathBuf;
 
-use encore::{Buffer, Config, Device, Encoder, Result};
+use encore::{Arg, Buffer, Config, Device, Encoder, Kernel, Result};
 use encore_ops::kernels::attention::AttnShape;
+use encore_ops::kernels::attention_exact;
 use encore_ops::kernels::gemm::GEMM_MIN_ROWS;
 use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
 use encore_ops::{DType, Ops, Weight};
@@ -349,6 +350,131 @@ fn prefill_attention_matches_cpu() {
             "prefill attention rows={rows} heads={heads}/{kv_heads} head_dim={head_dim} pos={pos}"
         );
         assert_close(&what, &gpu, &cpu, 0.0, 1e-3);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn attention_exact_matches_cpu_bit_for_bit() {
+    // Both paths of the CPU: the f16 recurrence below 64 rows, the tiled f32
+    // path from 64. Keys grow with the position, so that scores span about
+    // +-10 at the start and several times that later, and the running
+    // maximum moves many times; many weights underflow. Head sizes: SmolLM2's; one with a tail past
+    // a multiple of 32; one whose K rows are not 16-byte aligned (8-half
+    // loads off) and shorter than 32; the largest (every thread holds a
+    // dimension).
+    let mut rng = Rng::new();
+    let pair = both();
+    let kernels = pair
+        .each_ref()
+        .map(|ops| ops.device().load_kernel(&attention_exact::def()).unwrap());
+    for (heads, kv_heads, head_dim) in [
+        (9usize, 3usize, 64usize),
+        (4, 4, 40),
+        (4, 2, 20),
+        (2, 1, 256),
+    ] {
+        for (rows, pos) in [
+            (1usize, 0u32),
+            (1, 1),
+            (1, 300),
+            (1, 1000),
+            (5, 17),
+            (63, 17),
+            (64, 0),
+            (64, 37),
+            (100, 0),
+            (100, 37),
+        ] {
+            let max_seq = pos as usize + rows + 3;
+            let kv_dim = kv_heads * head_dim;
+            let q = rng.vec(rows * heads * head_dim);
+            // Scores have a standard deviation of key_scale / 3 at the start.
+            let key_scale = 12.0;
+            let k: Vec<u16> = (0..max_seq * kv_dim)
+                .map(|i| {
+                    let growth = 1.0 + (i / kv_dim) as f32 / 256.0;
+                    f16::from_f32(rng.f32() * key_scale * growth).to_bits()
+                })
+                .collect();
+            let v: Vec<u16> = (0..max_seq * kv_dim)
+                .map(|_| f16::from_f32(rng.f32()).to_bits())
+                .collect();
+            let shape = AttnShape {
+                rows: rows as u32,
+                heads: heads as u32,
+                kv_heads: kv_heads as u32,
+                head_dim: head_dim as u32,
+                max_seq: max_seq as u32,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            let [cpu, gpu] = [0, 1].map(|i| {
+                let ops = &pair[i];
+                let (qb, kb, vb, p) = (
+                    upload(ops, &q),
+                    upload(ops, &k),
+                    upload(ops, &v),
+                    upload(ops, &[pos]),
+                );
+                let out = ops.device().alloc(q.len() * 4).unwrap();
+                run(ops, |_, e| {
+                    dispatch_attention_exact(e, &kernels[i], &qb, &kb, &vb, &p, &out, shape)
+                });
+                out.download::<f32>().unwrap()
+            });
+            let what = format!(
+                "attention_exact rows={rows} heads={heads}/{kv_heads} head_dim={head_dim} pos={pos}"
+            );
+            assert_bits_equal(&what, &gpu, &cpu);
+        }
+    }
+}
+
+/// Encodes `attention_exact` (loaded on the encoder's device) with the
+/// arguments of the `attention` op.
+#[allow(clippy::too_many_arguments)]
+fn dispatch_attention_exact(
+    enc: &mut Encoder,
+    kernel: &Kernel,
+    q: &Buffer,
+    k: &Buffer,
+    v: &Buffer,
+    pos: &Buffer,
+    out: &Buffer,
+    shape: AttnShape,
+) -> Result<()> {
+    enc.dispatch(
+        kernel,
+        &[
+            Arg::read(q),
+            Arg::read(k),
+            Arg::read(v),
+            Arg::read(pos),
+            Arg::write(out),
+            Arg::value(&shape),
+        ],
+        attention_exact::cuda_launch(&shape),
+        "attention_exact",
+    )
+}
+
+/// Asserts that two f32 slices hold the same bits, naming the first
+/// difference and counting them.
+fn assert_bits_equal(what: &str, gpu: &[f32], cpu: &[f32]) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let differ: Vec<usize> = (0..cpu.len())
+        .filter(|&i| gpu[i].to_bits() != cpu[i].to_bits())
+        .collect();
+    if let Some(&i) = differ.first() {
+        panic!(
+            "{what}: {} of {} elements differ; first {i}: CUDA {:e} ({:#010x}) vs CPU {:e} ({:#010x})",
+            differ.len(),
+            cpu.len(),
+            gpu[i],
+            gpu[i].to_bits(),
+            cpu[i],
+            cpu[i].to_bits()
+        );
     }
 }
 

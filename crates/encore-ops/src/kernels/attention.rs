@@ -883,26 +883,33 @@ pub fn attention_shared_bytes(max_seq: u32) -> u32 {
     max_seq.min(CUDA_CACHED_SCORES) * 4
 }
 
+/// The definition string of [`attention_cpu`] (see [`KernelDef::cpu`]).
+pub(crate) const ATTENTION_CPU: &str = "attention f16-cache flash tiled v4";
+
+/// The CPU body of the `attention` op, shared by its kernels: checks the
+/// shape against the cache and runs [`attend_rows`].
+pub(crate) fn attention_cpu(a: &encore::CpuArgs<'_>) -> Result<(), String> {
+    let s: AttnShape = a.scalar(5)?;
+    let pos = super::param(a, 3)? as usize;
+    let (rows, hd) = (s.rows as usize, s.head_dim as usize);
+    if hd > MAX_HEAD_DIM {
+        return Err(format!("head size {hd} above {MAX_HEAD_DIM}"));
+    }
+    if pos + rows > s.max_seq as usize {
+        return Err(format!(
+            "position {} past the cache of {}",
+            pos + rows,
+            s.max_seq
+        ));
+    }
+    let (q, k, v) = (a.read::<f32>(0)?, a.read::<f16>(1)?, a.read::<f16>(2)?);
+    attend_rows(q, k, v, pos, s, a.write::<f32>(4)?)
+}
+
 pub fn attention_def() -> KernelDef {
     KernelDef::new("attention")
         .op("attention")
-        .cpu("attention f16-cache flash tiled v4", |a| {
-            let s: AttnShape = a.scalar(5)?;
-            let pos = super::param(a, 3)? as usize;
-            let (rows, hd) = (s.rows as usize, s.head_dim as usize);
-            if hd > MAX_HEAD_DIM {
-                return Err(format!("head size {hd} above {MAX_HEAD_DIM}"));
-            }
-            if pos + rows > s.max_seq as usize {
-                return Err(format!(
-                    "position {} past the cache of {}",
-                    pos + rows,
-                    s.max_seq
-                ));
-            }
-            let (q, k, v) = (a.read::<f32>(0)?, a.read::<f16>(1)?, a.read::<f16>(2)?);
-            attend_rows(q, k, v, pos, s, a.write::<f32>(4)?)
-        })
+        .cpu(ATTENTION_CPU, attention_cpu)
         .cuda(ATTENTION_CUDA, "attention")
         .programmatic()
 }

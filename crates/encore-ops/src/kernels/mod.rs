@@ -9,6 +9,7 @@
 pub mod advance;
 pub mod argmax;
 pub mod attention;
+pub mod attention_exact;
 pub mod attention_step;
 pub mod elementwise;
 pub mod embed;
@@ -19,7 +20,6 @@ pub mod norm;
 pub mod prefill_attention;
 pub mod rope;
 
-/// Reads a one-element `u32` buffer argument (a graph parameter slot).
 /// Every kernel definition of this crate that [`crate::Ops::new`] loads,
 /// in the default version or the exact one ([`encore::Config::exact`]).
 pub fn all(exact: bool) -> Vec<encore::KernelDef> {
@@ -30,7 +30,11 @@ pub fn all(exact: bool) -> Vec<encore::KernelDef> {
         rope::def(),
         rope::rope_store_def(),
         attention::kv_store_def(),
-        attention::attention_def(),
+        if exact {
+            attention_exact::def()
+        } else {
+            attention::attention_def()
+        },
         attention_step::def(),
         prefill_attention::def(),
         elementwise::add_def(),
@@ -43,6 +47,7 @@ pub fn all(exact: bool) -> Vec<encore::KernelDef> {
     ]
 }
 
+/// Reads a one-element `u32` buffer argument (a graph parameter slot).
 pub(crate) fn param(a: &encore::CpuArgs<'_>, i: usize) -> Result<u32, String> {
     a.read::<u32>(i)?
         .first()
