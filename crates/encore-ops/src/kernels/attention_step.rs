@@ -348,7 +348,7 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
                 encore_prefetch_l2(reinterpret_cast<const unsigned char*>(vc + (size_t)t * kv_dim + kv_off) + b);
             }
         }
-        if (rotates) rope_angle(s.rope, tid, guess, sn, cs);
+        if (rotates) rope_angle_fast(s.rope, tid, guess, sn, cs);
     }
     encore_grid_wait();
     if (!valid || (!STEP_CLUSTER && blockIdx.y != 0)) return;
@@ -387,7 +387,7 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     const unsigned int p = pos[0];
     // The same decision in every block of a cluster, so none waits alone at a barrier.
     if (p >= a.max_seq) return;
-    if (rotates && p != guess) rope_angle(s.rope, tid, p, sn, cs);
+    if (rotates && p != guess) rope_angle_fast(s.rope, tid, p, sn, cs);
     const unsigned int len = p + 1, chunk = (len + splits - 1) / splits;
     const unsigned int begin = min(split * chunk, len), end = min(begin + chunk, len);
     const bool holds_p = begin <= p && p < end;

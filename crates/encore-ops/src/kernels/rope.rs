@@ -174,11 +174,25 @@ __device__ __forceinline__ void glibc_sincosf(float y, float& sn, float& cs) {
 }
 
 // The angle of pair `i` at position `p`: `theta = p * theta_scale^i` by
-// the CPU's f32 recurrence, as its sine and cosine (the CPU's values).
-__device__ __forceinline__ void rope_angle(const RopeShape& s, unsigned int i, unsigned int p, float& sn, float& cs) {
+// the CPU's f32 recurrence.
+__device__ __forceinline__ float rope_theta(const RopeShape& s, unsigned int i, unsigned int p) {
     float theta = (float)p;
     for (unsigned int t = 0; t < i; ++t) theta = __fmul_rn(theta, s.theta_scale);
-    glibc_sincosf(theta, sn, cs);
+    return theta;
+}
+
+// The angle's sine and cosine, the CPU's values.
+__device__ __forceinline__ void rope_angle(const RopeShape& s, unsigned int i, unsigned int p, float& sn, float& cs) {
+    glibc_sincosf(rope_theta(s, i, p), sn, cs);
+}
+
+// The angle's sine and cosine from CUDA's `sincosf`, within an ulp or two
+// of the CPU's and cheaper: for the decode step's fused `attention_step`,
+// whose latency every token waits for (glibc's version there cost about
+// 10 µs a token on SmolLM2, H200) and which the exact kernels do not use.
+__device__ __forceinline__ void rope_angle_fast(const RopeShape& s, unsigned int i, unsigned int p, float& sn,
+                                                float& cs) {
+    sincosf(rope_theta(s, i, p), &sn, &cs);
 }
 
 // The element indices of rotated pair `i` of a head.
