@@ -981,9 +981,9 @@ fn fused_block_graph_matches_unfused_and_cpu() {
     // difference can move a value to its neighbour). The attention output
     // and the residual after it: 2e-3 of the rms, since attention rounds the
     // query to f16 (a rounding-order difference upstream can move a query
-    // element by one f16 step), and the CPU keeps its weighted sum of V in
-    // f16 where CUDA sums in f32. Against the CPU (float
-    // weights only): the same. With quantized weights the CPU multiplies 8-bit
+    // element by one f16 step). Against the CPU (float weights only): the
+    // same, but 4e-3 for the attention output and the residual, since the
+    // CPU also keeps its weighted sum of V in f16 where CUDA sums in f32. With quantized weights the CPU multiplies 8-bit
     // activations, whose error scales with Σ|w·x| rather than with the
     // outputs; each unfused op is checked against the CPU at that scale in
     // its own test above, and `tests/fusion.rs` checks that the CPU's fused
@@ -1018,11 +1018,15 @@ fn fused_block_graph_matches_unfused_and_cpu() {
                 if dtype.is_quantized() {
                     continue;
                 }
+                // Against the CPU, whose f16 attention accumulator rounds
+                // where CUDA's f32 one does not, the attention output and
+                // the residual get twice the room: seed 0x18ea4385a6d8a4ef
+                // puts one F16 residual element 2.5e-3 of the rms off.
                 assert_close_to_rms(
                     &format!("{what} CUDA vs CPU"),
                     &fused[i],
                     &reference[i],
-                    tol,
+                    if f16 { tol } else { 2.0 * tol },
                     f16,
                 );
             }
