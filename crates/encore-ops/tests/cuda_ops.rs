@@ -19,7 +19,7 @@ use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
 use encore_ops::{DType, Ops, Weight};
 
 mod common;
-use common::{block_graph, fused_nodes, random_weights, upload, Rng};
+use common::{block_graph, fused_nodes, random_weights, upload, BlockInputs, Rng};
 use half::f16;
 
 /// A kernel cache directory private to this test process.
@@ -778,27 +778,19 @@ fn products_graph(
     ff: usize,
 ) -> (Vec<Vec<f32>>, usize) {
     let (nq, nkv) = (k, k / 4);
-    let mut rng = Rng(seed);
     let d = ops.device();
-    let weight = |rng: &mut Rng, n: usize, kk: usize| Weight {
-        buffer: upload(ops, &random_weights(rng, dtype, n, kk)),
-        dtype,
-        n,
-        k: kk,
-    };
-    let (wq, wk, wv) = (
-        weight(&mut rng, nq, k),
-        weight(&mut rng, nkv, k),
-        weight(&mut rng, nkv, k),
-    );
-    let wo = weight(&mut rng, k, nq);
-    let (wg, wu, wd) = (
-        weight(&mut rng, ff, k),
-        weight(&mut rng, ff, k),
-        weight(&mut rng, k, ff),
-    );
-    let x = upload(ops, &rng.vec(rows * k));
-    let (g1, g2) = (upload(ops, &rng.vec(k)), upload(ops, &rng.vec(k)));
+    let BlockInputs {
+        wq,
+        wk,
+        wv,
+        wo,
+        wg,
+        wu,
+        wd,
+        x,
+        g1,
+        g2,
+    } = BlockInputs::random(ops, seed, dtype, rows, k, nq, nkv, ff);
     let f = |n: usize| d.alloc(n * 4).unwrap();
     let (xn, q, kk, v, proj) = (
         f(rows * k),

@@ -90,6 +90,62 @@ pub fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec
     out
 }
 
+/// A transformer block's random weights (Q, K, V and O, gate, up and down,
+/// `nq` and `nkv` outputs of `k` inputs, FFN width `ff`), `rows` input rows
+/// and two norm weights, uploaded to `ops`' device; the same draws for the
+/// same seed on every device.
+pub struct BlockInputs {
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
+    pub wg: Weight,
+    pub wu: Weight,
+    pub wd: Weight,
+    pub x: Buffer,
+    pub g1: Buffer,
+    pub g2: Buffer,
+}
+
+impl BlockInputs {
+    #[allow(clippy::too_many_arguments)]
+    pub fn random(
+        ops: &Ops,
+        seed: u64,
+        dtype: DType,
+        rows: usize,
+        k: usize,
+        nq: usize,
+        nkv: usize,
+        ff: usize,
+    ) -> BlockInputs {
+        let mut rng = Rng(seed);
+        let mut weight = |n: usize, kk: usize| Weight {
+            buffer: upload(ops, &random_weights(&mut rng, dtype, n, kk)),
+            dtype,
+            n,
+            k: kk,
+        };
+        let (wq, wk, wv) = (weight(nq, k), weight(nkv, k), weight(nkv, k));
+        let wo = weight(k, nq);
+        let (wg, wu, wd) = (weight(ff, k), weight(ff, k), weight(k, ff));
+        let x = upload(ops, &rng.vec(rows * k));
+        let (g1, g2) = (upload(ops, &rng.vec(k)), upload(ops, &rng.vec(k)));
+        BlockInputs {
+            wq,
+            wk,
+            wv,
+            wo,
+            wg,
+            wu,
+            wd,
+            x,
+            g1,
+            g2,
+        }
+    }
+}
+
 /// One transformer-block-shaped graph over `ops`' device, recorded unfused
 /// and instantiated with the device's fusion rules (or none). Returns the
 /// residual, the attention output, the K and V caches (as f32) and the stats.
@@ -102,27 +158,19 @@ pub fn block_graph(
 ) -> (Vec<Vec<f32>>, GraphStats) {
     let (k, heads, kv_heads, head_dim, ff, max_seq, pos) = (256, 4, 2, 64, 96, 16, 5u32);
     let (nq, nkv) = (heads * head_dim, kv_heads * head_dim);
-    let mut rng = Rng(rng_seed);
     let d = ops.device();
-    let weight = |rng: &mut Rng, n: usize, kk: usize| Weight {
-        buffer: upload(ops, &random_weights(rng, dtype, n, kk)),
-        dtype,
-        n,
-        k: kk,
-    };
-    let (wq, wk, wv) = (
-        weight(&mut rng, nq, k),
-        weight(&mut rng, nkv, k),
-        weight(&mut rng, nkv, k),
-    );
-    let wo = weight(&mut rng, k, nq);
-    let (wg, wu, wd) = (
-        weight(&mut rng, ff, k),
-        weight(&mut rng, ff, k),
-        weight(&mut rng, k, ff),
-    );
-    let x = upload(ops, &rng.vec(rows * k));
-    let (g1, g2) = (upload(ops, &rng.vec(k)), upload(ops, &rng.vec(k)));
+    let BlockInputs {
+        wq,
+        wk,
+        wv,
+        wo,
+        wg,
+        wu,
+        wd,
+        x,
+        g1,
+        g2,
+    } = BlockInputs::random(ops, rng_seed, dtype, rows, k, nq, nkv, ff);
     let p = upload(ops, &[pos]);
     let f = |n: usize| d.alloc(n * 4).unwrap();
     let (xn, q, kk, v, proj) = (
