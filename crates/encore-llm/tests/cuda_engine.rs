@@ -251,7 +251,7 @@ fn real_model_on_cuda_exact_generates_the_cpus_text() {
     for prompt in prompts {
         for raw in [true, false] {
             let tokens = cpu.prompt_tokens(prompt, raw).unwrap();
-            let mut sessions = vec![
+            let mut sessions = [
                 cpu.session(tokens.len() + steps + 1).unwrap(),
                 gpu.session(tokens.len() + steps + 1).unwrap(),
             ];
