@@ -7,9 +7,9 @@
 //! The CPU quantizes `x` to 8-bit blocks for quantized weights (as ggml
 //! does). CUDA has two versions of the quantized products, chosen by
 //! [`encore::Config::exact`]: by default it multiplies dequantized weights
-//! with f32 `x` ([`cuda_quant_dots_fast`]), which agrees with the CPU to the
+//! with f32 `x` (`cuda_quant_dots_fast`), which agrees with the CPU to the
 //! activation quantization error; the exact version
-//! ([`cuda_quant_dots_exact`]) quantizes `x` as the CPU does and gives the
+//! (`cuda_quant_dots_exact`) quantizes `x` as the CPU does and gives the
 //! CPU's results bit for bit, at some cost in speed. On CUDA, from
 //! [`super::gemm::GEMM_MIN_ROWS`] rows on, `Ops::matmul` dispatches the
 //! tiled tensor-core kernel of [`super::gemm`] instead of this one (not in
