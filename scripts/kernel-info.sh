@@ -7,6 +7,9 @@
 #   scripts/kernel-info.sh fused_matmul 1 576 576 192 192 3 3 3 3 0 1 0x3727c5ac
 #   scripts/kernel-info.sh --sass matmul 1 49152 576 8
 #
+# An exact version (`encore::Config::exact`) that differs from the default
+# one is named with `-exact` (`scripts/kernel-info.sh matmul-exact`).
+#
 # The numbers after the kernel's name are the words of its value argument
 # (the shape struct, in field order), which compiles the variant a graph
 # specializes for that shape; without them, the generic code. The GPU
