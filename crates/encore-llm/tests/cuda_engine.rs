@@ -23,27 +23,27 @@ fn device(name: &str, graphs: bool) -> Device {
 }
 
 fn device_with(name: &str, graphs: bool, fusion: bool) -> Device {
-    let config = Config {
-        graphs,
-        fusion,
-        cache_dir: Some(
-            std::env::temp_dir().join(format!("encore-cuda-engine-{}", std::process::id())),
-        ),
-        ..Config::default()
-    };
-    Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"))
+    open_device(name, |c| {
+        c.graphs = graphs;
+        c.fusion = fusion;
+    })
 }
 
 /// A device that loads the exact kernels ([`Config::exact`]).
 fn exact_device(name: &str) -> Device {
-    let config = Config {
-        exact: true,
+    open_device(name, |c| c.exact = true)
+}
+
+/// The device `name` with `edit` applied to the test configuration.
+fn open_device(name: &str, edit: impl FnOnce(&mut Config)) -> Device {
+    let mut config = Config {
         cache_dir: Some(
             std::env::temp_dir().join(format!("encore-cuda-engine-{}", std::process::id())),
         ),
         ..Config::default()
     };
-    Device::open(name, &config).unwrap_or_else(|e| panic!("exact device {name}: {e}"))
+    edit(&mut config);
+    Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"))
 }
 
 /// The index of the first element whose bits differ, if any.
@@ -164,24 +164,34 @@ fn follow_cpu(
 /// prompt's prefill logits differed by 4.95e-2 on an H200).
 const REAL_LOGITS_TOLERANCE: f32 = 0.1;
 
+/// The default model's file, named by `ENCORE_TEST_MODEL` (the GPU machine
+/// cannot fetch it; `scripts/gpu-run.sh real` sets it).
+fn real_model_path() -> PathBuf {
+    std::env::var_os("ENCORE_TEST_MODEL")
+        .map(PathBuf::from)
+        .expect("ENCORE_TEST_MODEL names the default model's GGUF file")
+}
+
+/// The raw prompts the default model's tests continue (the same as
+/// `scripts/gpu-run.sh`'s).
+const REAL_PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The quick brown fox",
+    "In 1969, the first",
+    "Water boils at",
+    "My favorite food is",
+    "The meaning of life is",
+];
+
 #[test]
 #[ignore = "needs a CUDA GPU and ENCORE_TEST_MODEL; run with scripts/gpu-run.sh real"]
 fn real_model_on_cuda_follows_the_cpu() {
-    let path = std::env::var_os("ENCORE_TEST_MODEL")
-        .map(PathBuf::from)
-        .expect("ENCORE_TEST_MODEL names the default model's GGUF file");
+    let path = real_model_path();
     let cpu = Engine::load(&path, &device("cpu", true)).unwrap();
     let gpu = Engine::load(&path, &device("cuda", true)).unwrap();
-    let prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "def fibonacci(n):",
-        "The quick brown fox",
-        "In 1969, the first",
-        "Water boils at",
-        "My favorite food is",
-        "The meaning of life is",
-    ];
+    let prompts = REAL_PROMPTS;
     let steps = 32;
     let (mut agreed, mut close_calls, mut worst) = (0, 0, 0f32);
     for prompt in prompts {
@@ -231,21 +241,10 @@ fn real_model_on_cuda_follows_the_cpu() {
 fn real_model_on_cuda_exact_generates_the_cpus_text() {
     // With the exact kernels, free-running greedy text on CUDA is the
     // CPU's: 32 tokens of each prompt, raw and through the chat template.
-    let path = std::env::var_os("ENCORE_TEST_MODEL")
-        .map(PathBuf::from)
-        .expect("ENCORE_TEST_MODEL names the default model's GGUF file");
+    let path = real_model_path();
     let cpu = Engine::load(&path, &device("cpu", true)).unwrap();
     let gpu = Engine::load(&path, &exact_device("cuda")).unwrap();
-    let prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "def fibonacci(n):",
-        "The quick brown fox",
-        "In 1969, the first",
-        "Water boils at",
-        "My favorite food is",
-        "The meaning of life is",
-    ];
+    let prompts = REAL_PROMPTS;
     let steps = 32;
     let mut equal = 0;
     for prompt in prompts {

@@ -28,36 +28,32 @@ fn cache_dir() -> PathBuf {
 }
 
 fn open(name: &str) -> Ops {
-    let config = Config {
+    open_with(name, |_| {})
+}
+
+/// Ops on `name` with `edit` applied to the test configuration.
+fn open_with(name: &str, edit: impl FnOnce(&mut Config)) -> Ops {
+    let mut config = Config {
         cache_dir: Some(cache_dir()),
         ..Config::default()
     };
+    edit(&mut config);
     let device = Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"));
     Ops::new(&device).unwrap_or_else(|e| panic!("ops on {name}: {e}"))
 }
 
 /// CUDA ops whose graphs compile shape-specialized kernels, or not.
 fn open_cuda_specializing(specialize: bool) -> Ops {
-    let config = Config {
-        cache_dir: Some(cache_dir()),
-        specialize,
-        ..Config::default()
-    };
-    let device = Device::open("cuda", &config).unwrap_or_else(|e| panic!("device cuda: {e}"));
-    Ops::new(&device).unwrap_or_else(|e| panic!("ops on cuda: {e}"))
+    open_with("cuda", |c| c.specialize = specialize)
 }
 
 /// The exact kernels ([`Config::exact`]) on `name`, with shape-specialized
 /// graph kernels or not.
 fn open_exact(name: &str, specialize: bool) -> Ops {
-    let config = Config {
-        cache_dir: Some(cache_dir()),
-        specialize,
-        exact: true,
-        ..Config::default()
-    };
-    let device = Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"));
-    Ops::new(&device).unwrap_or_else(|e| panic!("exact ops on {name}: {e}"))
+    open_with(name, |c| {
+        c.specialize = specialize;
+        c.exact = true;
+    })
 }
 
 /// The CPU and the CUDA ops, in that order.
@@ -577,6 +573,33 @@ fn magnitudes(w: &[f32], x: &[f32], rows: usize, n: usize, k: usize) -> (Vec<f32
     (exact, scale)
 }
 
+/// `matmul` of the weights `w` (`n` rows of `k`) with `rows` activation
+/// rows read from `x` at element `offset`, on both ops of `pair`.
+#[allow(clippy::too_many_arguments)]
+fn matmul_on_both(
+    pair: &[Ops; 2],
+    dtype: DType,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    offset: usize,
+    rows: usize,
+) -> [Vec<f32>; 2] {
+    on_both::<f32>(pair, |ops| {
+        let weight = Weight {
+            buffer: upload(ops, w),
+            dtype,
+            n,
+            k,
+        };
+        let xb = upload(ops, x).view(offset * 4, rows * k * 4).unwrap();
+        let y = ops.device().alloc(rows * n * 4).unwrap();
+        run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
+        y
+    })
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn matmul_matches_cpu_for_every_weight_type() {
@@ -611,18 +634,7 @@ fn matmul_matches_cpu_for_every_weight_type() {
             let x = rng.vec(offset + rows * k);
             let wf = dequantize(dtype, &w, n, k);
             let (exact, scale) = magnitudes(&wf, &x[offset..], rows, n, k);
-            let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
-                let weight = Weight {
-                    buffer: upload(ops, &w),
-                    dtype,
-                    n,
-                    k,
-                };
-                let xb = upload(ops, &x).view(offset * 4, rows * k * 4).unwrap();
-                let y = ops.device().alloc(rows * n * 4).unwrap();
-                run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
-                y
-            });
+            let [cpu, gpu] = matmul_on_both(&pair, dtype, &w, n, k, &x, offset, rows);
             let what = format!("matmul {dtype} rows={rows} n={n} k={k} x+{offset}");
             let cpu_tol = if dtype.is_quantized() { 5e-3 } else { 1e-5 };
             for (i, ((g, c), (e, s))) in gpu
@@ -716,18 +728,7 @@ fn exact_matmul_matches_cpu_bit_for_bit_for_quantized_weights() {
         for &(rows, n, k, offset) in &shapes {
             let w = random_weights(&mut rng, dtype, n, k);
             let x = rng.vec(offset + rows * k);
-            let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
-                let weight = Weight {
-                    buffer: upload(ops, &w),
-                    dtype,
-                    n,
-                    k,
-                };
-                let xb = upload(ops, &x).view(offset * 4, rows * k * 4).unwrap();
-                let y = ops.device().alloc(rows * n * 4).unwrap();
-                run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
-                y
-            });
+            let [cpu, gpu] = matmul_on_both(&pair, dtype, &w, n, k, &x, offset, rows);
             assert_bits(
                 &format!("exact matmul {dtype} rows={rows} n={n} k={k} x+{offset}"),
                 &gpu,
@@ -779,18 +780,7 @@ fn products_graph(
 ) -> (Vec<Vec<f32>>, usize) {
     let (nq, nkv) = (k, k / 4);
     let d = ops.device();
-    let BlockInputs {
-        wq,
-        wk,
-        wv,
-        wo,
-        wg,
-        wu,
-        wd,
-        x,
-        g1,
-        g2,
-    } = BlockInputs::random(ops, seed, dtype, rows, k, nq, nkv, ff);
+    let b = BlockInputs::random(ops, seed, dtype, rows, k, nq, nkv, ff);
     let f = |n: usize| d.alloc(n * 4).unwrap();
     let (xn, q, kk, v, proj) = (
         f(rows * k),
@@ -802,25 +792,28 @@ fn products_graph(
     let (gate, up, act) = (f(rows * ff), f(rows * ff), f(rows * ff));
     let mut e = d.encoder();
     let eps = 1e-5;
-    ops.rms_norm(&mut e, &x, &g1, &xn, rows, k, eps).unwrap();
-    ops.matmul(&mut e, &wq, &xn, &q, rows, "q").unwrap();
-    ops.matmul(&mut e, &wk, &xn, &kk, rows, "k").unwrap();
-    ops.matmul(&mut e, &wv, &xn, &v, rows, "v").unwrap();
-    ops.matmul(&mut e, &wo, &q, &proj, rows, "o").unwrap();
-    ops.add(&mut e, &x, &proj, rows * k).unwrap();
-    ops.rms_norm(&mut e, &x, &g2, &xn, rows, k, eps).unwrap();
-    ops.matmul(&mut e, &wg, &xn, &gate, rows, "gate").unwrap();
-    ops.matmul(&mut e, &wu, &xn, &up, rows, "up").unwrap();
+    ops.rms_norm(&mut e, &b.x, &b.g1, &xn, rows, k, eps)
+        .unwrap();
+    ops.matmul(&mut e, &b.wq, &xn, &q, rows, "q").unwrap();
+    ops.matmul(&mut e, &b.wk, &xn, &kk, rows, "k").unwrap();
+    ops.matmul(&mut e, &b.wv, &xn, &v, rows, "v").unwrap();
+    ops.matmul(&mut e, &b.wo, &q, &proj, rows, "o").unwrap();
+    ops.add(&mut e, &b.x, &proj, rows * k).unwrap();
+    ops.rms_norm(&mut e, &b.x, &b.g2, &xn, rows, k, eps)
+        .unwrap();
+    ops.matmul(&mut e, &b.wg, &xn, &gate, rows, "gate").unwrap();
+    ops.matmul(&mut e, &b.wu, &xn, &up, rows, "up").unwrap();
     ops.silu_mul(&mut e, &gate, &up, &act, rows * ff).unwrap();
-    ops.matmul(&mut e, &wd, &act, &proj, rows, "down").unwrap();
-    ops.add(&mut e, &x, &proj, rows * k).unwrap();
+    ops.matmul(&mut e, &b.wd, &act, &proj, rows, "down")
+        .unwrap();
+    ops.add(&mut e, &b.x, &proj, rows * k).unwrap();
     let mut graph = e.finish_graph().unwrap();
-    for b in [&q, &kk, &v, &x] {
-        graph.mark_output(b);
+    for out in [&q, &kk, &v, &b.x] {
+        graph.mark_output(out);
     }
     let exec = graph.instantiate(&ops.all_fusion_patterns()).unwrap();
     exec.replay(&[]).unwrap().wait().unwrap();
-    let outputs = [&q, &kk, &v, &x].map(|b| b.download::<f32>().unwrap());
+    let outputs = [&q, &kk, &v, &b.x].map(|out| out.download::<f32>().unwrap());
     (outputs.to_vec(), exec.stats().after.nodes)
 }
 

@@ -126,22 +126,18 @@ impl BlockInputs {
             n,
             k: kk,
         };
-        let (wq, wk, wv) = (weight(nq, k), weight(nkv, k), weight(nkv, k));
-        let wo = weight(k, nq);
-        let (wg, wu, wd) = (weight(ff, k), weight(ff, k), weight(k, ff));
-        let x = upload(ops, &rng.vec(rows * k));
-        let (g1, g2) = (upload(ops, &rng.vec(k)), upload(ops, &rng.vec(k)));
+        // Struct fields are evaluated in order, which is the order of the draws.
         BlockInputs {
-            wq,
-            wk,
-            wv,
-            wo,
-            wg,
-            wu,
-            wd,
-            x,
-            g1,
-            g2,
+            wq: weight(nq, k),
+            wk: weight(nkv, k),
+            wv: weight(nkv, k),
+            wo: weight(k, nq),
+            wg: weight(ff, k),
+            wu: weight(ff, k),
+            wd: weight(k, ff),
+            x: upload(ops, &rng.vec(rows * k)),
+            g1: upload(ops, &rng.vec(k)),
+            g2: upload(ops, &rng.vec(k)),
         }
     }
 }
@@ -159,18 +155,7 @@ pub fn block_graph(
     let (k, heads, kv_heads, head_dim, ff, max_seq, pos) = (256, 4, 2, 64, 96, 16, 5u32);
     let (nq, nkv) = (heads * head_dim, kv_heads * head_dim);
     let d = ops.device();
-    let BlockInputs {
-        wq,
-        wk,
-        wv,
-        wo,
-        wg,
-        wu,
-        wd,
-        x,
-        g1,
-        g2,
-    } = BlockInputs::random(ops, rng_seed, dtype, rows, k, nq, nkv, ff);
+    let b = BlockInputs::random(ops, rng_seed, dtype, rows, k, nq, nkv, ff);
     let p = upload(ops, &[pos]);
     let f = |n: usize| d.alloc(n * 4).unwrap();
     let (xn, q, kk, v, proj) = (
@@ -185,10 +170,11 @@ pub fn block_graph(
     let vc = upload(ops, &vec![f16::ZERO; max_seq * nkv]);
     let mut e = d.encoder();
     let eps = 1e-5;
-    ops.rms_norm(&mut e, &x, &g1, &xn, rows, k, eps).unwrap();
-    ops.matmul(&mut e, &wq, &xn, &q, rows, "q").unwrap();
-    ops.matmul(&mut e, &wk, &xn, &kk, rows, "k").unwrap();
-    ops.matmul(&mut e, &wv, &xn, &v, rows, "v").unwrap();
+    ops.rms_norm(&mut e, &b.x, &b.g1, &xn, rows, k, eps)
+        .unwrap();
+    ops.matmul(&mut e, &b.wq, &xn, &q, rows, "q").unwrap();
+    ops.matmul(&mut e, &b.wk, &xn, &kk, rows, "k").unwrap();
+    ops.matmul(&mut e, &b.wv, &xn, &v, rows, "v").unwrap();
     ops.rope(
         &mut e, &q, &p, rows, heads, head_dim, head_dim, 1e4, false, "rope_q",
     )
@@ -211,17 +197,19 @@ pub fn block_graph(
     };
     ops.attention(&mut e, &q, &kc, &vc, &p, &att, shape)
         .unwrap();
-    ops.matmul(&mut e, &wo, &att, &proj, rows, "o").unwrap();
-    ops.add(&mut e, &x, &proj, rows * k).unwrap();
-    ops.rms_norm(&mut e, &x, &g2, &xn, rows, k, eps).unwrap();
-    ops.matmul(&mut e, &wg, &xn, &gate, rows, "gate").unwrap();
-    ops.matmul(&mut e, &wu, &xn, &up, rows, "up").unwrap();
+    ops.matmul(&mut e, &b.wo, &att, &proj, rows, "o").unwrap();
+    ops.add(&mut e, &b.x, &proj, rows * k).unwrap();
+    ops.rms_norm(&mut e, &b.x, &b.g2, &xn, rows, k, eps)
+        .unwrap();
+    ops.matmul(&mut e, &b.wg, &xn, &gate, rows, "gate").unwrap();
+    ops.matmul(&mut e, &b.wu, &xn, &up, rows, "up").unwrap();
     ops.silu_mul(&mut e, &gate, &up, &act, rows * ff).unwrap();
-    ops.matmul(&mut e, &wd, &act, &proj, rows, "down").unwrap();
-    ops.add(&mut e, &x, &proj, rows * k).unwrap();
+    ops.matmul(&mut e, &b.wd, &act, &proj, rows, "down")
+        .unwrap();
+    ops.add(&mut e, &b.x, &proj, rows * k).unwrap();
     let mut graph = e.finish_graph().unwrap();
-    for b in [&x, &att, &kc, &vc] {
-        graph.mark_output(b);
+    for out in [&b.x, &att, &kc, &vc] {
+        graph.mark_output(out);
     }
     let patterns = if fusion {
         ops.all_fusion_patterns()
@@ -238,7 +226,7 @@ pub fn block_graph(
             .collect()
     };
     let out = vec![
-        x.download::<f32>().unwrap(),
+        b.x.download::<f32>().unwrap(),
         att.download::<f32>().unwrap(),
         cache(&kc),
         cache(&vc),
