@@ -4,24 +4,23 @@
 #
 #   scripts/gpu-suite.sh      then make the device call it prints, which
 #                             runs scripts/gpu-run.sh on the GPU machine.
+#   scripts/gpu-suite.sh --real-model
+#                             also stages the default model: three more
+#                             calls, listed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # With --real-model, also split the default model into .gpu-model/ in four
 # parts, carried over three device calls beside .gpu (the device tool
 # carries 64 MiB a call).
+real_model=no
 if [[ ${1:-} == --real-model ]]; then
     model=${ENCORE_REAL_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/encore/models/SmolLM2-135M-Instruct.Q4_1.gguf}
     [[ -f $model ]] || { echo "set ENCORE_REAL_MODEL to the default model's GGUF file" >&2; exit 1; }
     rm -rf .gpu-model && mkdir -p .gpu-model
     split -b 24M -d "$model" .gpu-model/part-
     ls -l .gpu-model >&2
-    cat <<'CALL'
-Then, right after each other (the machine keeps .gpu and the first part while warm):
-  run(command="true", carry=[".gpu", ".gpu-model/part-00"])
-  run(command="true", carry=[".gpu-model/part-01", ".gpu-model/part-02"])
-  run(command="bash .gpu/run.sh real", carry=[".gpu-model/part-03"])
-CALL
+    real_model=yes
 fi
 
 # Test binaries as package:test.
@@ -85,11 +84,29 @@ if (( size > 60 * 1024 * 1024 )); then
     echo "error: .gpu is over 60 MiB; the device tool carries at most 64 MiB" >&2
     exit 1
 fi
-cat <<'CALL'
-Now run on the GPU machine (device tool):
+calls="1 device call"
+if [[ $real_model == yes ]]; then calls="4 device calls"; fi
+cat <<CALL
+The GPU suite takes $calls:
   run(command="bash .gpu/run.sh", carry=[".gpu"], timeout_s=600)
+CALL
+if [[ $real_model == yes ]]; then
+    cat <<'CALL'
+  then, right after each other (the machine keeps .gpu, the first parts and
+  the kernel cache while warm), the default model:
+  run(command="true", carry=[".gpu", ".gpu-model/part-00"])
+  run(command="true", carry=[".gpu-model/part-01", ".gpu-model/part-02"])
+  run(command="bash .gpu/run.sh real", carry=[".gpu-model/part-03"], timeout_s=600)
+CALL
+fi
+cat <<'CALL'
+The run keeps to 540 s of the call's 600 (ENCORE_GPU_BUDGET) and skips what
+does not fit; its summary then names what it skipped and the call that runs
+it, such as run(command="bash .gpu/run.sh benches", carry=[".gpu"]).
 Logs come back under $OUT: device.txt, test-<name>.log for each test binary,
-bench-cuda.log, bench-encore.log (encore bench on a synthetic SmolLM2), summary.txt.
-  run(command="bash .gpu/run.sh cuda_ops cuda_engine", ...) runs only those
-test binaries and the encore bench.
+bench-<name>.log for each benchmark, bench-encore.log (encore bench on a
+synthetic SmolLM2), summary.txt (each step's result and wall time).
+  run(command="bash .gpu/run.sh cuda_ops cuda_engine", carry=[".gpu"]) runs only
+those test binaries and the encore bench; `tests` names every test binary,
+`benches` every benchmark.
 CALL

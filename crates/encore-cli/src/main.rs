@@ -10,7 +10,8 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use encore::{Config, Device, ProfileMode};
 use encore_llm::fetch::{self, Progress};
-use encore_llm::{Engine, GenerateOptions, SamplerConfig};
+use encore_llm::{Engine, EngineOptions, GenerateOptions, SamplerConfig};
+use encore_ops::KernelSet;
 
 #[derive(Parser)]
 #[command(
@@ -181,7 +182,6 @@ fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
     if let Some(mode) = profile.profile {
         config.profile = mode;
     }
-    config.exact |= args.exact;
     let device = Device::open(&args.device, &config).map_err(|e| e.to_string())?;
     if profile.trace.is_some() {
         device.start_trace();
@@ -191,7 +191,11 @@ fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
 
 fn load(args: &ModelArgs, device: &Device) -> Result<Engine, String> {
     let path = model_path(&args.model)?;
-    Engine::load(&path, device).map_err(|e| {
+    let mut options = EngineOptions::from_env().map_err(|e| e.to_string())?;
+    if args.exact {
+        options.kernels = KernelSet::Exact;
+    }
+    Engine::load(&path, device, &options).map_err(|e| {
         // Name the file once: I/O errors already carry its path.
         let message = e.to_string();
         let shown = path.display().to_string();

@@ -2,7 +2,7 @@
 //! with other engines: `cargo run --release --example top_logits -- MODEL "prompt" [k]`.
 
 use encore::{Config, Device};
-use encore_llm::Engine;
+use encore_llm::{Engine, EngineOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -12,7 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let k: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
     let device = Device::open("cpu", &Config::from_env()?)?;
-    let engine = Engine::load(model, &device)?;
+    let engine = Engine::load(model, &device, &EngineOptions::from_env()?)?;
     let ids = engine.prompt_tokens(prompt, true)?;
     println!("ids {ids:?}");
     let mut session = engine.session(ids.len() + 1)?;

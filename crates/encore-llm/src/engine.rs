@@ -13,12 +13,58 @@ use crate::gguf::GgufFile;
 use crate::model::Model;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::Session;
+use crate::tokenizer::{Tokenizer, TokenizerSpec};
+use encore_ops::KernelSet;
 
 /// Greedy steps queued on the device before their tokens are read back (and
 /// streamed): a token's text arrives at most this many steps late, a few
 /// milliseconds, and the host's round trip is paid once per batch.
 pub const GREEDY_BATCH: usize = 8;
-use crate::tokenizer::{Tokenizer, TokenizerSpec};
+
+/// How the engine runs a model: the op layer's kernel set and whether
+/// sessions replay their decode steps as graphs. [`EngineOptions::from_env`]
+/// reads `ENCORE_EXACT` and `ENCORE_GRAPHS` (listed with every other switch
+/// in [`encore::config`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Which kernels to load: [`KernelSet::Exact`] gives the CPU backend's
+    /// results bit for bit on every backend (the same arithmetic in the same
+    /// order), at some cost in speed. Greedy text from a quantized model is
+    /// chaotic: with the default kernels a GPU's text parts from the CPU's
+    /// within a few dozen tokens.
+    pub kernels: KernelSet,
+    /// Replay each session's decode step as a recorded graph (else encode
+    /// every step eagerly).
+    pub graphs: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> EngineOptions {
+        EngineOptions {
+            kernels: KernelSet::Default,
+            graphs: true,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// The defaults with `ENCORE_EXACT` and `ENCORE_GRAPHS` applied.
+    pub fn from_env() -> Result<EngineOptions> {
+        EngineOptions::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`EngineOptions::from_env`], reading variables through `get`.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<EngineOptions> {
+        let mut options = EngineOptions::default();
+        if encore::config::flag(&get, "ENCORE_EXACT")? == Some(true) {
+            options.kernels = KernelSet::Exact;
+        }
+        if let Some(graphs) = encore::config::flag(&get, "ENCORE_GRAPHS")? {
+            options.graphs = graphs;
+        }
+        Ok(options)
+    }
+}
 
 /// How to generate.
 #[derive(Clone, Debug)]
@@ -83,23 +129,29 @@ pub struct Engine {
     model: Arc<Model>,
     tokenizer: Tokenizer,
     template: ChatTemplate,
+    /// Whether sessions replay graphs ([`EngineOptions::graphs`]).
+    graphs: bool,
 }
 
 impl Engine {
     /// Loads a GGUF model file onto `device`.
-    pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Engine> {
+    pub fn load(
+        path: impl AsRef<Path>,
+        device: &Device,
+        options: &EngineOptions,
+    ) -> Result<Engine> {
         let _span = device.trace_span("load");
         let file = GgufFile::open(path)?;
-        Engine::from_gguf(&file, device)
+        Engine::from_gguf(&file, device, options)
     }
 
     /// Builds an engine from an opened GGUF file (weights are copied to the
     /// device; the file may be closed afterwards).
-    pub fn from_gguf(file: &GgufFile, device: &Device) -> Result<Engine> {
+    pub fn from_gguf(file: &GgufFile, device: &Device, options: &EngineOptions) -> Result<Engine> {
         let spec = TokenizerSpec::from_gguf(file)?;
         let template = ChatTemplate::for_model(spec.chat_template.as_deref())?;
         let tokenizer = Tokenizer::from_spec(spec)?;
-        let model = Model::load(file, device)?;
+        let model = Model::load(file, device, options.kernels)?;
         if tokenizer.vocab_size() > model.config.vocab {
             return Err(LlmError::Model(format!(
                 "the tokenizer has {} tokens but the embedding table only {}",
@@ -111,6 +163,7 @@ impl Engine {
             model,
             tokenizer,
             template,
+            graphs: options.graphs,
         })
     }
 
@@ -144,7 +197,7 @@ impl Engine {
 
     /// A new session with room for `max_seq` positions.
     pub fn session(&self, max_seq: usize) -> Result<Session> {
-        Session::new(self.model.clone(), max_seq)
+        Session::new(self.model.clone(), max_seq, self.graphs)
     }
 
     /// Generates a continuation of `prompt`, calling `on_text` with each

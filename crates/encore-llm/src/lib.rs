@@ -2,9 +2,9 @@
 //! model, KV cache, sampler.
 //!
 //! ```no_run
-//! use encore_llm::{Engine, GenerateOptions};
+//! use encore_llm::{Engine, EngineOptions, GenerateOptions};
 //! let device = encore::Device::open("cpu", &encore::Config::default())?;
-//! let engine = Engine::load("SmolLM2-135M-Instruct.Q4_1.gguf", &device)?;
+//! let engine = Engine::load("SmolLM2-135M-Instruct.Q4_1.gguf", &device, &EngineOptions::default())?;
 //! let out = engine.generate("The capital of France is", &GenerateOptions::greedy(16), |_| true)?;
 //! println!("{}", out.text);
 //! # Ok::<(), encore_llm::LlmError>(())
@@ -23,7 +23,7 @@ pub mod synthetic;
 pub mod tokenizer;
 
 pub use config::ModelConfig;
-pub use engine::{Engine, GenerateOptions, Generation, GREEDY_BATCH};
+pub use engine::{Engine, EngineOptions, GenerateOptions, Generation, GREEDY_BATCH};
 pub use error::{LlmError, Result};
 pub use model::Model;
 pub use sampler::{Sampler, SamplerConfig};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use encore::{Buffer, Device, Encoder};
 use encore_ops::kernels::attention::AttnShape;
-use encore_ops::{Ops, Weight};
+use encore_ops::{KernelSet, Ops, Weight};
 
 use crate::config::{ModelConfig, RopeLayout};
 use crate::error::{LlmError, Result};
@@ -95,10 +95,11 @@ fn optional_vector(
 }
 
 impl Model {
-    /// Loads every weight of `f` onto `device`.
-    pub fn load(f: &GgufFile, device: &Device) -> Result<Arc<Model>> {
+    /// Loads every weight of `f` onto `device`, with the op layer's
+    /// kernels of `kernels`.
+    pub fn load(f: &GgufFile, device: &Device, kernels: KernelSet) -> Result<Arc<Model>> {
         let c = ModelConfig::from_gguf(f)?;
-        let ops = Ops::new(device)?;
+        let ops = Ops::new(device, kernels)?;
         let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
         let embed = upload_weight(device, f, "token_embd.weight", c.vocab, d)?;
         let mut blocks = Vec::with_capacity(c.n_layer);

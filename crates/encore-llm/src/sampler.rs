@@ -143,7 +143,7 @@ impl Sampler {
 
 /// The index of the largest logit (the first among equals).
 pub fn greedy(logits: &[f32]) -> u32 {
-    encore_ops::kernels::argmax::argmax(logits)
+    encore_ops::cpu::kernels::argmax::argmax(logits)
 }
 
 fn softmax(cand: &[(u32, f32)], temperature: f32) -> Vec<f32> {

@@ -3,8 +3,9 @@
 //!
 //! The prompt is prefilled in one batched forward pass. Each decode step is
 //! recorded once as a graph whose parameters are the position and the input
-//! token, then replayed for every later token; with graphs disabled in the
-//! config, each step is encoded eagerly instead.
+//! token, then replayed for every later token; in a session made without
+//! graphs ([`crate::EngineOptions::graphs`]), each step is encoded eagerly
+//! instead.
 //!
 //! Greedy decoding ([`Session::decode_greedy`]) replays a variant of the step
 //! that feeds itself: its argmax becomes the next token and the position
@@ -42,8 +43,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session with room for `max_seq` positions.
-    pub fn new(model: Arc<Model>, max_seq: usize) -> Result<Session> {
+    /// A session with room for `max_seq` positions, whose decode steps
+    /// replay recorded graphs when `graphs` is set and are encoded eagerly
+    /// otherwise.
+    pub fn new(model: Arc<Model>, max_seq: usize, graphs: bool) -> Result<Session> {
         if max_seq == 0 {
             return Err(LlmError::Request(
                 "the context must hold at least one token".into(),
@@ -55,8 +58,8 @@ impl Session {
         let decode = Activations::new(&model, 1)?;
         let argmax_out = model.ops.argmax_buffer()?;
         let history = device.alloc(max_seq * 4)?;
+        let use_graphs = graphs;
         let graphs = GraphCache::new(model.ops.fusion_patterns());
-        let use_graphs = device.config().graphs;
         Ok(Session {
             model,
             cache,
@@ -140,7 +143,7 @@ impl Session {
 
     fn record_step(&mut self) -> Result<GraphExec> {
         let device = self.model.device.clone();
-        let mut enc = device.encoder();
+        let mut enc = device.capture();
         self.encode_step(&mut enc)?;
         let mut graph = enc.finish_graph()?;
         graph.set_params(&self.params);
@@ -163,7 +166,7 @@ impl Session {
             return Ok(e.clone());
         }
         let device = self.model.device.clone();
-        let mut enc = device.encoder();
+        let mut enc = device.capture();
         self.encode_step(&mut enc)?;
         let (token, pos) = (self.params.slot("token")?, self.params.slot("pos")?);
         self.model

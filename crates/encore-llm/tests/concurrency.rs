@@ -9,7 +9,7 @@ use std::sync::Barrier;
 use encore::{Config, Device};
 use encore_llm::gguf::GgufFile;
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
-use encore_llm::{Engine, GenerateOptions};
+use encore_llm::{Engine, EngineOptions, GenerateOptions};
 
 const THREADS: usize = 16;
 const ROUNDS: usize = 3;
@@ -31,12 +31,12 @@ fn engine_on(device: &str, graphs: bool) -> Engine {
         ..SyntheticSpec::tiny(11)
     };
     let file = GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap();
-    let config = Config {
+    let options = EngineOptions {
         graphs,
-        ..Config::default()
+        ..EngineOptions::default()
     };
-    let device = Device::open(device, &config).unwrap();
-    Engine::from_gguf(&file, &device).unwrap()
+    let device = Device::open(device, &Config::default()).unwrap();
+    Engine::from_gguf(&file, &device, &options).unwrap()
 }
 
 fn prompts() -> Vec<String> {

@@ -10,40 +10,102 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Instant;
 
-use encore::{Config, Device};
+use encore::{Config, Device, KernelDef};
 use encore_llm::gguf::GgufFile;
 use encore_llm::sampler::greedy;
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
-use encore_llm::{Engine, Session};
+use encore_llm::{Engine, EngineOptions, Session};
+use encore_ops::KernelSet;
 
-fn device(name: &str, graphs: bool) -> Device {
-    device_with(name, graphs, true)
+fn device(name: &str) -> Device {
+    device_with(name, true)
 }
 
-fn device_with(name: &str, graphs: bool, fusion: bool) -> Device {
-    open_device(name, |c| {
-        c.graphs = graphs;
-        c.fusion = fusion;
-    })
+fn device_with(name: &str, fusion: bool) -> Device {
+    open_device(name, |c| c.fusion = fusion)
 }
 
-/// A device that loads the exact kernels ([`Config::exact`]).
-fn exact_device(name: &str) -> Device {
-    open_device(name, |c| c.exact = true)
+/// An engine's options: the default kernels, decode steps replayed as
+/// graphs or encoded eagerly.
+fn options(graphs: bool) -> EngineOptions {
+    EngineOptions {
+        graphs,
+        ..EngineOptions::default()
+    }
+}
+
+/// The options of an engine with the exact kernels ([`KernelSet::Exact`]).
+fn exact() -> EngineOptions {
+    EngineOptions {
+        kernels: KernelSet::Exact,
+        ..EngineOptions::default()
+    }
 }
 
 /// The device `name` with `edit` applied to the test configuration.
 fn open_device(name: &str, edit: impl FnOnce(&mut Config)) -> Device {
+    if name != "cpu" {
+        warm_kernel_cache();
+    }
     let mut config = Config {
-        cache_dir: Some(
-            std::env::temp_dir().join(format!("encore-cuda-engine-{}", std::process::id())),
-        ),
+        cache_dir: Some(cache_dir()),
         ..Config::default()
     };
     edit(&mut config);
     Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"))
+}
+
+/// The kernel cache directory: `ENCORE_CACHE_DIR` where it names one
+/// (`scripts/gpu-run.sh` shares one between the suite's binaries), else one
+/// private to this test process.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("ENCORE_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("encore-cuda-engine-{}", std::process::id()))
+        })
+}
+
+/// Compiles the generic code of every kernel, default and exact versions,
+/// into the kernel cache once per process and all at once (NVRTC compiles
+/// on one core), so that each engine's device loads them from the cache
+/// instead of compiling them one after another.
+fn warm_kernel_cache() {
+    static WARM: OnceLock<()> = OnceLock::new();
+    WARM.get_or_init(|| {
+        let config = Config {
+            cache_dir: Some(cache_dir()),
+            ..Config::default()
+        };
+        let device = Device::open("cuda", &config).unwrap_or_else(|e| panic!("device cuda: {e}"));
+        let same = |a: &KernelDef, b: &KernelDef| {
+            a.name() == b.name()
+                && a.options() == b.options()
+                && a.cuda_impl().map(|c| (&c.source, &c.entry))
+                    == b.cuda_impl().map(|c| (&c.source, &c.entry))
+        };
+        let mut defs = KernelSet::Default.defs().all();
+        for def in KernelSet::Exact.defs().all() {
+            if !defs.iter().any(|d| same(d, &def)) {
+                defs.push(def);
+            }
+        }
+        defs.retain(|d| d.cuda_impl().is_some());
+        std::thread::scope(|s| {
+            for def in &defs {
+                let device = &device;
+                s.spawn(move || {
+                    device
+                        .load_kernel(def)
+                        .unwrap_or_else(|e| panic!("kernel {}: {e}", def.name()))
+                });
+            }
+        });
+    });
 }
 
 /// The index of the first element whose bits differ, if any.
@@ -189,8 +251,8 @@ const REAL_PROMPTS: [&str; 8] = [
 #[ignore = "needs a CUDA GPU and ENCORE_TEST_MODEL; run with scripts/gpu-run.sh real"]
 fn real_model_on_cuda_follows_the_cpu() {
     let path = real_model_path();
-    let cpu = Engine::load(&path, &device("cpu", true)).unwrap();
-    let gpu = Engine::load(&path, &device("cuda", true)).unwrap();
+    let cpu = Engine::load(&path, &device("cpu"), &options(true)).unwrap();
+    let gpu = Engine::load(&path, &device("cuda"), &options(true)).unwrap();
     let prompts = REAL_PROMPTS;
     let steps = 32;
     let (mut agreed, mut close_calls, mut worst) = (0, 0, 0f32);
@@ -242,8 +304,8 @@ fn real_model_on_cuda_exact_generates_the_cpus_text() {
     // With the exact kernels, free-running greedy text on CUDA is the
     // CPU's: 32 tokens of each prompt, raw and through the chat template.
     let path = real_model_path();
-    let cpu = Engine::load(&path, &device("cpu", true)).unwrap();
-    let gpu = Engine::load(&path, &exact_device("cuda")).unwrap();
+    let cpu = Engine::load(&path, &device("cpu"), &options(true)).unwrap();
+    let gpu = Engine::load(&path, &device("cuda"), &exact()).unwrap();
     let prompts = REAL_PROMPTS;
     let steps = 32;
     let mut equal = 0;
@@ -281,10 +343,10 @@ fn real_model_on_cuda_exact_generates_the_cpus_text() {
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
     let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(7))).unwrap();
-    let cpu = Engine::from_gguf(&file, &device("cpu", true)).unwrap();
-    let gpu = Engine::from_gguf(&file, &device("cuda", true)).unwrap();
-    let eager = Engine::from_gguf(&file, &device("cuda", false)).unwrap();
-    let unfused = Engine::from_gguf(&file, &device_with("cuda", true, false)).unwrap();
+    let cpu = Engine::from_gguf(&file, &device("cpu"), &options(true)).unwrap();
+    let gpu = Engine::from_gguf(&file, &device("cuda"), &options(true)).unwrap();
+    let eager = Engine::from_gguf(&file, &device("cuda"), &options(false)).unwrap();
+    let unfused = Engine::from_gguf(&file, &device_with("cuda", false), &options(true)).unwrap();
     let vocab = cpu.model().config.vocab as u32;
     let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab).collect();
     let steps = 24;
@@ -345,8 +407,8 @@ fn synthetic_model_long_prefill_on_cuda_matches_cpu() {
     // in the cache, then decode steps; CUDA's logits stay within the CPU
     // comparison's tolerance throughout.
     let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(11))).unwrap();
-    let cpu = Engine::from_gguf(&file, &device("cpu", true)).unwrap();
-    let gpu = Engine::from_gguf(&file, &device("cuda", true)).unwrap();
+    let cpu = Engine::from_gguf(&file, &device("cpu"), &options(true)).unwrap();
+    let gpu = Engine::from_gguf(&file, &device("cuda"), &options(true)).unwrap();
     let vocab = cpu.model().config.vocab as u32;
     let first: Vec<u32> = (0..100u32).map(|i| (i * 53 + 3) % vocab).collect();
     let second: Vec<u32> = (0..40u32).map(|i| (i * 29 + 1) % vocab).collect();
@@ -387,8 +449,8 @@ fn synthetic_model_exact_on_cuda_equals_the_cpu_bit_for_bit() {
     // the tiled attention path), then free-running greedy text, and the
     // logits after it.
     let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(7))).unwrap();
-    let cpu = Engine::from_gguf(&file, &device("cpu", true)).unwrap();
-    let gpu = Engine::from_gguf(&file, &exact_device("cuda")).unwrap();
+    let cpu = Engine::from_gguf(&file, &device("cpu"), &options(true)).unwrap();
+    let gpu = Engine::from_gguf(&file, &device("cuda"), &exact()).unwrap();
     let vocab = cpu.model().config.vocab as u32;
     let steps = 32;
     for len in [13u32, 100] {
@@ -468,7 +530,7 @@ fn synthetic_smollm2_decode_speed_on_cuda() {
     }
     let file = GgufFile::from_bytes(bytes).unwrap();
     for graphs in [true, false] {
-        let engine = Engine::from_gguf(&file, &device("cuda", graphs)).unwrap();
+        let engine = Engine::from_gguf(&file, &device("cuda"), &options(graphs)).unwrap();
         let weights = engine.model().weight_bytes() as f64;
         let tok_s = decode_speed(&engine, 128);
         println!(
@@ -487,7 +549,7 @@ fn decode_greedy_on_cuda_equals_one_step_at_a_time() {
     // The same kernels either way, so the same tokens, bit for bit; the
     // self-feeding graph only moves the argmax and position on the device.
     let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(9))).unwrap();
-    let gpu = Engine::from_gguf(&file, &device("cuda", true)).unwrap();
+    let gpu = Engine::from_gguf(&file, &device("cuda"), &options(true)).unwrap();
     let prompt: Vec<u32> = (0..11u32).map(|i| (i * 29 + 3) % 64).collect();
     let steps = 40;
     let mut a = gpu.session(prompt.len() + steps + 1).unwrap();

@@ -7,15 +7,16 @@
 use encore::{Config, Device};
 use encore_llm::gguf::GgufFile;
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
-use encore_llm::{Engine, Session};
+use encore_llm::{Engine, EngineOptions, Session};
 
 fn engine(graphs: bool) -> Engine {
     let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(21))).unwrap();
-    let config = Config {
+    let options = EngineOptions {
         graphs,
-        ..Config::default()
+        ..EngineOptions::default()
     };
-    Engine::from_gguf(&file, &Device::open("cpu", &config).unwrap()).unwrap()
+    let device = Device::open("cpu", &Config::default()).unwrap();
+    Engine::from_gguf(&file, &device, &options).unwrap()
 }
 
 const PROMPT: [u32; 5] = [3, 17, 4, 9, 30];

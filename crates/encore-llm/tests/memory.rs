@@ -15,6 +15,7 @@ use encore::{Config, Device};
 use encore_llm::gguf::GgufFile;
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
 use encore_llm::{Model, Session};
+use encore_ops::KernelSet;
 
 const STEPS: usize = 10_000;
 const WINDOW: usize = 1024;
@@ -45,13 +46,9 @@ fn session(device: &str, max_seq: usize, graphs: bool) -> (Device, Session) {
         ..SyntheticSpec::tiny(5)
     };
     let file = GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap();
-    let config = Config {
-        graphs,
-        ..Config::default()
-    };
-    let device = Device::open(device, &config).unwrap();
-    let model = Model::load(&file, &device).unwrap();
-    let session = Session::new(model, max_seq).unwrap();
+    let device = Device::open(device, &Config::default()).unwrap();
+    let model = Model::load(&file, &device, KernelSet::Default).unwrap();
+    let session = Session::new(model, max_seq, graphs).unwrap();
     (device, session)
 }
 

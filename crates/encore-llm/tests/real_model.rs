@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use encore::{Config, Device};
-use encore_llm::{Engine, GenerateOptions};
+use encore_llm::{Engine, EngineOptions, GenerateOptions};
 
 fn model_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -22,12 +22,12 @@ fn model_path() -> PathBuf {
 }
 
 fn engine(graphs: bool) -> Engine {
-    let config = Config {
+    let options = EngineOptions {
         graphs,
-        ..Config::default()
+        ..EngineOptions::default()
     };
-    let device = Device::open("cpu", &config).unwrap();
-    Engine::load(model_path(), &device).unwrap()
+    let device = Device::open("cpu", &Config::default()).unwrap();
+    Engine::load(model_path(), &device, &options).unwrap()
 }
 
 fn greedy(engine: &Engine, prompt: &str, n: usize) -> String {

@@ -14,7 +14,7 @@ use encore::{Config, Device};
 use encore_llm::gguf::GgufFile;
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
 use encore_llm::{Model, Session};
-use encore_ops::DType;
+use encore_ops::{DType, KernelSet};
 
 const TOLERANCE: f64 = 0.02;
 
@@ -201,13 +201,9 @@ fn compare(got: &[f32], want: &[f64], what: &str) {
 fn check(spec: SyntheticSpec, graphs: bool) {
     let file = GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap();
     let reference = Reference::new(&file, &spec);
-    let config = Config {
-        graphs,
-        ..Config::default()
-    };
-    let device = Device::open("cpu", &config).unwrap();
-    let model = Model::load(&file, &device).unwrap();
-    let mut session = Session::new(model, 32).unwrap();
+    let device = Device::open("cpu", &Config::default()).unwrap();
+    let model = Model::load(&file, &device, KernelSet::Default).unwrap();
+    let mut session = Session::new(model, 32, graphs).unwrap();
     let mut tokens: Vec<u32> = vec![5, 77, 200, 13, 99, 250, 31];
     let logits = session.prefill(&tokens).unwrap();
     compare(&logits, &reference.logits(&tokens), "prefill");

@@ -42,7 +42,7 @@ fn floats(device: &Device, n: usize) -> Buffer {
 /// Records `CHAIN` instances of `one` as a graph with the fusion rules, and
 /// returns (µs per node, nodes after fusion).
 fn time_chain(ops: &Ops, outputs: &[&Buffer], one: &dyn Fn(&mut Encoder)) -> (f64, usize) {
-    let mut enc = ops.device().encoder();
+    let mut enc = ops.device().capture();
     for _ in 0..CHAIN {
         one(&mut enc);
     }
@@ -74,7 +74,7 @@ fn main() {
             return;
         }
     };
-    let ops = Ops::new(&device).unwrap();
+    let ops = Ops::new(&device, encore_ops::KernelSet::Default).unwrap();
     let (d, kv, ff, vocab, heads, kv_heads, hd) = (576, 192, 1536, 49152, 9, 3, 64);
     let q41 = DType::Q4_1;
     let (wq, wk, wv, wo) = (

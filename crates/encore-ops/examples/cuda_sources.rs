@@ -1,6 +1,6 @@
 //! Writes the full CUDA source of every kernel (runtime prelude included)
 //! to a directory, one `<name>.cu` a kernel and `<name>-exact.cu` for each
-//! exact version ([`encore::Config::exact`]) that differs, and its compile
+//! exact version ([`encore_ops::KernelSet::Exact`]) that differs, and its compile
 //! options, one a line, to `<name>.options` where it has any, for
 //! inspecting what NVRTC makes of it without a GPU (`scripts/kernel-info.sh`
 //! compiles one and reports its registers, stack and instructions).
@@ -22,8 +22,8 @@ fn main() -> ExitCode {
         eprintln!("cannot create {}: {e}", dir.display());
         return ExitCode::FAILURE;
     }
-    let default = encore_ops::kernels::all(false);
-    let exact = encore_ops::kernels::all(true);
+    let default = encore_ops::KernelSet::Default.defs().all();
+    let exact = encore_ops::KernelSet::Exact.defs().all();
     for (def, suffix) in default
         .iter()
         .map(|d| (d, ""))
@@ -32,9 +32,9 @@ fn main() -> ExitCode {
         let Some(cuda) = def.cuda_impl() else {
             continue;
         };
-        let same_as_default = default
-            .iter()
-            .any(|d| d.name() == def.name() && d.cuda_impl() == Some(cuda));
+        let same_as_default = default.iter().any(|d| {
+            d.name() == def.name() && d.cuda_impl().map(|c| &c.source) == Some(&cuda.source)
+        });
         if !suffix.is_empty() && same_as_default {
             continue;
         }

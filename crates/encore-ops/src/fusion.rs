@@ -14,29 +14,23 @@
 //! 6. for one decode row, `rope` of the query, `rope_store` (or `kv_store`)
 //!    of the new K row and `kv_store` of the new V row, each folded into the
 //!    `attention` that reads them: `attention_step`.
+//!
+//! Every rule reads the nodes it matches through their ops' argument
+//! layouts (`from_node`) and builds the fused node through the fused
+//! kernel's (`into_node`), so no rule knows an argument's position. The
+//! fused node's launch geometry is not the rules' concern: the backend
+//! computes it from the fused kernel and the node's value.
 
 use encore::graph::passes::FusionPattern;
-use encore::{Access, Buffer, Kernel, Launch, Node, NodeArg};
+use encore::{Buffer, Kernel, Node};
 
-use crate::kernels::attention::{AttnShape, KvShape};
-use crate::kernels::attention_step::{self, AttnStepShape};
-use crate::kernels::fused::{self, FusedShape};
-use crate::kernels::rope::{self, RopeShape, RopeStoreShape};
-use crate::kernels::{matmul, norm::NormShape};
-
-fn buffer(node: &Node, i: usize) -> Option<&Buffer> {
-    match node.args.get(i)? {
-        NodeArg::Buffer(b, _) => Some(b),
-        NodeArg::Bytes(_) => None,
-    }
-}
-
-fn value<T: bytemuck::Pod>(node: &Node, i: usize) -> Option<T> {
-    match node.args.get(i)? {
-        NodeArg::Bytes(bytes) => bytemuck::try_pod_read_unaligned(bytes).ok(),
-        NodeArg::Buffer(..) => None,
-    }
-}
+use crate::kernels::attention::{AttnArgs, KvArgs};
+use crate::kernels::attention_step::{self, AttnStepArgs, AttnStepShape};
+use crate::kernels::elementwise::{AddArgs, SiluMulArgs};
+use crate::kernels::fused::{self, FusedArgs, FusedShape};
+use crate::kernels::matmul::MatmulArgs;
+use crate::kernels::norm::NormArgs;
+use crate::kernels::rope::{RopeArgs, RopeShape, RopeStoreArgs, RopeStoreShape};
 
 fn same(a: &Buffer, b: &Buffer) -> bool {
     a.allocation_id() == b.allocation_id() && a.offset() == b.offset() && a.len() == b.len()
@@ -62,12 +56,13 @@ impl Product {
     fn parse(node: &Node) -> Option<Product> {
         match node.op() {
             "matmul" => {
-                let s: matmul::MatmulShape = value(node, 3)?;
+                let a = MatmulArgs::from_node(node)?;
+                let s = a.shape;
                 Some(Product {
-                    x: buffer(node, 1)?.clone(),
+                    x: a.x,
                     g: None,
-                    w: vec![buffer(node, 0)?.clone()],
-                    y: vec![buffer(node, 2)?.clone()],
+                    w: vec![a.w],
+                    y: vec![a.y],
                     shape: FusedShape {
                         rows: s.rows,
                         k: s.k,
@@ -82,26 +77,19 @@ impl Product {
                 })
             }
             "fused_matmul" => {
-                let shape: FusedShape = value(node, 8)?;
-                let weights = shape.weights as usize;
+                let a = FusedArgs::from_node(node)?;
+                let shape = a.shape;
+                let weights = (shape.weights as usize).min(3);
                 let outputs = if shape.epilogue == fused::EPILOGUE_STORE {
                     weights
                 } else {
                     1
                 };
                 Some(Product {
-                    x: buffer(node, 0)?.clone(),
-                    g: if shape.norm != 0 {
-                        Some(buffer(node, 1)?.clone())
-                    } else {
-                        None
-                    },
-                    w: (0..weights)
-                        .map(|i| buffer(node, 2 + i).cloned())
-                        .collect::<Option<_>>()?,
-                    y: (0..outputs)
-                        .map(|i| buffer(node, 5 + i).cloned())
-                        .collect::<Option<_>>()?,
+                    g: (shape.norm != 0).then(|| a.g.clone()),
+                    w: a.weights()[..weights].iter().map(|&b| b.clone()).collect(),
+                    y: a.outputs()[..outputs].iter().map(|&b| b.clone()).collect(),
+                    x: a.x,
                     shape,
                     label: node.label.to_string(),
                 })
@@ -124,27 +112,18 @@ impl Product {
         }
         let empty = self.x.view(0, 0).ok()?;
         let pick = |v: &[Buffer], i: usize| v.get(i).cloned().unwrap_or_else(|| empty.clone());
-        let output = if self.shape.epilogue == fused::EPILOGUE_ACCUMULATE {
-            Access::ReadWrite
-        } else {
-            Access::Write
+        let args = FusedArgs {
+            g: self.g.clone().unwrap_or_else(|| empty.clone()),
+            w0: pick(&self.w, 0),
+            w1: pick(&self.w, 1),
+            w2: pick(&self.w, 2),
+            y0: pick(&self.y, 0),
+            y1: pick(&self.y, 1),
+            y2: pick(&self.y, 2),
+            x: self.x,
+            shape: self.shape,
         };
-        let mut args = vec![
-            NodeArg::Buffer(self.x.clone(), Access::Read),
-            NodeArg::Buffer(
-                self.g.clone().unwrap_or_else(|| empty.clone()),
-                Access::Read,
-            ),
-        ];
-        args.extend((0..3).map(|i| NodeArg::Buffer(pick(&self.w, i), Access::Read)));
-        args.extend((0..3).map(|i| NodeArg::Buffer(pick(&self.y, i), output)));
-        args.push(NodeArg::Bytes(bytemuck::bytes_of(&self.shape).to_vec()));
-        Some(Node {
-            kernel: kernel.clone(),
-            args,
-            launch: matmul::cuda_launch(self.shape.warps()),
-            label: self.label.into(),
-        })
+        Some(args.into_node(kernel, self.label))
     }
 }
 
@@ -190,28 +169,25 @@ fn siblings(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 
 /// Widest product the norm is folded into. Every warp of the fused kernel
 /// re-reads the activations and the norm weights, which for an output head
-/// of tens of thousands of columns costs more than a separate `rms_norm`
-/// (measured on an H200: 44 µs fused against 21 µs apart for SmolLM2's head;
-/// with one memory round trip a warp, on an H100: decode 390.2 against 380.8
-/// µs a step).
+/// of tens of thousands of columns costs more than a separate `rms_norm`.
 const NORM_FOLD_MAX_COLUMNS: u32 = 8192;
 
 /// Rule 2: `rms_norm` whose output is exactly a product's input.
 fn norm_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [norm, product] = nodes else { return None };
-    let s: NormShape = value(norm, 3)?;
+    let n = NormArgs::from_node(norm)?;
+    let s = n.shape;
     let mut p = Product::parse(product)?;
-    let (x, g, y) = (buffer(norm, 0)?, buffer(norm, 1)?, buffer(norm, 2)?);
     if p.shape.norm != 0
         || p.shape.columns() > NORM_FOLD_MAX_COLUMNS
-        || !same(y, &p.x)
+        || !same(&n.y, &p.x)
         || s.rows != p.shape.rows
         || s.dim != p.shape.k
     {
         return None;
     }
-    p.x = x.clone();
-    p.g = Some(g.clone());
+    p.x = n.x;
+    p.g = Some(n.w);
     p.shape.norm = 1;
     p.shape.eps = s.eps;
     p.label = format!("rms_norm+{}", p.label);
@@ -222,20 +198,19 @@ fn norm_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 fn swiglu(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [product, silu] = nodes else { return None };
     let mut p = Product::parse(product)?;
-    let n: u32 = value(silu, 3)?;
-    let (g, u, y) = (buffer(silu, 0)?, buffer(silu, 1)?, buffer(silu, 2)?);
+    let silu = SiluMulArgs::from_node(silu)?;
     let s = p.shape;
     if s.weights != 2
         || s.epilogue != fused::EPILOGUE_STORE
         || s.n[0] != s.n[1]
-        || n != s.rows * s.n[0]
-        || !same(g, &p.y[0])
-        || !same(u, &p.y[1])
+        || silu.n != s.rows * s.n[0]
+        || !same(&silu.g, &p.y[0])
+        || !same(&silu.u, &p.y[1])
     {
         return None;
     }
     p.shape.epilogue = fused::EPILOGUE_SWIGLU;
-    p.y = vec![y.clone()];
+    p.y = vec![silu.y];
     p.label = format!("{}+silu_mul", p.label);
     p.node(kernel)
 }
@@ -244,18 +219,17 @@ fn swiglu(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 fn accumulate(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [product, add] = nodes else { return None };
     let mut p = Product::parse(product)?;
-    let n: u32 = value(add, 2)?;
-    let (y, x) = (buffer(add, 0)?, buffer(add, 1)?);
+    let add = AddArgs::from_node(add)?;
     let s = p.shape;
     if s.weights != 1
         || s.epilogue != fused::EPILOGUE_STORE
-        || n != s.rows * s.n[0]
-        || !same(x, &p.y[0])
+        || add.n != s.rows * s.n[0]
+        || !same(&add.x, &p.y[0])
     {
         return None;
     }
     p.shape.epilogue = fused::EPILOGUE_ACCUMULATE;
-    p.y = vec![y.clone()];
+    p.y = vec![add.y];
     p.label = format!("{}+add", p.label);
     p.node(kernel)
 }
@@ -263,12 +237,10 @@ fn accumulate(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 /// Rule 5: `rope` of rows that `kv_store` then writes into the cache.
 fn rope_then_store(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [rope, store] = nodes else { return None };
-    let r: RopeShape = value(rope, 2)?;
-    let kv: KvShape = value(store, 3)?;
-    let (x, pos) = (buffer(rope, 0)?, buffer(rope, 1)?);
-    let (src, cache, store_pos) = (buffer(store, 0)?, buffer(store, 1)?, buffer(store, 2)?);
-    if !same(x, src)
-        || !same(pos, store_pos)
+    let (r_args, kv_args) = (RopeArgs::from_node(rope)?, KvArgs::from_node(store)?);
+    let (r, kv) = (r_args.shape, kv_args.shape);
+    if !same(&r_args.x, &kv_args.src)
+        || !same(&r_args.pos, &kv_args.pos)
         || r.rows != kv.rows
         || r.heads * r.head_dim != kv.kv_dim
         || !r.head_dim.is_multiple_of(2)
@@ -277,21 +249,16 @@ fn rope_then_store(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     {
         return None;
     }
-    let shape = RopeStoreShape {
-        rope: r,
-        max_seq: kv.max_seq,
+    let args = RopeStoreArgs {
+        x: r_args.x,
+        pos: r_args.pos,
+        cache: kv_args.cache,
+        shape: RopeStoreShape {
+            rope: r,
+            max_seq: kv.max_seq,
+        },
     };
-    Some(Node {
-        kernel: kernel.clone(),
-        args: vec![
-            NodeArg::Buffer(x.clone(), Access::Read),
-            NodeArg::Buffer(pos.clone(), Access::Read),
-            NodeArg::Buffer(cache.clone(), Access::Write),
-            NodeArg::Bytes(bytemuck::bytes_of(&shape).to_vec()),
-        ],
-        launch: Launch::cover(r.rows * r.heads * (r.head_dim / 2), rope::CUDA_BLOCK),
-        label: format!("{}+{}", rope.label, store.label).into(),
-    })
+    Some(args.into_node(kernel, format!("{}+{}", rope.label, store.label)))
 }
 
 /// An `attention` of one query row (or an `attention_step`) taken apart.
@@ -312,20 +279,20 @@ impl Attend {
         let label = node.label.to_string();
         match node.op() {
             "attention" => {
-                let attn: AttnShape = value(node, 5)?;
-                if attn.rows != 1 {
+                let a = AttnArgs::from_node(node)?;
+                if a.shape.rows != 1 {
                     return None;
                 }
                 Some(Attend {
-                    q: buffer(node, 0)?.clone(),
+                    q: a.q,
                     k_new: None,
                     v_new: None,
-                    k: buffer(node, 1)?.clone(),
-                    v: buffer(node, 2)?.clone(),
-                    pos: buffer(node, 3)?.clone(),
-                    out: buffer(node, 4)?.clone(),
+                    k: a.k,
+                    v: a.v,
+                    pos: a.pos,
+                    out: a.out,
                     shape: AttnStepShape {
-                        attn,
+                        attn: a.shape,
                         rope: bytemuck::Zeroable::zeroed(),
                         flags: 0,
                     },
@@ -333,21 +300,17 @@ impl Attend {
                 })
             }
             "attention_step" => {
-                let shape: AttnStepShape = value(node, 7)?;
-                let has = |bit: u32| shape.flags & bit != 0;
+                let a = AttnStepArgs::from_node(node)?;
+                let has = |bit: u32| a.shape.flags & bit != 0;
                 Some(Attend {
-                    q: buffer(node, 0)?.clone(),
-                    k_new: has(attention_step::STEP_K_NEW)
-                        .then(|| buffer(node, 1).cloned())
-                        .flatten(),
-                    v_new: has(attention_step::STEP_V_NEW)
-                        .then(|| buffer(node, 2).cloned())
-                        .flatten(),
-                    k: buffer(node, 3)?.clone(),
-                    v: buffer(node, 4)?.clone(),
-                    pos: buffer(node, 5)?.clone(),
-                    out: buffer(node, 6)?.clone(),
-                    shape,
+                    k_new: has(attention_step::STEP_K_NEW).then(|| a.k_new.clone()),
+                    v_new: has(attention_step::STEP_V_NEW).then(|| a.v_new.clone()),
+                    q: a.q,
+                    k: a.k,
+                    v: a.v,
+                    pos: a.pos,
+                    out: a.out,
+                    shape: a.shape,
                     label,
                 })
             }
@@ -374,44 +337,29 @@ impl Attend {
 
     fn node(self, kernel: &Kernel) -> Option<Node> {
         let empty = self.q.view(0, 0).ok()?;
-        let flags = self.shape.flags;
-        let cache = |bit: u32| {
-            if flags & bit != 0 {
-                Access::ReadWrite
-            } else {
-                Access::Read
-            }
+        let args = AttnStepArgs {
+            q: self.q,
+            k_new: self.k_new.unwrap_or_else(|| empty.clone()),
+            v_new: self.v_new.unwrap_or(empty),
+            k: self.k,
+            v: self.v,
+            pos: self.pos,
+            out: self.out,
+            shape: self.shape,
         };
-        Some(Node {
-            kernel: kernel.clone(),
-            args: vec![
-                NodeArg::Buffer(self.q, Access::Read),
-                NodeArg::Buffer(self.k_new.unwrap_or_else(|| empty.clone()), Access::Read),
-                NodeArg::Buffer(self.v_new.unwrap_or(empty), Access::Read),
-                NodeArg::Buffer(self.k, cache(attention_step::STEP_K_NEW)),
-                NodeArg::Buffer(self.v, cache(attention_step::STEP_V_NEW)),
-                NodeArg::Buffer(self.pos, Access::Read),
-                NodeArg::Buffer(self.out, Access::Write),
-                NodeArg::Bytes(bytemuck::bytes_of(&self.shape).to_vec()),
-            ],
-            launch: Launch::grid3(
-                [self.shape.attn.heads.max(1), attention_step::CUDA_SPLITS, 1],
-                [attention_step::CUDA_THREADS, 1, 1],
-            ),
-            label: self.label.into(),
-        })
+        Some(args.into_node(kernel, self.label))
     }
 }
 
 /// Rule 6a: `rope` of exactly the query a one-row attention reads.
 fn rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [rope, attn] = nodes else { return None };
-    let r: RopeShape = value(rope, 2)?;
-    let (x, pos) = (buffer(rope, 0)?, buffer(rope, 1)?);
+    let rope_args = RopeArgs::from_node(rope)?;
+    let r = rope_args.shape;
     let mut a = Attend::parse(attn)?;
     if a.shape.flags & attention_step::STEP_ROPE_Q != 0
-        || !same(x, &a.q)
-        || !same(pos, &a.pos)
+        || !same(&rope_args.x, &a.q)
+        || !same(&rope_args.pos, &a.pos)
         || r.heads != a.shape.attn.heads
         || !a.takes_rope(&r)
     {
@@ -426,12 +374,12 @@ fn rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 /// Rule 6b: `rope_store` of the new K row into the cache the attention reads.
 fn rope_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [store, attn] = nodes else { return None };
-    let rs: RopeStoreShape = value(store, 3)?;
-    let (x, pos, cache) = (buffer(store, 0)?, buffer(store, 1)?, buffer(store, 2)?);
+    let store_args = RopeStoreArgs::from_node(store)?;
+    let rs = store_args.shape;
     let mut a = Attend::parse(attn)?;
     if a.shape.flags & attention_step::STEP_K_NEW != 0
-        || !same(cache, &a.k)
-        || !same(pos, &a.pos)
+        || !same(&store_args.cache, &a.k)
+        || !same(&store_args.pos, &a.pos)
         || rs.max_seq != a.shape.attn.max_seq
         || rs.rope.heads != a.shape.attn.kv_heads
         || !a.takes_rope(&rs.rope)
@@ -440,7 +388,7 @@ fn rope_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     }
     a.shape.rope = rs.rope;
     a.shape.flags |= attention_step::STEP_K_NEW | attention_step::STEP_ROPE_K;
-    a.k_new = Some(x.clone());
+    a.k_new = Some(store_args.x);
     a.label = format!("{}+{}", store.label, a.label);
     a.node(kernel)
 }
@@ -449,8 +397,9 @@ fn rope_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 /// attention reads.
 fn store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [store, attn] = nodes else { return None };
-    let kv: KvShape = value(store, 3)?;
-    let (src, cache, pos) = (buffer(store, 0)?, buffer(store, 1)?, buffer(store, 2)?);
+    let store_args = KvArgs::from_node(store)?;
+    let kv = store_args.shape;
+    let (src, cache, pos) = (&store_args.src, &store_args.cache, &store_args.pos);
     let mut a = Attend::parse(attn)?;
     let s = a.shape.attn;
     if kv.rows != 1
@@ -475,49 +424,56 @@ fn store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     a.node(kernel)
 }
 
-/// The rules, in the order the pass applies them; the rules that fold into
-/// `attention_step` only when it is given (the exact kernels leave it out:
-/// its split softmax is not the CPU's recurrence).
+/// The rules, in the order the pass applies them, for the fused kernels
+/// given: a rule whose fused kernel is `None` (the device has no
+/// implementation of it, or the kernel set leaves it out, as the exact set
+/// leaves out `attention_step`, whose split softmax is not the CPU's
+/// recurrence) is not in the table.
 pub fn patterns(
-    fused_matmul: &Kernel,
-    rope_store: &Kernel,
+    fused_matmul: Option<&Kernel>,
+    rope_store: Option<&Kernel>,
     attention_step: Option<&Kernel>,
 ) -> Vec<FusionPattern> {
-    let k = fused_matmul.clone();
-    let mut table = vec![FusionPattern::siblings(
-        "shared-input products",
-        "matmul",
-        3,
-        move |n| siblings(n, &k),
-    )];
-    for product in ["fused_matmul", "matmul"] {
+    let mut table = Vec::new();
+    if let Some(fused_matmul) = fused_matmul {
+        let k = fused_matmul.clone();
+        table.push(FusionPattern::siblings(
+            "shared-input products",
+            "matmul",
+            3,
+            move |n| siblings(n, &k),
+        ));
+        for product in ["fused_matmul", "matmul"] {
+            let k = fused_matmul.clone();
+            table.push(FusionPattern::new(
+                "rms_norm into product",
+                &["rms_norm", product],
+                move |n| norm_into_product(n, &k),
+            ));
+        }
         let k = fused_matmul.clone();
         table.push(FusionPattern::new(
-            "rms_norm into product",
-            &["rms_norm", product],
-            move |n| norm_into_product(n, &k),
+            "swiglu",
+            &["fused_matmul", "silu_mul"],
+            move |n| swiglu(n, &k),
         ));
+        for product in ["fused_matmul", "matmul"] {
+            let k = fused_matmul.clone();
+            table.push(FusionPattern::new(
+                "product into residual",
+                &[product, "add"],
+                move |n| accumulate(n, &k),
+            ));
+        }
     }
-    let k = fused_matmul.clone();
-    table.push(FusionPattern::new(
-        "swiglu",
-        &["fused_matmul", "silu_mul"],
-        move |n| swiglu(n, &k),
-    ));
-    for product in ["fused_matmul", "matmul"] {
-        let k = fused_matmul.clone();
+    if let Some(rope_store) = rope_store {
+        let k = rope_store.clone();
         table.push(FusionPattern::new(
-            "product into residual",
-            &[product, "add"],
-            move |n| accumulate(n, &k),
+            "rope then kv_store",
+            &["rope", "kv_store"],
+            move |n| rope_then_store(n, &k),
         ));
     }
-    let k = rope_store.clone();
-    table.push(FusionPattern::new(
-        "rope then kv_store",
-        &["rope", "kv_store"],
-        move |n| rope_then_store(n, &k),
-    ));
     let Some(attention_step) = attention_step else {
         return table;
     };

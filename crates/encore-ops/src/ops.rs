@@ -1,18 +1,29 @@
-//! [`Ops`]: the kernels loaded on one device, and one method per operation
-//! that encodes a dispatch with exactly the byte ranges it reads and writes.
+//! [`Ops`]: the kernels of one [`KernelSet`] loaded on one device, and one
+//! method per operation that builds the op's typed arguments (every buffer
+//! with its access, over exactly the byte range the kernel touches) and
+//! dispatches them.
 //!
-//! Launch geometry is the CUDA kernels' (each kernel file states its
-//! layout); the CPU bodies ignore it, so one geometry serves every backend.
 //! Shapes that a kernel cannot handle are rejected here, before dispatch,
-//! with the same rule on every backend.
+//! with the same rule on every backend. Which kernel computes an op is
+//! decided by what the device has, never by which backend it is: a variant
+//! (the tensor-core gemm, the tiled prefill attention) runs where the
+//! device loaded it, the general kernel elsewhere; an op whose kernel the
+//! device's backend does not implement fails with [`Error::Unsupported`]
+//! when it is dispatched. Launch geometry is the backend's business (see
+//! [`encore::CudaKernel`]).
 
 use encore::graph::passes::FusionPattern;
-use encore::{Arg, BackendKind, Buffer, Device, Encoder, Error, Kernel, Launch, Result};
+use encore::{Buffer, Device, Encoder, Error, Kernel, KernelDef, Result};
 
-use crate::kernels::{
-    advance, argmax, attention, attention_exact, attention_step, elementwise, embed, fused, gemm,
-    matmul, norm, prefill_attention, rope,
-};
+use crate::kernels::advance::AdvanceArgs;
+use crate::kernels::argmax::{self, ArgmaxArgs};
+use crate::kernels::attention::{self, AttnArgs, KvArgs};
+use crate::kernels::elementwise::{AddArgs, AddRowsArgs, SiluMulArgs};
+use crate::kernels::embed::{EmbedArgs, EmbedShape};
+use crate::kernels::matmul::{MatmulArgs, MatmulShape};
+use crate::kernels::norm::{NormArgs, NormShape};
+use crate::kernels::rope::{self, RopeArgs, RopeShape};
+use crate::kernels::{gemm, prefill_attention, KernelSet};
 use crate::DType;
 
 /// A weight matrix of `n` rows of `k` inputs in GGUF block layout.
@@ -29,16 +40,6 @@ fn f32s(b: &Buffer, n: usize) -> Result<Buffer> {
     b.view(0, n * 4)
 }
 
-/// One block per row.
-fn per_row(rows: usize, block: u32) -> Launch {
-    Launch::new(rows.max(1) as u32, block)
-}
-
-/// One thread per element.
-fn per_element(n: usize, block: u32) -> Launch {
-    Launch::cover(n as u32, block)
-}
-
 fn invalid(kernel: &str, label: &str, reason: String) -> Error {
     Error::InvalidDispatch {
         kernel: kernel.to_string(),
@@ -47,59 +48,97 @@ fn invalid(kernel: &str, label: &str, reason: String) -> Error {
     }
 }
 
+/// One kernel of the set: loaded, or absent where the device's backend has
+/// no implementation of it.
+struct Slot {
+    name: String,
+    kernel: Option<Kernel>,
+}
+
+impl Slot {
+    /// Loads `def` on `device`; a backend without an implementation leaves
+    /// the slot empty, any other failure (a compile error) is returned.
+    fn load(device: &Device, def: KernelDef) -> Result<Slot> {
+        let kernel = match device.load_kernel(&def) {
+            Ok(kernel) => Some(kernel),
+            Err(Error::Unsupported { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(Slot {
+            name: def.name().to_string(),
+            kernel,
+        })
+    }
+
+    /// [`Slot::load`] of a kernel the set may leave out.
+    fn load_optional(device: &Device, def: Option<KernelDef>) -> Result<Slot> {
+        match def {
+            Some(def) => Slot::load(device, def),
+            None => Ok(Slot {
+                name: String::new(),
+                kernel: None,
+            }),
+        }
+    }
+
+    /// The kernel, or [`Error::Unsupported`] on `device`.
+    fn get(&self, device: &Device) -> Result<&Kernel> {
+        self.kernel.as_ref().ok_or_else(|| Error::Unsupported {
+            op: self.name.clone(),
+            backend: device.kind(),
+        })
+    }
+}
+
 /// Every operation's kernel, loaded on one device.
 pub struct Ops {
     device: Device,
-    /// Whether the exact kernels were loaded ([`encore::Config::exact`]).
-    exact: bool,
-    rms_norm: Kernel,
-    matmul: Kernel,
-    gemm: Kernel,
-    rope: Kernel,
-    kv_store: Kernel,
-    attention: Kernel,
-    attention_prefill: Kernel,
-    add: Kernel,
-    add_rows: Kernel,
-    silu_mul: Kernel,
-    embed: Kernel,
-    argmax: Kernel,
-    advance: Kernel,
-    fused_matmul: Kernel,
-    rope_store: Kernel,
-    attention_step: Kernel,
+    kernels: KernelSet,
+    rms_norm: Slot,
+    matmul: Slot,
+    gemm: Slot,
+    rope: Slot,
+    kv_store: Slot,
+    attention: Slot,
+    attention_prefill: Slot,
+    add: Slot,
+    add_rows: Slot,
+    silu_mul: Slot,
+    embed: Slot,
+    argmax: Slot,
+    advance: Slot,
+    fused_matmul: Slot,
+    rope_store: Slot,
+    attention_step: Slot,
 }
 
 impl Ops {
-    /// Loads (compiling where needed) every kernel on `device`, in the
-    /// exact versions when the device's [`encore::Config::exact`] asks for
-    /// them.
-    pub fn new(device: &Device) -> Result<Ops> {
-        let load = |def| device.load_kernel(&def);
-        let exact = device.config().exact;
+    /// Loads (compiling where needed) the kernels of `kernels` that the
+    /// device's backend implements. One it does not implement fails when
+    /// its op is dispatched, so a backend can be brought up one op at a time.
+    pub fn new(device: &Device, kernels: KernelSet) -> Result<Ops> {
+        let defs = kernels.defs();
+        let load = |def| Slot::load(device, def);
+        let optional = |def| Slot::load_optional(device, def);
         Ok(Ops {
             device: device.clone(),
-            exact,
-            rms_norm: load(norm::def())?,
-            matmul: load(matmul::def(exact))?,
-            gemm: load(gemm::def())?,
-            rope: load(rope::def())?,
-            kv_store: load(attention::kv_store_def())?,
-            attention: load(if exact {
-                attention_exact::def()
-            } else {
-                attention::attention_def()
-            })?,
-            attention_prefill: load(prefill_attention::def())?,
-            add: load(elementwise::add_def())?,
-            add_rows: load(elementwise::add_rows_def())?,
-            silu_mul: load(elementwise::silu_mul_def())?,
-            embed: load(embed::def())?,
-            argmax: load(argmax::def())?,
-            advance: load(advance::def())?,
-            fused_matmul: load(fused::def(exact))?,
-            rope_store: load(rope::rope_store_def())?,
-            attention_step: load(attention_step::def())?,
+            kernels,
+            rms_norm: load(defs.rms_norm)?,
+            matmul: load(defs.matmul)?,
+            gemm: optional(defs.gemm)?,
+            rope: load(defs.rope)?,
+            kv_store: load(defs.kv_store)?,
+            attention: load(defs.attention)?,
+            attention_prefill: optional(defs.attention_prefill)?,
+            add: load(defs.add)?,
+            add_rows: load(defs.add_rows)?,
+            silu_mul: load(defs.silu_mul)?,
+            embed: load(defs.embed)?,
+            argmax: load(defs.argmax)?,
+            advance: load(defs.advance)?,
+            fused_matmul: load(defs.fused_matmul)?,
+            rope_store: load(defs.rope_store)?,
+            attention_step: optional(defs.attention_step)?,
         })
     }
 
@@ -107,51 +146,44 @@ impl Ops {
         &self.device
     }
 
-    /// Whether these are the exact kernels ([`encore::Config::exact`]),
-    /// which give the CPU's results bit for bit on every backend.
+    /// The kernel set these are.
+    pub fn kernels(&self) -> KernelSet {
+        self.kernels
+    }
+
+    /// Whether these kernels give the CPU backend's results bit for bit:
+    /// the exact set, or any set on a backend whose kernels are the
+    /// reference ([`encore::Capabilities::exact_by_default`]).
     pub fn exact(&self) -> bool {
-        self.exact
+        self.kernels == KernelSet::Exact || self.device.capabilities().exact_by_default
     }
 
     /// Steps of a self-feeding decode loop worth running in one graph
-    /// replay on this device: [`Ops::steps_per_replay_on`] its kind.
+    /// replay on this device ([`encore::Capabilities::steps_per_replay`]).
     pub fn steps_per_replay(&self) -> usize {
-        Self::steps_per_replay_on(self.device.kind())
-    }
-
-    /// Steps of a self-feeding decode loop worth running in one graph
-    /// replay on a device of `kind`. On CUDA the steps inside one replay
-    /// start early behind one another, which a replay boundary (the end of
-    /// one graph, two events, the start of the next) prevents: synthetic
-    /// SmolLM2 on an H200, µs a token on the wall with 2, 4 and 8 steps a
-    /// replay: 332.2–332.8, 331.6–332.1, 331.6–331.8. On the CPU a boundary
-    /// costs nothing measurable, and a longer program only takes longer to
-    /// instantiate.
-    pub fn steps_per_replay_on(kind: encore::BackendKind) -> usize {
-        match kind {
-            encore::BackendKind::Cpu => 2,
-            _ => 4,
-        }
+        self.device.capabilities().steps_per_replay
     }
 
     /// The fusion rules worth applying on this device, for graph
-    /// instantiation: every rule of [`crate::fusion`] on CUDA, where each
-    /// dispatch costs a launch; none on the CPU, where a fused body runs the
-    /// products of Q, K and V (or gate and up) one after another instead of
-    /// as one concurrent group, which measured slower (SmolLM2 decode, 2
-    /// threads: 90 tok/s fused against 106 unfused).
+    /// instantiation: every rule of [`crate::fusion`] where fusion pays
+    /// ([`encore::Capabilities::fusion_pays`]), none elsewhere.
     pub fn fusion_patterns(&self) -> Vec<FusionPattern> {
-        match self.device.kind() {
-            encore::BackendKind::Cpu => Vec::new(),
-            _ => self.all_fusion_patterns(),
+        if self.device.capabilities().fusion_pays {
+            self.all_fusion_patterns()
+        } else {
+            Vec::new()
         }
     }
 
-    /// Every fusion rule, whatever the device (the CPU bodies of the fused
-    /// kernels give the unfused results bit for bit, which tests rely on).
+    /// Every fusion rule whose fused kernel the device has, whatever the
+    /// device (the CPU bodies of the fused kernels give the unfused results
+    /// bit for bit, which tests rely on).
     pub fn all_fusion_patterns(&self) -> Vec<FusionPattern> {
-        let attention_step = (!self.exact).then_some(&self.attention_step);
-        crate::fusion::patterns(&self.fused_matmul, &self.rope_store, attention_step)
+        crate::fusion::patterns(
+            self.fused_matmul.kernel.as_ref(),
+            self.rope_store.kernel.as_ref(),
+            self.attention_step.kernel.as_ref(),
+        )
     }
 
     /// `y = rms_norm(x) * w` over `rows` rows of `dim`.
@@ -166,29 +198,24 @@ impl Ops {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        let shape = norm::NormShape {
-            rows: rows as u32,
-            dim: dim as u32,
-            eps,
+        let args = NormArgs {
+            x: f32s(x, rows * dim)?,
+            w: f32s(w, dim)?,
+            y: f32s(y, rows * dim)?,
+            shape: NormShape {
+                rows: rows as u32,
+                dim: dim as u32,
+                eps,
+            },
         };
-        enc.dispatch(
-            &self.rms_norm,
-            &[
-                Arg::read(&f32s(x, rows * dim)?),
-                Arg::read(&f32s(w, dim)?),
-                Arg::write(&f32s(y, rows * dim)?),
-                Arg::value(&shape),
-            ],
-            per_row(rows, norm::CUDA_BLOCK),
-            "rms_norm",
-        )
+        enc.dispatch(self.rms_norm.get(&self.device)?, &args.args(), "rms_norm")
     }
 
-    /// `y[rows, n] = x[rows, k] · wᵀ`. On CUDA, from
-    /// [`gemm::GEMM_MIN_ROWS`] rows on, the tiled tensor-core kernel of
+    /// `y[rows, n] = x[rows, k] · wᵀ`. From [`gemm::GEMM_MIN_ROWS`] rows
+    /// on, where the device has it, the tiled tensor-core kernel of
     /// [`gemm`] computes it (activations rounded to f16 or split into bf16
-    /// parts, see there), except with the exact kernels; fewer rows, and
-    /// every row count on the CPU, take [`matmul`].
+    /// parts, see there); fewer rows, and devices without it (the CPU, the
+    /// exact set), take [`matmul`](crate::kernels::matmul).
     pub fn matmul(
         &self,
         enc: &mut Encoder,
@@ -198,37 +225,22 @@ impl Ops {
         rows: usize,
         label: &'static str,
     ) -> Result<()> {
-        let shape = matmul::MatmulShape {
-            rows: rows as u32,
-            n: w.n as u32,
-            k: w.k as u32,
-            dtype: w.dtype.ggml_id(),
+        let args = MatmulArgs {
+            w: w.buffer.clone(),
+            x: f32s(x, rows * w.k)?,
+            y: f32s(y, rows * w.n)?,
+            shape: MatmulShape {
+                rows: rows as u32,
+                n: w.n as u32,
+                k: w.k as u32,
+                dtype: w.dtype.ggml_id(),
+            },
         };
-        let (x, y) = (f32s(x, rows * w.k)?, f32s(y, rows * w.n)?);
-        let args = [
-            Arg::read(&w.buffer),
-            Arg::read(&x),
-            Arg::write(&y),
-            Arg::value(&shape),
-        ];
-        if rows >= gemm::GEMM_MIN_ROWS && self.device.kind() == BackendKind::Cuda && !self.exact {
-            let launch = Launch::grid3(
-                [
-                    (w.n as u32).div_ceil(gemm::CUDA_TILE_COLUMNS).max(1),
-                    (rows as u32).div_ceil(gemm::CUDA_TILE_ROWS),
-                    1,
-                ],
-                [gemm::cuda_threads(w.dtype), 1, 1],
-            )
-            .with_shared(gemm::cuda_shared_bytes(w.dtype));
-            return enc.dispatch(&self.gemm, &args, launch, label);
-        }
-        enc.dispatch(
-            &self.matmul,
-            &args,
-            matmul::cuda_launch(matmul::cuda_warps(rows as u32, w.n as u32)),
-            label,
-        )
+        let kernel = match &self.gemm.kernel {
+            Some(gemm) if rows >= gemm::GEMM_MIN_ROWS => gemm,
+            _ => self.matmul.get(&self.device)?,
+        };
+        enc.dispatch(kernel, &args.args(), label)
     }
 
     /// Rotates `rows` rows of `heads` heads in place, positions from `pos`.
@@ -253,25 +265,20 @@ impl Ops {
                 format!("rope_dim {rope_dim} must be even and at most head_dim {head_dim}"),
             ));
         }
-        let shape = rope::RopeShape {
-            rows: rows as u32,
-            heads: heads as u32,
-            head_dim: head_dim as u32,
-            rope_dim: rope_dim as u32,
-            base,
-            neox: neox as u32,
-            theta_scale: rope::theta_scale(base, rope_dim),
+        let args = RopeArgs {
+            x: f32s(x, rows * heads * head_dim)?,
+            pos: pos.clone(),
+            shape: RopeShape {
+                rows: rows as u32,
+                heads: heads as u32,
+                head_dim: head_dim as u32,
+                rope_dim: rope_dim as u32,
+                base,
+                neox: neox as u32,
+                theta_scale: rope::theta_scale(base, rope_dim),
+            },
         };
-        enc.dispatch(
-            &self.rope,
-            &[
-                Arg::read_write(&f32s(x, rows * heads * head_dim)?),
-                Arg::read(pos),
-                Arg::value(&shape),
-            ],
-            per_element(rows * heads * (rope_dim / 2), rope::CUDA_BLOCK),
-            label,
-        )
+        enc.dispatch(self.rope.get(&self.device)?, &args.args(), label)
     }
 
     /// Stores `rows` rows of `src` into an f16 cache at the position parameter.
@@ -287,29 +294,24 @@ impl Ops {
         max_seq: usize,
         label: &'static str,
     ) -> Result<()> {
-        let shape = attention::KvShape {
-            rows: rows as u32,
-            kv_dim: kv_dim as u32,
-            max_seq: max_seq as u32,
+        let args = KvArgs {
+            src: f32s(src, rows * kv_dim)?,
+            cache: cache.clone(),
+            pos: pos.clone(),
+            shape: attention::KvShape {
+                rows: rows as u32,
+                kv_dim: kv_dim as u32,
+                max_seq: max_seq as u32,
+            },
         };
-        enc.dispatch(
-            &self.kv_store,
-            &[
-                Arg::read(&f32s(src, rows * kv_dim)?),
-                Arg::write(cache),
-                Arg::read(pos),
-                Arg::value(&shape),
-            ],
-            per_element(rows * kv_dim, attention::CUDA_KV_STORE_BLOCK),
-            label,
-        )
+        enc.dispatch(self.kv_store.get(&self.device)?, &args.args(), label)
     }
 
-    /// Causal grouped-query attention of `rows` queries over the cache. On
-    /// CUDA, batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more
-    /// with a head size of [`prefill_attention::HEAD_DIMS`] and 16-byte
-    /// aligned caches take the tiled kernel of [`prefill_attention`]; the
-    /// exact kernels take [`attention_exact`] for every batch.
+    /// Causal grouped-query attention of `rows` queries over the cache.
+    /// Batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more with
+    /// a head size of [`prefill_attention::HEAD_DIMS`] and 16-byte aligned
+    /// caches take the tiled kernel of [`prefill_attention`] where the
+    /// device has it; the exact set's `attention` kernel takes every batch.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -337,64 +339,33 @@ impl Ops {
             ));
         }
         let n = (shape.rows * shape.heads * shape.head_dim) as usize;
-        let (q, out) = (f32s(q, n)?, f32s(out, n)?);
-        let args = [
-            Arg::read(&q),
-            Arg::read(k),
-            Arg::read(v),
-            Arg::read(pos),
-            Arg::write(&out),
-            Arg::value(&shape),
-        ];
-        if self.exact {
-            return enc.dispatch(
-                &self.attention,
-                &args,
-                attention_exact::cuda_launch(&shape),
-                "attention",
-            );
-        }
-        if shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
-            && self.device.kind() == BackendKind::Cuda
+        let args = AttnArgs {
+            q: f32s(q, n)?,
+            k: k.clone(),
+            v: v.clone(),
+            pos: pos.clone(),
+            out: f32s(out, n)?,
+            shape,
+        };
+        let tiled = shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
             && prefill_attention::HEAD_DIMS.contains(&head_dim)
             && k.offset().is_multiple_of(16)
-            && v.offset().is_multiple_of(16)
-        {
-            let launch = Launch::grid3(
-                [
-                    heads,
-                    shape.rows.div_ceil(prefill_attention::CUDA_QUERY_ROWS),
-                    1,
-                ],
-                [prefill_attention::CUDA_THREADS, 1, 1],
-            )
-            .with_shared(prefill_attention::cuda_shared_bytes(head_dim));
-            return enc.dispatch(&self.attention_prefill, &args, launch, "attention");
-        }
-        enc.dispatch(
-            &self.attention,
-            &args,
-            Launch::grid3(
-                [shape.heads.max(1), shape.rows.max(1), 1],
-                [attention::CUDA_ATTENTION_THREADS, 1, 1],
-            )
-            .with_shared(attention::attention_shared_bytes(shape.max_seq)),
-            "attention",
-        )
+            && v.offset().is_multiple_of(16);
+        let kernel = match &self.attention_prefill.kernel {
+            Some(prefill) if tiled => prefill,
+            _ => self.attention.get(&self.device)?,
+        };
+        enc.dispatch(kernel, &args.args(), "attention")
     }
 
     /// `y += x` over `n` elements.
     pub fn add(&self, enc: &mut Encoder, y: &Buffer, x: &Buffer, n: usize) -> Result<()> {
-        enc.dispatch(
-            &self.add,
-            &[
-                Arg::read_write(&f32s(y, n)?),
-                Arg::read(&f32s(x, n)?),
-                Arg::value(&(n as u32)),
-            ],
-            per_element(n, elementwise::CUDA_BLOCK),
-            "add",
-        )
+        let args = AddArgs {
+            y: f32s(y, n)?,
+            x: f32s(x, n)?,
+            n: n as u32,
+        };
+        enc.dispatch(self.add.get(&self.device)?, &args.args(), "add")
     }
 
     /// `y[r, :] += b` for `rows` rows of `n` (a bias).
@@ -406,16 +377,12 @@ impl Ops {
         rows: usize,
         n: usize,
     ) -> Result<()> {
-        enc.dispatch(
-            &self.add_rows,
-            &[
-                Arg::read_write(&f32s(y, rows * n)?),
-                Arg::read(&f32s(b, n)?),
-                Arg::value(&[rows as u32, n as u32]),
-            ],
-            per_element(rows * n, elementwise::CUDA_BLOCK),
-            "add_rows",
-        )
+        let args = AddRowsArgs {
+            y: f32s(y, rows * n)?,
+            b: f32s(b, n)?,
+            shape: [rows as u32, n as u32],
+        };
+        enc.dispatch(self.add_rows.get(&self.device)?, &args.args(), "add_rows")
     }
 
     /// `y = silu(g) * u` over `n` elements.
@@ -427,17 +394,13 @@ impl Ops {
         y: &Buffer,
         n: usize,
     ) -> Result<()> {
-        enc.dispatch(
-            &self.silu_mul,
-            &[
-                Arg::read(&f32s(g, n)?),
-                Arg::read(&f32s(u, n)?),
-                Arg::write(&f32s(y, n)?),
-                Arg::value(&(n as u32)),
-            ],
-            per_element(n, elementwise::CUDA_BLOCK),
-            "silu_mul",
-        )
+        let args = SiluMulArgs {
+            g: f32s(g, n)?,
+            u: f32s(u, n)?,
+            y: f32s(y, n)?,
+            n: n as u32,
+        };
+        enc.dispatch(self.silu_mul.get(&self.device)?, &args.args(), "silu_mul")
     }
 
     /// `y[r] = table[tokens[r]]`, dequantized, for `rows` tokens.
@@ -449,23 +412,18 @@ impl Ops {
         y: &Buffer,
         rows: usize,
     ) -> Result<()> {
-        let shape = embed::EmbedShape {
-            rows: rows as u32,
-            dim: table.k as u32,
-            vocab: table.n as u32,
-            dtype: table.dtype.ggml_id(),
+        let args = EmbedArgs {
+            table: table.buffer.clone(),
+            tokens: tokens.view(0, rows * 4)?,
+            y: f32s(y, rows * table.k)?,
+            shape: EmbedShape {
+                rows: rows as u32,
+                dim: table.k as u32,
+                vocab: table.n as u32,
+                dtype: table.dtype.ggml_id(),
+            },
         };
-        enc.dispatch(
-            &self.embed,
-            &[
-                Arg::read(&table.buffer),
-                Arg::read(&tokens.view(0, rows * 4)?),
-                Arg::write(&f32s(y, rows * table.k)?),
-                Arg::value(&shape),
-            ],
-            per_row(rows, embed::CUDA_BLOCK),
-            "embed",
-        )
+        enc.dispatch(self.embed.get(&self.device)?, &args.args(), "embed")
     }
 
     /// `out[0] = argmax(x[..n])`, the first index of the largest value;
@@ -485,16 +443,12 @@ impl Ops {
                 ),
             ));
         }
-        enc.dispatch(
-            &self.argmax,
-            &[
-                Arg::read(&f32s(x, n)?),
-                Arg::read_write(&out.view(0, argmax::OUT_BYTES)?),
-                Arg::value(&(n as u32)),
-            ],
-            argmax::cuda_launch(n as u32),
-            "argmax",
-        )
+        let args = ArgmaxArgs {
+            x: f32s(x, n)?,
+            out: out.view(0, argmax::OUT_BYTES)?,
+            n: n as u32,
+        };
+        enc.dispatch(self.argmax.get(&self.device)?, &args.args(), "argmax")
     }
 
     /// A buffer for [`Ops::argmax`]'s result: [`argmax::OUT_BYTES`] bytes,
@@ -515,17 +469,13 @@ impl Ops {
         history: &Buffer,
     ) -> Result<()> {
         let cap = history.len() / 4;
-        enc.dispatch(
-            &self.advance,
-            &[
-                Arg::read(&next.view(0, 4)?),
-                Arg::write(&token.view(0, 4)?),
-                Arg::read_write(&pos.view(0, 4)?),
-                Arg::write(&history.view(0, cap * 4)?),
-                Arg::value(&(cap as u32)),
-            ],
-            Launch::new(1, 32),
-            "advance",
-        )
+        let args = AdvanceArgs {
+            next: next.view(0, 4)?,
+            token: token.view(0, 4)?,
+            pos: pos.view(0, 4)?,
+            history: history.view(0, cap * 4)?,
+            cap: cap as u32,
+        };
+        enc.dispatch(self.advance.get(&self.device)?, &args.args(), "advance")
     }
 }

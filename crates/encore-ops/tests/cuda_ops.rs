@@ -10,50 +10,91 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
-use encore::{Arg, Buffer, Config, Device, Encoder, Kernel, Result};
-use encore_ops::kernels::attention::AttnShape;
+use encore::{Buffer, Config, Device, Encoder, GraphStats, Kernel, KernelDef, Result};
+use encore_ops::kernels::attention::{AttnArgs, AttnShape};
 use encore_ops::kernels::attention_exact;
 use encore_ops::kernels::gemm::GEMM_MIN_ROWS;
 use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
-use encore_ops::{DType, Ops, Weight};
+use encore_ops::{DType, KernelSet, Ops, Weight};
 
 mod common;
-use common::{block_graph, fused_nodes, random_weights, upload, BlockInputs, Rng};
+use common::{block_graph, fused_nodes, in_parallel, random_weights, upload, BlockInputs, Rng};
 use half::f16;
 
-/// A kernel cache directory private to this test process.
+/// The kernel cache directory: `ENCORE_CACHE_DIR` where it names one
+/// (`scripts/gpu-run.sh` shares one between the suite's binaries), else one
+/// private to this test process.
 fn cache_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("encore-cuda-ops-{}", std::process::id()))
+    std::env::var_os("ENCORE_CACHE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("encore-cuda-ops-{}", std::process::id()))
+        })
+}
+
+/// Compiles the generic code of every kernel, default and exact versions,
+/// into the kernel cache once per process and all at once (NVRTC compiles
+/// on one core), so that each test's devices load them from the cache
+/// instead of compiling them one after another.
+fn warm_kernel_cache() {
+    static WARM: OnceLock<()> = OnceLock::new();
+    WARM.get_or_init(|| {
+        let config = Config {
+            cache_dir: Some(cache_dir()),
+            ..Config::default()
+        };
+        let device = Device::open("cuda", &config).unwrap_or_else(|e| panic!("device cuda: {e}"));
+        let same = |a: &KernelDef, b: &KernelDef| {
+            a.name() == b.name()
+                && a.options() == b.options()
+                && a.cuda_impl().map(|c| (&c.source, &c.entry))
+                    == b.cuda_impl().map(|c| (&c.source, &c.entry))
+        };
+        let mut defs = KernelSet::Default.defs().all();
+        for def in KernelSet::Exact.defs().all() {
+            if !defs.iter().any(|d| same(d, &def)) {
+                defs.push(def);
+            }
+        }
+        defs.retain(|d| d.cuda_impl().is_some());
+        in_parallel(&defs, |def| {
+            device
+                .load_kernel(def)
+                .unwrap_or_else(|e| panic!("kernel {}: {e}", def.name()))
+        });
+    });
 }
 
 fn open(name: &str) -> Ops {
-    open_with(name, |_| {})
+    open_with(name, KernelSet::Default, |_| {})
 }
 
-/// Ops on `name` with `edit` applied to the test configuration.
-fn open_with(name: &str, edit: impl FnOnce(&mut Config)) -> Ops {
+/// The ops of `kernels` on `name` with `edit` applied to the test configuration.
+fn open_with(name: &str, kernels: KernelSet, edit: impl FnOnce(&mut Config)) -> Ops {
+    if name != "cpu" {
+        warm_kernel_cache();
+    }
     let mut config = Config {
         cache_dir: Some(cache_dir()),
         ..Config::default()
     };
     edit(&mut config);
     let device = Device::open(name, &config).unwrap_or_else(|e| panic!("device {name}: {e}"));
-    Ops::new(&device).unwrap_or_else(|e| panic!("ops on {name}: {e}"))
+    Ops::new(&device, kernels).unwrap_or_else(|e| panic!("ops on {name}: {e}"))
 }
 
 /// CUDA ops whose graphs compile shape-specialized kernels, or not.
 fn open_cuda_specializing(specialize: bool) -> Ops {
-    open_with("cuda", |c| c.specialize = specialize)
+    open_with("cuda", KernelSet::Default, |c| c.specialize = specialize)
 }
 
-/// The exact kernels ([`Config::exact`]) on `name`, with shape-specialized
+/// The exact kernels ([`KernelSet::Exact`]) on `name`, with shape-specialized
 /// graph kernels or not.
 fn open_exact(name: &str, specialize: bool) -> Ops {
-    open_with(name, |c| {
-        c.specialize = specialize;
-        c.exact = true;
-    })
+    open_with(name, KernelSet::Exact, |c| c.specialize = specialize)
 }
 
 /// The CPU and the CUDA ops, in that order.
@@ -439,19 +480,15 @@ fn dispatch_attention_exact(
     out: &Buffer,
     shape: AttnShape,
 ) -> Result<()> {
-    enc.dispatch(
-        kernel,
-        &[
-            Arg::read(q),
-            Arg::read(k),
-            Arg::read(v),
-            Arg::read(pos),
-            Arg::write(out),
-            Arg::value(&shape),
-        ],
-        attention_exact::cuda_launch(&shape),
-        "attention_exact",
-    )
+    let args = AttnArgs {
+        q: q.clone(),
+        k: k.clone(),
+        v: v.clone(),
+        pos: pos.clone(),
+        out: out.clone(),
+        shape,
+    };
+    enc.dispatch(kernel, &args.args(), "attention_exact")
 }
 
 /// Asserts that two f32 slices hold the same bits, naming the first
@@ -790,7 +827,7 @@ fn products_graph(
         f(rows * k),
     );
     let (gate, up, act) = (f(rows * ff), f(rows * ff), f(rows * ff));
-    let mut e = d.encoder();
+    let mut e = d.capture();
     let eps = 1e-5;
     ops.rms_norm(&mut e, &b.x, &b.g1, &xn, rows, k, eps)
         .unwrap();
@@ -840,11 +877,17 @@ fn exact_fused_products_match_cpu_bit_for_bit() {
             .into_iter()
             .flat_map(|t| [(false, t, 1600, 1568, 1), (false, t, 256, 96, 3)]),
     );
+    let cases: Vec<_> = cases.collect();
     let [specialized, generic] = [true, false].map(|s| open_exact("cuda", s));
-    for (specialize, dtype, k, ff, rows) in cases {
+    // The cases at once: each compiles kernel variants of its own.
+    let runs = in_parallel(&cases, |&(specialize, dtype, k, ff, rows)| {
         let cuda = if specialize { &specialized } else { &generic };
-        let (want, _) = products_graph(&cpu, seed, dtype, rows, k, ff);
-        let (got, nodes) = products_graph(cuda, seed, dtype, rows, k, ff);
+        (
+            products_graph(&cpu, seed, dtype, rows, k, ff),
+            products_graph(cuda, seed, dtype, rows, k, ff),
+        )
+    });
+    for (&(specialize, dtype, k, ff, rows), ((want, _), (got, nodes))) in cases.iter().zip(runs) {
         let what = format!("{dtype} rows={rows} k={k} ff={ff} specialized={specialize}");
         assert!(nodes <= 6, "{what}: {nodes} dispatches after fusion");
         for (name, (g, c)) in ["q", "k", "v", "residual"]
@@ -957,6 +1000,42 @@ fn f16_step(v: f32) -> f32 {
     (exponent - 10.0).exp2()
 }
 
+/// The weight types and row counts the fused block graph is tested with.
+fn block_cases() -> Vec<(DType, usize)> {
+    DType::ALL
+        .into_iter()
+        .flat_map(|dtype| [1usize, 3].map(|rows| (dtype, rows)))
+        .collect()
+}
+
+/// [`block_graph`] fused on CUDA with shape-specialized kernels, for every
+/// case of [`block_cases`] from one random seed.
+struct FusedBlocks {
+    /// What `ENCORE_TEST_SEED` takes to draw the same inputs again.
+    given: u64,
+    seed: u64,
+    /// The outputs and stats of each case, in [`block_cases`]' order.
+    runs: Vec<(Vec<Vec<f32>>, GraphStats)>,
+}
+
+/// The fused block graphs, run once per process with the cases at once:
+/// compiling their specialized kernels is most of what the tests that
+/// compare them (with the unfused graph and the CPU, and with the kernels'
+/// generic code) cost, and both compare the same graphs.
+fn fused_blocks() -> &'static FusedBlocks {
+    static BLOCKS: OnceLock<FusedBlocks> = OnceLock::new();
+    BLOCKS.get_or_init(|| {
+        let mut rng = Rng::new();
+        let given = rng.0;
+        let seed = rng.next();
+        let cuda = open_cuda_specializing(true);
+        let runs = in_parallel(&block_cases(), |&(dtype, rows)| {
+            block_graph(&cuda, seed, dtype, rows, true)
+        });
+        FusedBlocks { given, seed, runs }
+    })
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn fused_block_graph_matches_unfused_and_cpu() {
@@ -973,48 +1052,54 @@ fn fused_block_graph_matches_unfused_and_cpu() {
     // outputs; each unfused op is checked against the CPU at that scale in
     // its own test above, and `tests/fusion.rs` checks that the CPU's fused
     // graph equals its unfused graph bit for bit.
-    let seed = Rng::new().next();
+    let blocks = fused_blocks();
+    eprintln!("fused block graphs from random seed {:#x}", blocks.given);
+    let seed = blocks.seed;
     let cpu = open("cpu");
-    let cuda = open("cuda");
+    let cuda = open_cuda_specializing(true);
     let names = ["residual", "attention", "k cache", "v cache"];
-    for dtype in DType::ALL {
-        for rows in [1usize, 3] {
-            let (fused, stats) = block_graph(&cuda, seed, dtype, rows, true);
-            let (plain, plain_stats) = block_graph(&cuda, seed, dtype, rows, false);
-            let (reference, cpu_stats) = block_graph(&cpu, seed, dtype, rows, true);
-            assert_eq!(plain_stats.after.nodes, 17);
-            assert_eq!(
-                stats.after.nodes,
-                fused_nodes(rows),
-                "{dtype} rows={rows}: {stats:?}"
+    let cases = block_cases();
+    let others = in_parallel(&cases, |&(dtype, rows)| {
+        (
+            block_graph(&cuda, seed, dtype, rows, false),
+            block_graph(&cpu, seed, dtype, rows, true),
+        )
+    });
+    for ((&(dtype, rows), (fused, stats)), ((plain, plain_stats), (reference, cpu_stats))) in
+        cases.iter().zip(&blocks.runs).zip(others)
+    {
+        assert_eq!(plain_stats.after.nodes, 17);
+        assert_eq!(
+            stats.after.nodes,
+            fused_nodes(rows),
+            "{dtype} rows={rows}: {stats:?}"
+        );
+        assert_eq!(cpu_stats.after.nodes, fused_nodes(rows));
+        for (i, name) in names.iter().enumerate() {
+            let what = format!("{dtype} rows={rows} {name}");
+            let f16 = i >= 2;
+            let tol = if f16 { 1e-4 } else { 2e-3 };
+            assert_close_to_rms(
+                &format!("{what} fused vs unfused"),
+                &fused[i],
+                &plain[i],
+                tol,
+                f16,
             );
-            assert_eq!(cpu_stats.after.nodes, fused_nodes(rows));
-            for (i, name) in names.iter().enumerate() {
-                let what = format!("{dtype} rows={rows} {name}");
-                let f16 = i >= 2;
-                let tol = if f16 { 1e-4 } else { 2e-3 };
-                assert_close_to_rms(
-                    &format!("{what} fused vs unfused"),
-                    &fused[i],
-                    &plain[i],
-                    tol,
-                    f16,
-                );
-                if dtype.is_quantized() {
-                    continue;
-                }
-                // Against the CPU, whose f16 attention accumulator rounds
-                // where CUDA's f32 one does not, the attention output and
-                // the residual get twice the room: seed 0x18ea4385a6d8a4ef
-                // puts one F16 residual element 2.5e-3 of the rms off.
-                assert_close_to_rms(
-                    &format!("{what} CUDA vs CPU"),
-                    &fused[i],
-                    &reference[i],
-                    if f16 { tol } else { 2.0 * tol },
-                    f16,
-                );
+            if dtype.is_quantized() {
+                continue;
             }
+            // Against the CPU, whose f16 attention accumulator rounds
+            // where CUDA's f32 one does not, the attention output and
+            // the residual get twice the room: seed 0x18ea4385a6d8a4ef
+            // puts one F16 residual element 2.5e-3 of the rms off.
+            assert_close_to_rms(
+                &format!("{what} CUDA vs CPU"),
+                &fused[i],
+                &reference[i],
+                if f16 { tol } else { 2.0 * tol },
+                f16,
+            );
         }
     }
 }
@@ -1026,32 +1111,35 @@ fn specialized_graph_kernels_match_their_generic_code() {
     // for its shape and with the kernels' generic code: the arithmetic is
     // the same, so only the compiler's freedom to reassociate differs;
     // 1e-5 of the rms, plus one f16 step in the caches.
-    let seed = Rng::new().next();
-    let special = open_cuda_specializing(true);
+    let blocks = fused_blocks();
+    eprintln!("fused block graphs from random seed {:#x}", blocks.given);
+    let seed = blocks.seed;
     let generic = open_cuda_specializing(false);
     let names = ["residual", "attention", "k cache", "v cache"];
-    for dtype in DType::ALL {
-        for rows in [1usize, 3] {
-            let (a, a_stats) = block_graph(&special, seed, dtype, rows, true);
-            let (b, b_stats) = block_graph(&generic, seed, dtype, rows, true);
-            // The four fused products, and for one row the attention step
-            // (RoPE, the cache stores and multi-row attention are generic).
-            let expected = if rows == 1 { 5 } else { 4 };
-            assert_eq!(
-                a_stats.specialized, expected,
-                "{dtype} rows={rows}: {a_stats:?}"
+    let cases = block_cases();
+    let generic_runs = in_parallel(&cases, |&(dtype, rows)| {
+        block_graph(&generic, seed, dtype, rows, true)
+    });
+    for ((&(dtype, rows), (a, a_stats)), (b, b_stats)) in
+        cases.iter().zip(&blocks.runs).zip(generic_runs)
+    {
+        // The four fused products, and for one row the attention step
+        // (RoPE, the cache stores and multi-row attention are generic).
+        let expected = if rows == 1 { 5 } else { 4 };
+        assert_eq!(
+            a_stats.specialized, expected,
+            "{dtype} rows={rows}: {a_stats:?}"
+        );
+        assert_eq!(b_stats.specialized, 0);
+        assert_eq!(a_stats.after, b_stats.after);
+        for (i, name) in names.iter().enumerate() {
+            assert_close_to_rms(
+                &format!("{dtype} rows={rows} {name} specialized vs generic"),
+                &a[i],
+                &b[i],
+                1e-5,
+                i >= 2,
             );
-            assert_eq!(b_stats.specialized, 0);
-            assert_eq!(a_stats.after, b_stats.after);
-            for (i, name) in names.iter().enumerate() {
-                assert_close_to_rms(
-                    &format!("{dtype} rows={rows} {name} specialized vs generic"),
-                    &a[i],
-                    &b[i],
-                    1e-5,
-                    i >= 2,
-                );
-            }
         }
     }
     println!("specialized graph kernels match their generic code (seed {seed:#x})");
@@ -1091,7 +1179,7 @@ fn decode_attention_step(
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
     let (hd, rd) = (head_dim, rope_dim);
-    let mut e = ops.device().encoder();
+    let mut e = ops.device().capture();
     ops.rope(&mut e, &q, &p, 1, heads, hd, rd, 1e4, neox, "rope_q")
         .unwrap();
     ops.rope(&mut e, &k, &p, 1, kv_heads, hd, rd, 1e4, neox, "rope_k")

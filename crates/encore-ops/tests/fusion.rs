@@ -6,14 +6,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use encore::{Config, Device};
-use encore_ops::{DType, Ops};
+use encore_ops::{DType, KernelSet, Ops};
 
 mod common;
 use common::{block_graph, fused_nodes, Rng};
 
 #[test]
 fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
-    let ops = Ops::new(&Device::open("cpu", &Config::default()).unwrap()).unwrap();
+    let ops = Ops::new(
+        &Device::open("cpu", &Config::default()).unwrap(),
+        KernelSet::Default,
+    )
+    .unwrap();
     let seed = Rng::new().next();
     for dtype in DType::ALL {
         for rows in [1usize, 3] {
@@ -40,7 +44,11 @@ fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
 
 #[test]
 fn the_cpu_applies_no_fusion_rules_by_default() {
-    let ops = Ops::new(&Device::open("cpu", &Config::default()).unwrap()).unwrap();
+    let ops = Ops::new(
+        &Device::open("cpu", &Config::default()).unwrap(),
+        KernelSet::Default,
+    )
+    .unwrap();
     assert!(ops.fusion_patterns().is_empty());
     assert!(ops.all_fusion_patterns().len() >= 5);
 }

@@ -13,38 +13,24 @@
 //! Device times come from CUDA events, after warm-up; every figure is the
 //! median of the repetitions. Each result is one JSON line; a table follows.
 //! Run on a GPU machine: `cargo bench --bench cuda` (or the staged binary).
+//! The kernels' CUDA sources are the files in `benches/cuda/`.
 
 use std::error::Error;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
-use encore::{Arg, Buffer, Config, Device, Encoder, Kernel, KernelDef, Launch};
+use encore::{Arg, Buffer, Config, CudaKernel, Device, Encoder, Kernel, KernelDef, Launch};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
-const EMPTY: &str = r#"
-// Does nothing observable unless n is all ones: a launch-cost probe with three arguments.
-extern "C" __global__ void empty3(const float* x, float* y, unsigned int n) {
-    if (n == 0xffffffffu && threadIdx.x == 0) y[0] = x[0];
+/// A CUDA kernel from `benches/cuda/`, launched with blocks of 256 threads
+/// over its one value argument, an element count `n`.
+fn over_n(source: &str, entry: &str) -> KernelDef {
+    KernelDef::new(entry).cuda(CudaKernel::new(source, entry, |n: &u64| {
+        Launch::cover(*n as u32, 256)
+    }))
 }
-"#;
-
-const COPY: &str = r#"
-// y[i] = x[i] for i < n, 16 bytes per thread.
-extern "C" __global__ void copy16(const uint4* __restrict__ x, uint4* __restrict__ y, unsigned long long n) {
-    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i];
-}
-"#;
-
-const FILL: &str = r#"
-// x[i] = a hash of i, so a copy can be checked.
-extern "C" __global__ void fill(unsigned int* x, unsigned long long n) {
-    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    if (i < n) x[i] = (unsigned int)(i * 2654435761ull) ^ 0x5bd1e995u;
-}
-"#;
 
 fn check(code: CUresult, what: &str) -> Result<()> {
     if code == CUresult::CUDA_SUCCESS {
@@ -174,7 +160,6 @@ fn dispatch_empty(enc: &mut Encoder, k: &Kernel, x: &Buffer, y: &Buffer, n: u32)
     enc.dispatch(
         k,
         &[Arg::read(x), Arg::read_write(y), Arg::value(&n)],
-        Launch::new(1, 32),
         "empty3",
     )?;
     Ok(())
@@ -241,7 +226,7 @@ fn graph(d: &Device, k: &Kernel, bare: &Bare, summary: &mut Summary) -> Result<(
     let x = d.alloc(256)?;
     let y = d.alloc(256)?;
     let n = 1u32;
-    let mut enc = d.encoder();
+    let mut enc = d.capture();
     for _ in 0..NODES {
         dispatch_empty(&mut enc, k, &x, &y, n)?;
     }
@@ -255,7 +240,7 @@ fn graph(d: &Device, k: &Kernel, bare: &Bare, summary: &mut Summary) -> Result<(
     // with a new value each time (one upload before each launch).
     let params = encore::Params::new(d, &["pos"])?;
     let slot = params.slot("pos")?;
-    let mut enc = d.encoder();
+    let mut enc = d.capture();
     dispatch_empty(&mut enc, k, &slot, &y, n)?;
     for _ in 1..NODES {
         dispatch_empty(&mut enc, k, &x, &y, n)?;
@@ -440,26 +425,19 @@ fn copy(d: &Device, bare: &Bare, summary: &mut Summary) -> Result<()> {
     const BYTES: usize = 1 << 30;
     let words = (BYTES / 4) as u64;
     let vec4 = (BYTES / 16) as u64;
-    let fill = d.load_kernel(&KernelDef::new("fill").cuda(FILL, "fill"))?;
-    let copy = d.load_kernel(&KernelDef::new("copy16").cuda(COPY, "copy16"))?;
+    let fill = d.load_kernel(&over_n(include_str!("cuda/fill.cu"), "fill"))?;
+    let copy = d.load_kernel(&over_n(include_str!("cuda/copy16.cu"), "copy16"))?;
     let src = d.alloc(BYTES)?;
     let dst = d.alloc(BYTES)?;
     let mut enc = d.encoder();
-    enc.dispatch(
-        &fill,
-        &[Arg::write(&src), Arg::value(&words)],
-        Launch::cover(words as u32, 256),
-        "fill",
-    )?;
+    enc.dispatch(&fill, &[Arg::write(&src), Arg::value(&words)], "fill")?;
     enc.commit_and_wait()?;
-    let launch = Launch::cover(vec4 as u32, 256);
     let mut times = Vec::new();
     for rep in 0..13 {
         let mut enc = d.encoder();
         enc.dispatch(
             &copy,
             &[Arg::read(&src), Arg::write(&dst), Arg::value(&vec4)],
-            launch,
             "copy",
         )?;
         let sub = enc.commit_and_wait()?;
@@ -538,7 +516,12 @@ fn main() -> Result<()> {
             format!("{:?}", info.map(|i| i.description).unwrap_or_default()),
         ),
     ]);
-    let k = d.load_kernel(&KernelDef::new("empty3").cuda(EMPTY, "empty3"))?;
+    // One block of 32 threads, like the bare launches it is compared with.
+    let k = d.load_kernel(&KernelDef::new("empty3").cuda(CudaKernel::fixed(
+        include_str!("cuda/empty3.cu"),
+        "empty3",
+        Launch::new(1, 32),
+    )))?;
     let bare = Bare::new()?;
     let mut summary = Summary(Vec::new());
     eager(&d, &k, &bare, &mut summary)?;

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use encore::{Arg, Device, KernelDef, Launch};
+use encore::{Arg, Device, KernelDef};
 
 const DISPATCHES: usize = 1024;
 
@@ -38,7 +38,6 @@ fn encode(c: &mut Criterion) {
                         enc.dispatch(
                             &empty,
                             &[Arg::read(&input), Arg::read(&weights), Arg::write(out)],
-                            Launch::new(1, 1),
                             "empty",
                         )
                         .expect("dispatch");

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use encore::{Arg, Buffer, Device, Encoder, Graph, Kernel, KernelDef, Launch, Params};
+use encore::{Arg, Buffer, Device, Encoder, Graph, Kernel, KernelDef, Params};
 
 /// An empty kernel, its input, a `pos` parameter and 8 output views.
 struct Fixture {
@@ -55,7 +55,6 @@ impl Fixture {
                     Arg::read(&self.pos),
                     Arg::write(&self.views[i % 8]),
                 ],
-                Launch::new(1, 1),
                 "empty",
             )
             .expect("dispatch");
@@ -64,7 +63,7 @@ impl Fixture {
 
     /// The `n` dispatches recorded as a graph.
     fn graph(&self, n: usize) -> Graph {
-        let mut enc = self.device.encoder();
+        let mut enc = self.device.capture();
         self.record(&mut enc, n);
         let mut graph = enc.finish_graph().expect("graph");
         graph.set_params(&self.params);

@@ -1,34 +1,24 @@
 //! Buffers: cheap-to-clone handles to device memory, and views into them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::backend::RawMem;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::pool::Pool;
+use crate::pool::{Allocation, Pool};
 
-static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
-
-/// One block of device memory. It goes back to the pool when the last handle
-/// (buffer, submission or graph) drops it.
-pub(crate) struct Allocation {
-    pub(crate) id: u64,
-    pub(crate) mem: RawMem,
-    pub(crate) class: usize,
-    pub(crate) device_id: u64,
-    pool: Arc<Pool>,
-}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        self.pool.give_back(self.mem, self.class);
+impl Device {
+    /// Allocates `bytes` of device memory (contents unspecified), reusing
+    /// pooled memory when possible.
+    pub fn alloc(&self, bytes: usize) -> Result<Buffer> {
+        self.check_failed()?;
+        Buffer::new(self, self.pool(), bytes)
     }
-}
 
-impl std::fmt::Debug for Allocation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Allocation#{}({} bytes)", self.id, self.class)
+    /// Allocates a buffer holding `data`.
+    pub fn buffer_from<T: bytemuck::Pod>(&self, data: &[T]) -> Result<Buffer> {
+        let buf = self.alloc(std::mem::size_of_val(data))?;
+        buf.upload(data)?;
+        Ok(buf)
     }
 }
 
@@ -47,14 +37,7 @@ pub struct Buffer {
 
 impl Buffer {
     pub(crate) fn new(device: &Device, pool: &Arc<Pool>, bytes: usize) -> Result<Buffer> {
-        let (mem, class) = pool.take(bytes)?;
-        let alloc = Allocation {
-            id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
-            mem,
-            class,
-            device_id: device.id(),
-            pool: pool.clone(),
-        };
+        let alloc = Allocation::take(pool, bytes, device.id())?;
         Ok(Buffer {
             alloc: Arc::new(alloc),
             offset: 0,

@@ -1,26 +1,29 @@
 //! The one configuration surface of Encore.
 //!
-//! Every behaviour switch lives in [`Config`]. Programs build it with
+//! Every switch of the runtime lives in [`Config`]. Programs build it with
 //! [`Config::from_env`], which starts from the defaults and applies these
-//! environment overrides; nothing else in Encore reads the environment
-//! (except the CUDA backend's NVTX loader, for the variable through which a
-//! profiling tool names itself, below).
+//! environment overrides. This table lists every `ENCORE_*` variable of the
+//! project: the last two belong to the layers above the runtime (the kernel
+//! set is the op layer's choice, graphs the engine's) and are read by
+//! `encore_llm::EngineOptions::from_env` with [`flag`]. Nothing else reads
+//! the environment (except the CUDA backend's NVTX loader, for the variable
+//! through which a profiling tool names itself, below).
 //!
 //! | variable | field | values | default |
 //! | --- | --- | --- | --- |
-//! | `ENCORE_DEVICE` | [`Config::device`] | `auto`, `cpu`, `cuda`, `cuda:N` | `auto` |
+//! | `ENCORE_DEVICE` | [`Config::device`] | the device `auto` opens: `auto`, `cpu`, `cuda`, `cuda:N` | `auto` |
 //! | `ENCORE_THREADS` | [`Config::threads`] | CPU worker threads, `0` = one per core | `0` |
 //! | `ENCORE_SERIAL` | [`Config::serial`] | `1` puts a barrier after every dispatch | `0` |
-//! | `ENCORE_GRAPHS` | [`Config::graphs`] | `0` runs decode steps eagerly instead of replaying graphs | `1` |
 //! | `ENCORE_FUSION` | [`Config::fusion`] | `0` disables the graph fusion pass | `1` |
 //! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
 //! | `ENCORE_EARLY_LAUNCH` | [`Config::early_launch`] | `0` makes every graph edge wait for full completion | `1` |
 //! | `ENCORE_SPECIALIZE` | [`Config::specialize`] | `0` keeps graph nodes on their kernels' generic code | `1` |
-//! | `ENCORE_EXACT` | [`Config::exact`] | `1` makes GPU kernels compute the CPU backend's results bit for bit, slower | `0` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges (below) | unset |
 //! | `ENCORE_CAPTURE_AT` | [`Config::capture_at`] | which graph replay to capture (1-based) | `1` |
+//! | `ENCORE_EXACT` | `encore_llm::EngineOptions::kernels` | `1` loads the exact kernel set: GPU kernels compute the CPU backend's results bit for bit, slower | `0` |
+//! | `ENCORE_GRAPHS` | `encore_llm::EngineOptions::graphs` | `0` runs decode steps eagerly instead of replaying graphs | `1` |
 //!
 //! The one-shot capture writes the chosen graph replay (a decode step) as a
 //! Chrome trace. On CUDA that replay also runs inside a CUDA profiler range
@@ -75,14 +78,13 @@ impl ProfileMode {
 /// Encore's behaviour switches. See the module docs for the environment overrides.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Which device `auto` resolves through: `auto`, `cpu`, `cuda`, `cuda:N`.
+    /// The device [`crate::Device::open`] opens for `auto`: `auto` (CUDA
+    /// when there is a GPU, else the CPU), `cpu`, `cuda`, `cuda:N`.
     pub device: String,
     /// CPU worker threads; 0 means one per available core.
     pub threads: usize,
     /// Put a barrier after every dispatch (debugging hazards).
     pub serial: bool,
-    /// Replay captured graphs for decode steps.
-    pub graphs: bool,
     /// Run the graph fusion pass.
     pub fusion: bool,
     /// Run the graph scheduling pass.
@@ -94,12 +96,6 @@ pub struct Config {
     /// Give graph nodes of kernels declared
     /// [`crate::KernelDef::specializable`] a variant compiled for their shape.
     pub specialize: bool,
-    /// Load the kernels that give the CPU backend's results bit for bit on
-    /// every backend (the same arithmetic in the same order), at some cost
-    /// in speed. Greedy text from a quantized model is chaotic: without
-    /// this, a GPU's text parts from the CPU's (and llama.cpp's) within a
-    /// few dozen tokens.
-    pub exact: bool,
     /// What to measure.
     pub profile: ProfileMode,
     /// Where compiled kernels persist; `None` disables the disk cache.
@@ -116,12 +112,10 @@ impl Default for Config {
             device: "auto".into(),
             threads: 0,
             serial: false,
-            graphs: true,
             fusion: true,
             schedule: true,
             early_launch: true,
             specialize: true,
-            exact: false,
             profile: ProfileMode::Off,
             cache_dir: default_cache_dir(),
             capture: None,
@@ -147,32 +141,23 @@ impl Config {
     /// Like [`Config::from_env`], reading variables through `get` (for tests).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let mut c = Config::default();
+        let get = &get;
         if let Some(v) = get("ENCORE_DEVICE") {
             c.device = v;
         }
         if let Some(v) = get("ENCORE_THREADS") {
             c.threads = parse_num("ENCORE_THREADS", &v)? as usize;
         }
-        if let Some(v) = get("ENCORE_SERIAL") {
-            c.serial = parse_bool("ENCORE_SERIAL", &v)?;
-        }
-        if let Some(v) = get("ENCORE_GRAPHS") {
-            c.graphs = parse_bool("ENCORE_GRAPHS", &v)?;
-        }
-        if let Some(v) = get("ENCORE_FUSION") {
-            c.fusion = parse_bool("ENCORE_FUSION", &v)?;
-        }
-        if let Some(v) = get("ENCORE_SCHEDULE") {
-            c.schedule = parse_bool("ENCORE_SCHEDULE", &v)?;
-        }
-        if let Some(v) = get("ENCORE_EARLY_LAUNCH") {
-            c.early_launch = parse_bool("ENCORE_EARLY_LAUNCH", &v)?;
-        }
-        if let Some(v) = get("ENCORE_SPECIALIZE") {
-            c.specialize = parse_bool("ENCORE_SPECIALIZE", &v)?;
-        }
-        if let Some(v) = get("ENCORE_EXACT") {
-            c.exact = parse_bool("ENCORE_EXACT", &v)?;
+        for (var, field) in [
+            ("ENCORE_SERIAL", &mut c.serial),
+            ("ENCORE_FUSION", &mut c.fusion),
+            ("ENCORE_SCHEDULE", &mut c.schedule),
+            ("ENCORE_EARLY_LAUNCH", &mut c.early_launch),
+            ("ENCORE_SPECIALIZE", &mut c.specialize),
+        ] {
+            if let Some(v) = flag(get, var)? {
+                *field = v;
+            }
         }
         if let Some(v) = get("ENCORE_PROFILE") {
             c.profile = ProfileMode::parse(&v).ok_or_else(|| Error::Config {
@@ -201,6 +186,13 @@ impl Config {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         }
     }
+}
+
+/// The boolean environment variable `var` read through `get` (`1`, `true`,
+/// `yes`, `on` or `0`, `false`, `no`, `off`), `None` when unset: how every
+/// `ENCORE_*` switch in the table above is read, in this crate and above it.
+pub fn flag(get: impl Fn(&str) -> Option<String>, var: &'static str) -> Result<Option<bool>> {
+    get(var).map(|v| parse_bool(var, &v)).transpose()
 }
 
 fn parse_bool(var: &'static str, v: &str) -> Result<bool> {
@@ -235,7 +227,6 @@ mod tests {
             "ENCORE_PROFILE" => Some("dispatches".into()),
             "ENCORE_EARLY_LAUNCH" => Some("0".into()),
             "ENCORE_SPECIALIZE" => Some("off".into()),
-            "ENCORE_EXACT" => Some("1".into()),
             _ => None,
         })
         .unwrap();
@@ -243,12 +234,9 @@ mod tests {
         assert!(Config::default().early_launch);
         assert!(!c.specialize);
         assert!(Config::default().specialize);
-        assert!(c.exact);
-        assert!(!Config::default().exact);
         assert!(c.serial);
         assert_eq!(c.cpu_threads(), 3);
         assert_eq!(c.profile, ProfileMode::Dispatches);
-        assert!(c.graphs);
     }
 
     #[test]

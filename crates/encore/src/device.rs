@@ -5,27 +5,18 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use crate::backend::{cpu::CpuBackend, Backend, BackendKind, Program, Timing};
-use crate::buffer::Buffer;
+use crate::backend::{cpu::CpuBackend, Backend, Timing};
 use crate::config::Config;
 use crate::counters::{AtomicCounters, Counters};
-use crate::encoder::{Encoder, Retained};
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, KernelCache, KernelDef, Loaded};
 use crate::pool::{Pool, PoolStats};
 use crate::profile::Profile;
-use crate::submission::{InFlight, Submission};
+use crate::program::Program;
+use crate::record::{BackendKind, Capabilities, DeviceInfo, Replay};
+use crate::retain::InFlight;
 use crate::trace::{Span, Trace};
 use crate::Label;
-
-/// Which graph replay a submission is, and whether the one-shot capture
-/// records it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Replay {
-    /// 1-based, counted per device.
-    pub(crate) number: u64,
-    pub(crate) captured: bool,
-}
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -58,15 +49,6 @@ impl std::fmt::Debug for Device {
     }
 }
 
-/// A device Encore can use, as listed by [`list_devices`].
-#[derive(Clone, Debug)]
-pub struct DeviceInfo {
-    /// The name to open it with (`cpu`, `cuda:0`).
-    pub name: String,
-    /// What it is, in words.
-    pub description: String,
-}
-
 /// The devices available on this machine.
 pub fn list_devices() -> Vec<DeviceInfo> {
     let cpu = DeviceInfo {
@@ -82,11 +64,15 @@ pub fn list_devices() -> Vec<DeviceInfo> {
 }
 
 impl Device {
-    /// Opens a device by name: `cpu`, `cuda`, `cuda:N`, or `auto` (CUDA when a
-    /// driver and a device exist, else CPU).
+    /// Opens a device by name: `cpu`, `cuda`, `cuda:N`, or `auto`. `auto`
+    /// opens [`Config::device`] when that names a device (`ENCORE_DEVICE`),
+    /// else CUDA when a driver and a device exist, else the CPU.
     pub fn open(name: &str, config: &Config) -> Result<Device> {
         let name = name.trim();
         let backend: Arc<dyn Backend> = match name {
+            "auto" if config.device.trim() != "auto" => {
+                return Device::open(&config.device, config)
+            }
             "auto" => {
                 #[cfg(feature = "cuda")]
                 if crate::backend::cuda::device_count() > 0 {
@@ -137,6 +123,10 @@ impl Device {
         self.0.id
     }
 
+    pub(crate) fn pool(&self) -> &Arc<Pool> {
+        &self.0.pool
+    }
+
     pub(crate) fn backend(&self) -> &dyn Backend {
         &*self.0.backend
     }
@@ -149,6 +139,11 @@ impl Device {
     /// The backend this device runs on.
     pub fn kind(&self) -> BackendKind {
         self.0.backend.kind()
+    }
+
+    /// What the device's backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.0.backend.capabilities()
     }
 
     /// The target architecture kernels are built for.
@@ -166,26 +161,13 @@ impl Device {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// Allocates `bytes` of device memory (contents unspecified), reusing
-    /// pooled memory when possible.
-    pub fn alloc(&self, bytes: usize) -> Result<Buffer> {
-        self.check_failed()?;
-        Buffer::new(self, &self.0.pool, bytes)
-    }
-
-    /// Allocates a buffer holding `data`.
-    pub fn buffer_from<T: bytemuck::Pod>(&self, data: &[T]) -> Result<Buffer> {
-        let buf = self.alloc(std::mem::size_of_val(data))?;
-        buf.upload(data)?;
-        Ok(buf)
-    }
-
     /// Loads (compiling on a cache miss) a kernel for this device.
     pub fn load_kernel(&self, def: &KernelDef) -> Result<Kernel> {
-        let key =
-            KernelCache::key_for(&*self.0.backend, def).ok_or_else(|| Error::NoImplementation {
-                kernel: def.name().to_string(),
-                backend: self.kind().name().to_string(),
+        let backend = &self.0.backend;
+        let key = KernelCache::key_for(backend.kind(), backend.arch(), backend.toolchain(), def)
+            .ok_or_else(|| Error::Unsupported {
+                op: def.name().to_string(),
+                backend: self.kind(),
             })?;
         match self
             .0
@@ -219,11 +201,6 @@ impl Device {
     /// Kernels in the in-memory cache.
     pub fn cached_kernels(&self) -> usize {
         self.0.kernels.len()
-    }
-
-    /// A new encoder recording for this device.
-    pub fn encoder(&self) -> Encoder {
-        Encoder::new(self.clone())
     }
 
     /// Waits for all submitted work, releases what it retained, and reports
@@ -320,34 +297,6 @@ impl Device {
         self.reap();
         self.take_deferred()?;
         self.check_failed()
-    }
-
-    /// Submits a recorded program.
-    pub(crate) fn submit(
-        &self,
-        program: Program,
-        retained: Retained,
-        mut counts: Counters,
-        label: Label,
-    ) -> Result<Submission> {
-        self.before_submit()?;
-        counts.submissions = 1;
-        self.0.counters.add(&counts);
-        let program = Arc::new(program);
-        let backend =
-            self.0
-                .backend
-                .submit(program.clone(), Vec::new(), self.profiles_dispatches())?;
-        Ok(Submission::new(
-            self.clone(),
-            label,
-            InFlight {
-                backend,
-                retained,
-                program,
-                replay: None,
-            },
-        ))
     }
 
     /// Whether submissions time each dispatch: when profiling dispatches or

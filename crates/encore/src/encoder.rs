@@ -7,77 +7,18 @@
 //! concurrent group exactly when a new dispatch conflicts with it, so
 //! dispatches that touch disjoint data run together and ordered ones never do.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Arc;
-
-use crate::backend::{ArgRec, DispatchRec, Program};
-use crate::buffer::{Allocation, Buffer};
+use crate::buffer::Buffer;
 use crate::counters::Counters;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node, NodeArg};
 use crate::hazard::{AccessRange, HazardTracker};
 use crate::kernel::Kernel;
+use crate::program::{DispatchRec, Program};
+use crate::record::{Access, ArgRec};
+use crate::retain::Retained;
 use crate::submission::Submission;
 use crate::Label;
-
-/// How a dispatch uses a buffer argument.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Access {
-    Read,
-    Write,
-    ReadWrite,
-}
-
-impl Access {
-    pub fn reads(self) -> bool {
-        matches!(self, Access::Read | Access::ReadWrite)
-    }
-    pub fn writes(self) -> bool {
-        matches!(self, Access::Write | Access::ReadWrite)
-    }
-}
-
-/// Launch geometry: a grid of blocks of threads, and dynamic shared memory.
-/// CPU kernels read it as a description of the work (for example rows).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Launch {
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub shared_bytes: u32,
-}
-
-impl Launch {
-    /// `grid` blocks of `block` threads in one dimension.
-    pub fn new(grid: u32, block: u32) -> Launch {
-        Launch {
-            grid: [grid, 1, 1],
-            block: [block, 1, 1],
-            shared_bytes: 0,
-        }
-    }
-
-    /// Enough blocks of `block` threads to cover `threads` threads.
-    pub fn cover(threads: u32, block: u32) -> Launch {
-        Launch::new(threads.div_ceil(block.max(1)).max(1), block)
-    }
-
-    /// A 3-D grid.
-    pub fn grid3(grid: [u32; 3], block: [u32; 3]) -> Launch {
-        Launch {
-            grid,
-            block,
-            shared_bytes: 0,
-        }
-    }
-
-    /// The same launch with `bytes` of dynamic shared memory.
-    pub fn with_shared(mut self, bytes: u32) -> Launch {
-        self.shared_bytes = bytes;
-        self
-    }
-}
 
 /// One argument of a dispatch.
 #[derive(Clone, Copy, Debug)]
@@ -104,56 +45,12 @@ impl<'a> Arg<'a> {
     }
 }
 
-/// Hashes allocation ids (already unique integers) by identity.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-
-/// Everything a submission or graph keeps alive: each allocation and kernel
-/// bound into it, once.
-#[derive(Default)]
-pub(crate) struct Retained {
-    pub(crate) allocations: IdMap<Arc<Allocation>>,
-    pub(crate) kernels: Vec<Kernel>,
-    /// Other owners of device state, such as a replayed graph executable;
-    /// held only so they outlive the work.
-    #[allow(dead_code)]
-    pub(crate) keep: Vec<crate::graph::Keep>,
-}
-
-impl Retained {
-    fn retain_buffer(&mut self, buf: &Buffer) {
-        self.allocations
-            .entry(buf.alloc.id)
-            .or_insert_with(|| buf.alloc.clone());
-    }
-
-    fn retain_kernel(&mut self, kernel: &Kernel) {
-        if !self.kernels.iter().any(|k| k.same(kernel)) {
-            self.kernels.push(kernel.clone());
-        }
-    }
-}
-
-/// Records dispatches and barriers, then commits them as one submission.
+/// Records dispatches and barriers, then commits them as one submission, or,
+/// when made by [`Device::capture`], records them as the nodes of a
+/// [`Graph`].
 ///
 /// ```
-/// use encore::{Arg, Device, KernelDef, Launch};
+/// use encore::{Arg, Device, KernelDef};
 /// let device = Device::cpu()?;
 /// let fill = device.load_kernel(&KernelDef::new("fill").cpu("fill v1", |a| {
 ///     let value: f32 = a.scalar(1)?;
@@ -162,7 +59,7 @@ impl Retained {
 /// }))?;
 /// let buf = device.alloc(16 * 4)?;
 /// let mut enc = device.encoder();
-/// enc.dispatch(&fill, &[Arg::write(&buf), Arg::value(&2.5f32)], Launch::new(1, 1), "fill")?;
+/// enc.dispatch(&fill, &[Arg::write(&buf), Arg::value(&2.5f32)], "fill")?;
 /// enc.commit_and_wait()?;
 /// assert_eq!(buf.download::<f32>()?, vec![2.5; 16]);
 /// # Ok::<(), encore::Error>(())
@@ -176,10 +73,25 @@ pub struct Encoder {
     counts: Counters,
     serial: bool,
     label: Label,
+    /// While capturing, the graph's nodes; the program then stays empty.
+    nodes: Option<Vec<Node>>,
+}
+
+impl Device {
+    /// An encoder whose dispatches run when it commits.
+    pub fn encoder(&self) -> Encoder {
+        Encoder::new(self.clone(), None)
+    }
+
+    /// An encoder that records its dispatches as graph nodes, for
+    /// [`Encoder::finish_graph`], instead of running them.
+    pub fn capture(&self) -> Encoder {
+        Encoder::new(self.clone(), Some(Vec::new()))
+    }
 }
 
 impl Encoder {
-    pub(crate) fn new(device: Device) -> Encoder {
+    fn new(device: Device, nodes: Option<Vec<Node>>) -> Encoder {
         let serial = device.config().serial;
         Encoder {
             device,
@@ -190,6 +102,7 @@ impl Encoder {
             counts: Counters::default(),
             serial,
             label: Label::from("submission"),
+            nodes,
         }
     }
 
@@ -203,13 +116,21 @@ impl Encoder {
         self.serial = serial;
     }
 
-    /// Dispatches recorded since the last commit.
+    /// Dispatches recorded since the last commit (or since capture began).
     pub fn len(&self) -> usize {
-        self.program.dispatches.len()
+        match &self.nodes {
+            Some(nodes) => nodes.len(),
+            None => self.program.dispatches.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.program.dispatches.is_empty()
+        self.len() == 0
+    }
+
+    /// Whether this encoder records a graph ([`Device::capture`]).
+    pub fn is_capturing(&self) -> bool {
+        self.nodes.is_some()
     }
 
     /// The device this encoder records for.
@@ -217,12 +138,13 @@ impl Encoder {
         &self.device
     }
 
-    /// Records one dispatch of `kernel` over `args`.
+    /// Records one dispatch of `kernel` over `args`. Its launch geometry,
+    /// where the backend has one, comes from the kernel's implementation
+    /// for the backend (see [`crate::CudaKernel`]).
     pub fn dispatch(
         &mut self,
         kernel: &Kernel,
         args: &[Arg<'_>],
-        launch: Launch,
         label: impl Into<Label>,
     ) -> Result<()> {
         let label = label.into();
@@ -230,28 +152,63 @@ impl Encoder {
             return Err(self.invalid(kernel, &label, "kernel was loaded for another backend"));
         }
         self.accesses.clear();
-        let args_start = self.program.args.len();
+        for arg in args {
+            if let Arg::Buffer(buf, access) = *arg {
+                if buf.alloc.device_id != self.device.id() {
+                    return Err(Error::WrongDevice("dispatch"));
+                }
+                self.accesses.push(AccessRange {
+                    alloc: buf.alloc.id,
+                    start: buf.offset,
+                    end: buf.offset + buf.len,
+                    write: access.writes(),
+                });
+            }
+        }
+        if let Some(reason) = self_overlap(&self.accesses) {
+            return Err(self.invalid(kernel, &label, reason));
+        }
+        if self.nodes.is_some() {
+            // The geometry is computed again at instantiation; computing it
+            // here reports a value it cannot read where it was recorded.
+            let value: Vec<u8> = args
+                .iter()
+                .filter_map(|arg| match arg {
+                    Arg::Bytes(bytes) => Some(*bytes),
+                    Arg::Buffer(..) => None,
+                })
+                .flatten()
+                .copied()
+                .collect();
+            if let Err(reason) = self.device.backend().launch(kernel, &value) {
+                return Err(self.invalid(kernel, &label, &reason));
+            }
+        }
+        if let Some(nodes) = &mut self.nodes {
+            let args = args
+                .iter()
+                .map(|arg| match *arg {
+                    Arg::Buffer(buf, access) => NodeArg::Buffer(buf.clone(), access),
+                    Arg::Bytes(bytes) => NodeArg::Bytes(bytes.to_vec()),
+                })
+                .collect();
+            nodes.push(Node {
+                kernel: kernel.clone(),
+                args,
+                label,
+            });
+            return Ok(());
+        }
+
+        let (args_start, bytes_start) = (self.program.args.len(), self.program.bytes.len());
         for arg in args {
             match *arg {
-                Arg::Buffer(buf, access) => {
-                    if buf.alloc.device_id != self.device.id() {
-                        self.program.args.truncate(args_start);
-                        return Err(Error::WrongDevice("dispatch"));
-                    }
-                    self.accesses.push(AccessRange {
-                        alloc: buf.alloc.id,
-                        start: buf.offset,
-                        end: buf.offset + buf.len,
-                        write: access.writes(),
-                    });
-                    self.program.args.push(ArgRec::Buffer {
-                        mem: buf.alloc.mem,
-                        alloc: buf.alloc.id,
-                        offset: buf.offset,
-                        len: buf.len,
-                        access,
-                    });
-                }
+                Arg::Buffer(buf, access) => self.program.args.push(ArgRec::Buffer {
+                    mem: buf.alloc.mem,
+                    offset: buf.offset,
+                    len: buf.len,
+                    access,
+                }),
                 Arg::Bytes(bytes) => {
                     let start = self.program.bytes.len();
                     self.program.bytes.extend_from_slice(bytes);
@@ -262,13 +219,18 @@ impl Encoder {
                 }
             }
         }
-        if let Some(reason) = self_overlap(&self.accesses) {
-            self.program.args.truncate(args_start);
-            return Err(self.invalid(kernel, &label, reason));
-        }
+        let value = self.program.bytes.get(bytes_start..).unwrap_or(&[]);
+        let launch = match self.device.backend().launch(kernel, value) {
+            Ok(launch) => launch,
+            Err(reason) => {
+                self.program.args.truncate(args_start);
+                self.program.bytes.truncate(bytes_start);
+                return Err(self.invalid(kernel, &label, &reason));
+            }
+        };
         for arg in args {
             if let Arg::Buffer(buf, _) = arg {
-                self.retained.retain_buffer(buf);
+                self.retained.retain_allocation(&buf.alloc);
             }
         }
         self.retained.retain_kernel(kernel);
@@ -293,6 +255,8 @@ impl Encoder {
     }
 
     /// Orders everything recorded so far before everything recorded next.
+    /// Graphs order nodes by declared access only, so a capturing encoder
+    /// keeps no barriers.
     pub fn barrier(&mut self) {
         if self.tracker.group_len() > 0 {
             self.close_group();
@@ -316,7 +280,7 @@ impl Encoder {
     }
 
     /// Takes the recorded program and what it retains, leaving the encoder empty.
-    pub(crate) fn take(&mut self) -> (Program, Retained, Counters) {
+    fn take(&mut self) -> (Program, Retained, Counters) {
         if self.tracker.group_len() > 0 {
             self.program
                 .group_ends
@@ -330,65 +294,36 @@ impl Encoder {
         )
     }
 
-    /// Discards everything recorded since the last commit.
+    /// Discards everything recorded since the last commit (or since capture began).
     pub fn reset(&mut self) {
         let _ = self.take();
+        if let Some(nodes) = &mut self.nodes {
+            nodes.clear();
+        }
     }
 
-    /// Submits everything recorded since the last commit.
+    /// Submits everything recorded since the last commit. A capturing
+    /// encoder runs nothing: it refuses.
     pub fn commit(&mut self) -> Result<Submission> {
+        if self.is_capturing() {
+            return Err(Error::Graph(
+                "a capturing encoder records a graph; finish it with finish_graph".into(),
+            ));
+        }
         let label = self.label.clone();
         let (program, retained, counts) = self.take();
         self.device.submit(program, retained, counts, label)
     }
 
-    /// Ends recording and returns the recorded dispatches as a [`Graph`]
-    /// instead of running them. Graphs order nodes by declared access only;
-    /// explicit barriers are not kept.
+    /// Ends a capture ([`Device::capture`]) and returns the recorded
+    /// dispatches as a [`Graph`]; the encoder goes on capturing a new one.
     pub fn finish_graph(&mut self) -> Result<Graph> {
-        let (program, retained, _) = self.take();
-        let mut nodes = Vec::with_capacity(program.dispatches.len());
-        for d in &program.dispatches {
-            let mut args = Vec::with_capacity(d.args.len());
-            for arg in program.args_of(d) {
-                args.push(match *arg {
-                    ArgRec::Buffer {
-                        alloc,
-                        offset,
-                        len,
-                        access,
-                        ..
-                    } => {
-                        let alloc = retained.allocations.get(&alloc).ok_or_else(|| {
-                            Error::Graph("a recorded buffer was not retained".into())
-                        })?;
-                        NodeArg::Buffer(
-                            Buffer {
-                                alloc: alloc.clone(),
-                                offset,
-                                len,
-                                device: self.device.clone(),
-                            },
-                            access,
-                        )
-                    }
-                    ArgRec::Bytes { start, len } => NodeArg::Bytes(
-                        program
-                            .bytes
-                            .get(start as usize..(start + len) as usize)
-                            .unwrap_or(&[])
-                            .to_vec(),
-                    ),
-                });
-            }
-            nodes.push(Node {
-                kernel: d.kernel.clone(),
-                args,
-                launch: d.launch,
-                label: d.label.clone(),
-            });
-        }
-        Ok(Graph::new(self.device.clone(), nodes))
+        let nodes = self.nodes.as_mut().ok_or_else(|| {
+            Error::Graph(
+                "finish_graph on an encoder that is not capturing (use Device::capture)".into(),
+            )
+        })?;
+        Ok(Graph::new(self.device.clone(), std::mem::take(nodes)))
     }
 
     /// Submits and waits for completion.
@@ -423,7 +358,7 @@ pub fn retention_cost(dispatches: &[(&Kernel, &[Buffer])]) -> std::time::Duratio
     let mut retained = Retained::default();
     for (kernel, buffers) in dispatches {
         for b in *buffers {
-            retained.retain_buffer(b);
+            retained.retain_allocation(&b.alloc);
         }
         retained.retain_kernel(kernel);
     }

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::record::BackendKind;
+
 /// Anything the runtime reports. Device errors carry the operation, kernel or
 /// label that observed them, so a failure can be traced to its dispatch.
 #[derive(Debug, thiserror::Error)]
@@ -33,9 +35,11 @@ pub enum Error {
         label: String,
         reason: String,
     },
-    /// The kernel has no implementation for this backend.
-    #[error("kernel {kernel} has no implementation for the {backend} backend")]
-    NoImplementation { kernel: String, backend: String },
+    /// An op (a kernel) has no implementation for this backend. Reported
+    /// when it is loaded or dispatched, so a backend can be brought up one
+    /// op at a time.
+    #[error("`{op}` is not supported on the {backend} backend (no implementation)")]
+    Unsupported { op: String, backend: BackendKind },
     /// Compiling a kernel failed; `log` holds the compiler's output.
     #[error("compiling kernel {kernel} failed:\n{log}")]
     Compile { kernel: String, log: String },

@@ -1,8 +1,11 @@
 //! Kernels and the content-addressed kernel cache.
 //!
-//! A [`KernelDef`] names a program and gives an implementation per backend: a
-//! Rust function for the CPU (identified by a definition string that changes
-//! whenever its behaviour does) and CUDA C source for NVRTC. Loading one
+//! A [`KernelDef`] names a program and holds a table of implementations, one
+//! per backend: a Rust function for the CPU (identified by a definition
+//! string that changes whenever its behaviour does), CUDA C source for NVRTC
+//! with the function that computes its launch geometry. A backend missing
+//! from the table makes loading the kernel there fail with
+//! [`crate::Error::Unsupported`]. Loading one
 //! yields a [`Kernel`], cached under a [`KernelKey`]: name, a hash of the
 //! backend's full specialized source, backend, architecture, toolchain and
 //! options. Two kernels that share a name but differ in source get different
@@ -11,90 +14,150 @@
 //! the cache never frees code that in-flight work still runs.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::backend::cpu::CpuArgs;
-use crate::backend::{Backend, BackendKind};
+use crate::cpu_args::CpuArgs;
 use crate::error::Result;
+use crate::record::{BackendKind, Launch};
 
-/// A CPU kernel body. It receives its arguments and launch geometry and
-/// returns an error message on failure.
+/// A CPU kernel body. It receives its arguments and returns an error
+/// message on failure.
 pub type CpuFn = Arc<dyn Fn(&CpuArgs<'_>) -> std::result::Result<(), String> + Send + Sync>;
 
-/// CUDA C the runtime puts before every kernel's source.
+/// Computes a dispatch's launch geometry from its inline bytes (its value
+/// arguments, concatenated in order), or says why it cannot.
+pub type Geometry = Arc<dyn Fn(&[u8]) -> std::result::Result<Launch, String> + Send + Sync>;
+
+/// CUDA C the runtime puts before every kernel's source (the file
+/// `backend/cuda/prelude.cuh`, which documents each helper).
 ///
 /// `encore_grid_wait()` waits until every dispatch this one depends on has
-/// finished and its writes are visible, then lets the dispatches that depend
-/// on this one start their blocks (PTX `griddepcontrol`; nothing on GPUs
-/// before sm_90 or when the kernel was launched the ordinary way). A kernel
-/// declared [`KernelDef::programmatic`] calls it in every thread before its
-/// first access to memory another dispatch writes. Calling it only after
-/// that wait keeps the early start one kernel deep: the next kernel's blocks
-/// arrive while this one computes, never further ahead.
-///
-/// `encore_prefetch_l2(p)` asks for the 128-byte line at `p` in L2; it may
-/// run before the wait (it reads nothing into registers).
-///
-/// `encore_smem_addr(p)` is the 32-bit shared-memory address of the
-/// shared variable at `p`, as PTX instructions on shared memory take it
-/// (`ldmatrix`, `mbarrier`, `mapa`).
-///
-/// `encore_fix_value(v)` does nothing in a kernel compiled from its plain
-/// source. In a variant specialized for one value argument (see
-/// [`KernelDef::specializable`]) it overwrites `v` with the words that
-/// variant was compiled for, so the compiler sees every field as a
-/// constant: loops over a known length unroll, branches on the data type
-/// fold away and only the code of that one shape is left.
-pub const CUDA_PRELUDE: &str = r#"// Encore runtime prelude.
-__device__ __forceinline__ void encore_grid_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void encore_prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
-}
-__device__ __forceinline__ unsigned int encore_smem_addr(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-#ifdef ENCORE_VALUE_WORDS
-template <typename T> __device__ __forceinline__ void encore_fix_value(T& v) {
-    const unsigned int words[] = ENCORE_VALUE_WORDS;
-    static_assert(sizeof(words) == sizeof(T), "specialized for a value of another size");
-#pragma unroll
-    for (unsigned int i = 0; i < sizeof(T) / 4; ++i) reinterpret_cast<unsigned int*>(&v)[i] = words[i];
-}
-#else
-template <typename T> __device__ __forceinline__ void encore_fix_value(T&) {}
-#endif
-// End of the Encore runtime prelude.
-"#;
+/// finished and its writes are visible, then lets the dependents start (see
+/// [`KernelDef::programmatic`]); `encore_prefetch_l2(p)` asks for a line in
+/// L2; `encore_smem_addr(p)` is a shared variable's 32-bit address;
+/// `encore_fix_value(v)` turns a value argument into constants in a
+/// specialized variant (see [`KernelDef::specializable`]).
+pub const CUDA_PRELUDE: &str = include_str!("backend/cuda/prelude.cuh");
 
 /// The compile option that makes a specialized variant (see [`KernelDef::specialized`]).
 const VALUE_WORDS_OPTION: &str = "--define-macro=ENCORE_VALUE_WORDS=";
 
-/// CUDA C source and the name of its `extern "C" __global__` entry point.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct CudaSource {
+/// A CUDA implementation: full source (the runtime's [`CUDA_PRELUDE`]
+/// first), the name of its `extern "C"` entry point, and how a dispatch of
+/// it is launched.
+#[derive(Clone)]
+pub struct CudaKernel {
     pub source: String,
     pub entry: String,
+    geometry: Geometry,
+}
+
+impl CudaKernel {
+    /// `source` (the prelude is put before it, so it is part of the
+    /// content address) with entry point `entry`, launched as `geometry`
+    /// computes from the dispatch's value: a function of one `Pod` value
+    /// argument of type `T`.
+    pub fn new<T: bytemuck::Pod>(
+        source: impl Into<String>,
+        entry: impl Into<String>,
+        geometry: impl Fn(&T) -> Launch + Send + Sync + 'static,
+    ) -> CudaKernel {
+        CudaKernel {
+            source: format!("{CUDA_PRELUDE}{}", source.into()),
+            entry: entry.into(),
+            geometry: Arc::new(move |value: &[u8]| {
+                let v: T = bytemuck::try_pod_read_unaligned(value).map_err(|_| {
+                    format!(
+                        "launch geometry needs a value of {} bytes, got {}",
+                        std::mem::size_of::<T>(),
+                        value.len()
+                    )
+                })?;
+                Ok(geometry(&v))
+            }),
+        }
+    }
+
+    /// Like [`CudaKernel::new`], always launched as `launch`.
+    pub fn fixed(
+        source: impl Into<String>,
+        entry: impl Into<String>,
+        launch: Launch,
+    ) -> CudaKernel {
+        CudaKernel {
+            source: format!("{CUDA_PRELUDE}{}", source.into()),
+            entry: entry.into(),
+            geometry: Arc::new(move |_: &[u8]| Ok(launch)),
+        }
+    }
+
+    /// The launch geometry of a dispatch whose inline bytes are `value`.
+    pub fn launch(&self, value: &[u8]) -> std::result::Result<Launch, String> {
+        (self.geometry)(value)
+    }
+
+    /// The source without the runtime's prelude.
+    pub fn own_source(&self) -> &str {
+        self.source
+            .strip_prefix(CUDA_PRELUDE)
+            .unwrap_or(&self.source)
+    }
+}
+
+impl fmt::Debug for CudaKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaKernel")
+            .field("entry", &self.entry)
+            .field("source_bytes", &self.source.len())
+            .finish()
+    }
+}
+
+/// A CPU implementation: a definition string (hashed into the kernel's key)
+/// and the body.
+#[derive(Clone)]
+pub struct CpuKernel {
+    pub definition: String,
+    pub body: CpuFn,
+}
+
+/// One backend's implementation of a kernel.
+#[derive(Clone)]
+pub enum Implementation {
+    Cpu(CpuKernel),
+    Cuda(CudaKernel),
+}
+
+impl Implementation {
+    /// The backend this implementation runs on.
+    pub fn backend(&self) -> BackendKind {
+        match self {
+            Implementation::Cpu(_) => BackendKind::Cpu,
+            Implementation::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+
+    /// The text that defines it, hashed into the kernel's key: the CPU
+    /// body's definition string, or the full source and entry point.
+    fn content(&self) -> [&str; 2] {
+        match self {
+            Implementation::Cpu(c) => [&c.definition, ""],
+            Implementation::Cuda(c) => [&c.source, &c.entry],
+        }
+    }
 }
 
 /// A kernel's definition: its name, the operation it performs (used by graph
-/// fusion patterns) and an implementation per backend.
+/// fusion patterns) and a table of implementations, one per backend.
 #[derive(Clone)]
 pub struct KernelDef {
     name: String,
     op: String,
-    cpu: Option<(String, CpuFn)>,
-    cuda: Option<CudaSource>,
+    implementations: BTreeMap<BackendKind, Implementation>,
     options: Vec<String>,
     programmatic: bool,
     specializable: bool,
@@ -105,8 +168,7 @@ impl fmt::Debug for KernelDef {
         f.debug_struct("KernelDef")
             .field("name", &self.name)
             .field("op", &self.op)
-            .field("cpu", &self.cpu.as_ref().map(|(d, _)| d))
-            .field("cuda", &self.cuda.as_ref().map(|c| &c.entry))
+            .field("backends", &self.implementations.keys().collect::<Vec<_>>())
             .field("options", &self.options)
             .field("programmatic", &self.programmatic)
             .field("specializable", &self.specializable)
@@ -121,8 +183,7 @@ impl KernelDef {
         KernelDef {
             op: name.clone(),
             name,
-            cpu: None,
-            cuda: None,
+            implementations: BTreeMap::new(),
             options: Vec::new(),
             programmatic: false,
             specializable: false,
@@ -135,27 +196,30 @@ impl KernelDef {
         self
     }
 
+    /// Adds (or replaces) the implementation for its backend.
+    pub fn implementation(mut self, implementation: Implementation) -> KernelDef {
+        self.implementations
+            .insert(implementation.backend(), implementation);
+        self
+    }
+
     /// Adds the CPU implementation. `definition` identifies the function's
     /// behaviour, including any specialization it captures; it is hashed into
     /// the cache key, so two bodies under one name must have different ones.
     pub fn cpu(
-        mut self,
+        self,
         definition: impl Into<String>,
         body: impl Fn(&CpuArgs<'_>) -> std::result::Result<(), String> + Send + Sync + 'static,
     ) -> KernelDef {
-        self.cpu = Some((definition.into(), Arc::new(body)));
-        self
+        self.implementation(Implementation::Cpu(CpuKernel {
+            definition: definition.into(),
+            body: Arc::new(body),
+        }))
     }
 
-    /// Adds the CUDA implementation: full source and entry point name. The
-    /// runtime's [`CUDA_PRELUDE`] is put before the source (and so is part of
-    /// the content address).
-    pub fn cuda(mut self, source: impl Into<String>, entry: impl Into<String>) -> KernelDef {
-        self.cuda = Some(CudaSource {
-            source: format!("{CUDA_PRELUDE}{}", source.into()),
-            entry: entry.into(),
-        });
-        self
+    /// Adds the CUDA implementation.
+    pub fn cuda(self, kernel: CudaKernel) -> KernelDef {
+        self.implementation(Implementation::Cuda(kernel))
     }
 
     /// Declares that the CUDA kernel may be launched before the dispatches it
@@ -201,7 +265,7 @@ impl KernelDef {
     /// is empty or not a whole number of words.
     pub fn specialized(&self, value: &[u8]) -> Option<KernelDef> {
         if !self.specializable
-            || self.cuda.is_none()
+            || self.cuda_impl().is_none()
             || value.is_empty()
             || !value.len().is_multiple_of(4)
         {
@@ -231,23 +295,42 @@ impl KernelDef {
         &self.op
     }
 
-    pub fn cpu_impl(&self) -> Option<&CpuFn> {
-        self.cpu.as_ref().map(|(_, f)| f)
+    /// The implementation for `backend`, if the table has one.
+    pub fn implementation_for(&self, backend: BackendKind) -> Option<&Implementation> {
+        self.implementations.get(&backend)
     }
 
-    pub fn cuda_impl(&self) -> Option<&CudaSource> {
-        self.cuda.as_ref()
+    /// The backends this kernel has implementations for.
+    pub fn backends(&self) -> impl Iterator<Item = BackendKind> + '_ {
+        self.implementations.keys().copied()
+    }
+
+    pub fn cpu_impl(&self) -> Option<&CpuFn> {
+        match self.implementation_for(BackendKind::Cpu)? {
+            Implementation::Cpu(c) => Some(&c.body),
+            _ => None,
+        }
+    }
+
+    pub fn cuda_impl(&self) -> Option<&CudaKernel> {
+        match self.implementation_for(BackendKind::Cuda)? {
+            Implementation::Cuda(c) => Some(c),
+            _ => None,
+        }
     }
 
     pub fn options(&self) -> &[String] {
         &self.options
     }
 
-    /// The text that defines this kernel on `backend`, if it has an implementation there.
-    fn source_for(&self, backend: BackendKind) -> Option<&str> {
-        match backend {
-            BackendKind::Cpu => self.cpu.as_ref().map(|(d, _)| d.as_str()),
-            BackendKind::Cuda => self.cuda.as_ref().map(|c| c.source.as_str()),
+    /// Whether `other` launches its CUDA implementation with the same
+    /// geometry function (geometry is code, not content, so it is compared
+    /// by identity; it is not part of the key).
+    fn same_geometry(&self, other: &KernelDef) -> bool {
+        match (self.cuda_impl(), other.cuda_impl()) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a.geometry, &b.geometry),
+            (None, None) => true,
+            _ => false,
         }
     }
 }
@@ -382,21 +465,24 @@ pub(crate) struct KernelCache {
 }
 
 impl KernelCache {
-    pub(crate) fn key_for(backend: &dyn Backend, def: &KernelDef) -> Option<KernelKey> {
-        let source = def.source_for(backend.kind())?;
+    /// The key of `def` on a backend of `kind` with this target and
+    /// toolchain; `None` when the kernel has no implementation there.
+    pub(crate) fn key_for(
+        kind: BackendKind,
+        arch: String,
+        toolchain: String,
+        def: &KernelDef,
+    ) -> Option<KernelKey> {
         let mut h = Fnv::new();
-        h.write(source.as_bytes());
-        if let Some(c) = &def.cuda {
-            if backend.kind() == BackendKind::Cuda {
-                h.write(c.entry.as_bytes());
-            }
+        for part in def.implementation_for(kind)?.content() {
+            h.write(part.as_bytes());
         }
         Some(KernelKey {
             name: def.name.clone(),
             source_hash: h.finish(),
-            backend: backend.kind(),
-            arch: backend.arch(),
-            toolchain: backend.toolchain(),
+            backend: kind,
+            arch,
+            toolchain,
             options: def.options.clone(),
         })
     }
@@ -408,7 +494,16 @@ impl KernelCache {
         compile: impl FnOnce(&KernelDef) -> Result<Arc<dyn Any + Send + Sync>>,
     ) -> Result<Loaded> {
         if let Some(k) = self.map.lock().get(&key) {
-            return Ok(Loaded::Hit(k.clone()));
+            if k.0.def.same_geometry(def) {
+                return Ok(Loaded::Hit(k.clone()));
+            }
+            // The same code launched another way: share the compiled
+            // artifact under the caller's definition.
+            return Ok(Loaded::Hit(Kernel(Arc::new(CompiledKernel {
+                key,
+                def: def.clone(),
+                artifact: k.0.artifact.clone(),
+            }))));
         }
         // Compile outside the lock; a racing thread may compile the same key,
         // in which case the first one inserted wins and both are valid.
@@ -443,10 +538,11 @@ mod tests {
 
     fn def() -> KernelDef {
         KernelDef::new("k")
-            .cuda(
-                "extern \"C\" __global__ void k(unsigned int n) { encore_fix_value(n); }",
+            .cuda(CudaKernel::fixed(
+                "/* a kernel k(n) that calls encore_fix_value(n) */",
                 "k",
-            )
+                Launch::new(1, 1),
+            ))
             .specializable()
     }
 
@@ -458,7 +554,10 @@ mod tests {
             v.options(),
             ["--define-macro=ENCORE_VALUE_WORDS={0x1u,0x240u,0x3727c5acu}"]
         );
-        assert_eq!(v.cuda_impl(), def().cuda_impl());
+        assert_eq!(
+            v.cuda_impl().map(|c| &c.source),
+            def().cuda_impl().map(|c| &c.source)
+        );
         assert!(v.is_specializable() && v.name() == "k");
         // Another value, another variant; the same value, the same one.
         let other = def()
@@ -478,9 +577,71 @@ mod tests {
     fn only_declared_kernels_with_whole_words_specialize() {
         assert!(def().specialized(&[1, 2, 3]).is_none());
         assert!(def().specialized(&[]).is_none());
-        let plain = KernelDef::new("k").cuda("", "k");
+        let plain = KernelDef::new("k").cuda(CudaKernel::fixed("", "k", Launch::new(1, 1)));
         assert!(plain.specialized(&[0; 4]).is_none());
         let cpu_only = KernelDef::new("k").cpu("k v1", |_| Ok(())).specializable();
         assert!(cpu_only.specialized(&[0; 4]).is_none());
+    }
+
+    #[test]
+    fn implementations_are_keyed_by_backend() {
+        let def = KernelDef::new("k").cpu("k v1", |_| Ok(()));
+        assert_eq!(def.backends().collect::<Vec<_>>(), [BackendKind::Cpu]);
+        assert!(
+            KernelCache::key_for(BackendKind::Cuda, "sm_90".into(), "t".into(), &def).is_none()
+        );
+        let key = |d: &KernelDef| KernelCache::key_for(BackendKind::Cpu, "x".into(), "t".into(), d);
+        let cpu = key(&def).unwrap();
+        // Another body definition is another kernel; a CUDA implementation
+        // beside the CPU's leaves the CPU key alone.
+        assert_ne!(
+            key(&KernelDef::new("k").cpu("k v2", |_| Ok(()))),
+            Some(cpu.clone())
+        );
+        let both = def.cuda(CudaKernel::fixed("src", "k", Launch::new(1, 1)));
+        assert_eq!(key(&both), Some(cpu));
+        assert_eq!(both.backends().count(), 2);
+    }
+
+    #[test]
+    fn the_same_code_launched_two_ways_is_compiled_once_and_keeps_each_geometry() {
+        let cache = KernelCache::default();
+        let def = |block| {
+            KernelDef::new("k").cuda(CudaKernel::new("src", "k", move |n: &u32| {
+                Launch::cover(*n, block)
+            }))
+        };
+        let (narrow, wide) = (def(32), def(256));
+        let key = |d: &KernelDef| {
+            KernelCache::key_for(BackendKind::Cuda, "sm_90".into(), "t".into(), d).unwrap()
+        };
+        assert_eq!(key(&narrow), key(&wide), "geometry is not content");
+        let compiles = std::cell::Cell::new(0);
+        let load = |d: &KernelDef| {
+            let loaded = cache.load(key(d), d, |_| {
+                compiles.set(compiles.get() + 1);
+                Ok(Arc::new(()))
+            });
+            match loaded.unwrap() {
+                Loaded::Hit(k) | Loaded::Compiled(k) => k,
+            }
+        };
+        let (a, b, again) = (load(&narrow), load(&wide), load(&narrow));
+        assert_eq!(compiles.get(), 1);
+        assert!(Arc::ptr_eq(a.artifact(), b.artifact()));
+        let launch = |k: &Kernel| k.def().cuda_impl().unwrap().launch(&64u32.to_le_bytes());
+        assert_eq!(launch(&a), Ok(Launch::new(2, 32)));
+        assert_eq!(launch(&b), Ok(Launch::new(1, 256)));
+        assert!(
+            again.same(&a),
+            "the first definition's handle is the cached one"
+        );
+    }
+
+    #[test]
+    fn geometry_comes_from_the_value() {
+        let k = CudaKernel::new("", "k", |n: &u32| Launch::cover(*n, 128));
+        assert_eq!(k.launch(&1000u32.to_le_bytes()), Ok(Launch::new(8, 128)));
+        assert!(k.launch(&[1, 2]).is_err());
     }
 }

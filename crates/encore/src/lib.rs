@@ -6,20 +6,24 @@
 //! dispatch. It runs on the CPU everywhere and on NVIDIA GPUs through CUDA.
 //!
 //! ```
-//! use encore::{Arg, Config, Device, KernelDef, Launch};
+//! use encore::{Arg, Config, Device, KernelDef};
 //!
 //! let device = Device::open("cpu", &Config::default())?;
-//! // A kernel: y[i] = x[i] * 2, with a CPU body (a CUDA body would sit beside it).
-//! let double = device.load_kernel(&KernelDef::new("double").cpu("double v1", |a| {
+//! // A kernel, y[i] = x[i] * 2, with an implementation per backend: here a
+//! // CPU body. A CUDA one would sit beside it, with its launch geometry
+//! // computed from the value argument `n`:
+//! // `.cuda(CudaKernel::new(include_str!("double.cu"), "double", |n: &u32| Launch::cover(*n, 256)))`.
+//! let double = KernelDef::new("double").cpu("double v1", |a| {
 //!     let x = a.read::<f32>(0)?;
 //!     let y = a.write::<f32>(1)?;
 //!     y.iter_mut().zip(x).for_each(|(y, x)| *y = 2.0 * x);
 //!     Ok(())
-//! }))?;
+//! });
+//! let double = device.load_kernel(&double)?;
 //! let x = device.buffer_from(&[1.0f32, 2.0, 3.0])?;
 //! let y = device.alloc(12)?;
 //! let mut enc = device.encoder();
-//! enc.dispatch(&double, &[Arg::read(&x), Arg::write(&y)], Launch::new(1, 1), "double")?;
+//! enc.dispatch(&double, &[Arg::read(&x), Arg::write(&y), Arg::value(&3u32)], "double")?;
 //! enc.commit()?.wait()?;
 //! assert_eq!(y.download::<f32>()?, [2.0, 4.0, 6.0]);
 //! # Ok::<(), encore::Error>(())
@@ -29,11 +33,49 @@
 //! `DESIGN.md`: nothing is freed while the device uses it, every dispatch
 //! declares its access, kernels are content-addressed, graphs are safe to
 //! replay, no failure is silent, and one [`Config`] holds every switch.
+//!
+//! # Layout
+//!
+//! The shared records (access, launch, backend kinds and capabilities,
+//! resolved arguments) sit at the bottom, in a module that imports nothing
+//! else; kernels and programs build on them; backends on those; the pool,
+//! retention, the device, buffers, submissions, the encoder and graphs come
+//! after, each importing only what lies below it.
+//!
+//! # Adding a backend
+//!
+//! A backend does allocation, copies, compilation and launch; hazards,
+//! lifetimes, pooling, graphs and profiling stay in the runtime above it.
+//! To add one (say `wgpu`):
+//!
+//! 1. Add a variant to [`BackendKind`] and an [`Implementation`] variant
+//!    holding what a kernel needs there (WGSL source and entry point, and a
+//!    [`Geometry`] for its workgroup counts), with a builder on [`KernelDef`]
+//!    beside [`KernelDef::cpu`] and [`KernelDef::cuda`].
+//! 2. Add a folder `src/backend/<name>/` implementing the crate-private
+//!    `Backend` trait (see `src/backend/mod.rs`): `alloc`/`free`,
+//!    `read`/`write`, `compile` (turn the kernel's implementation into an
+//!    artifact; fail with [`Error::Unsupported`] when it has none), `launch`
+//!    (the geometry of a dispatch, from the kernel's implementation),
+//!    `submit` (run a program's concurrent groups in order, retaining
+//!    nothing: the runtime does) and `instantiate` (prepare a program for
+//!    replays), `synchronize`, `failure`; and `capabilities`, which is all
+//!    the layers above learn about the backend (whether specialization,
+//!    early launch and fusion pay, how many steps a replay).
+//! 3. Let [`Device::open`] and [`list_devices`] know its device names.
+//! 4. Kernels come from the op layer (`encore-ops`): each op gains the new
+//!    implementation in its backend folder; an op without one fails with
+//!    [`Error::Unsupported`] when dispatched, so a backend is brought up one
+//!    op at a time.
+//! 5. Tests: the runtime's tests run on the CPU; a backend's own suite opens
+//!    its device by name and compares every op with the CPU on random inputs
+//!    (`crates/encore-ops/tests`).
 
 pub mod backend;
 mod buffer;
 pub mod config;
 mod counters;
+mod cpu_args;
 mod device;
 mod encoder;
 mod error;
@@ -43,23 +85,29 @@ mod kernel;
 pub mod parallel;
 mod pool;
 mod profile;
+mod program;
+mod record;
+mod retain;
 mod submission;
 pub mod trace;
 
-pub use backend::cpu::CpuArgs;
-pub use backend::BackendKind;
 pub use buffer::Buffer;
 pub use config::{Config, ProfileMode};
 pub use counters::Counters;
-pub use device::{list_devices, Device, DeviceInfo};
+pub use cpu_args::CpuArgs;
+pub use device::{list_devices, Device};
 #[doc(hidden)]
 pub use encoder::retention_cost;
-pub use encoder::{Access, Arg, Encoder, Launch};
+pub use encoder::{Arg, Encoder};
 pub use error::{Error, Result};
 pub use graph::{Graph, GraphCache, GraphExec, GraphShape, GraphStats, Node, NodeArg, Params};
-pub use kernel::{CudaSource, Kernel, KernelDef, KernelKey, WeakKernel, CUDA_PRELUDE};
+pub use kernel::{
+    CpuFn, CpuKernel, CudaKernel, Geometry, Implementation, Kernel, KernelDef, KernelKey,
+    WeakKernel, CUDA_PRELUDE,
+};
 pub use pool::PoolStats;
 pub use profile::{Profile, TimeStats};
+pub use record::{Access, BackendKind, Capabilities, DeviceInfo, Launch};
 pub use submission::{DispatchTime, Submission};
 pub use trace::{Span, Trace};
 

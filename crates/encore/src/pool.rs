@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::backend::{Backend, RawMem};
+use crate::backend::Backend;
 use crate::error::Result;
+use crate::record::RawMem;
 
 /// Statistics of a device's memory pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,6 +116,44 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.trim();
+    }
+}
+
+static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One block of device memory. It goes back to the pool when the last handle
+/// (buffer, submission or graph) drops it.
+pub(crate) struct Allocation {
+    pub(crate) id: u64,
+    pub(crate) mem: RawMem,
+    pub(crate) class: usize,
+    pub(crate) device_id: u64,
+    pool: Arc<Pool>,
+}
+
+impl Allocation {
+    /// Takes a block of at least `bytes` from `pool` for device `device_id`.
+    pub(crate) fn take(pool: &Arc<Pool>, bytes: usize, device_id: u64) -> Result<Allocation> {
+        let (mem, class) = pool.take(bytes)?;
+        Ok(Allocation {
+            id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
+            mem,
+            class,
+            device_id,
+            pool: pool.clone(),
+        })
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        self.pool.give_back(self.mem, self.class);
+    }
+}
+
+impl std::fmt::Debug for Allocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Allocation#{}({} bytes)", self.id, self.class)
     }
 }
 

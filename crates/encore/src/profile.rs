@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::backend::{Program, Timing};
+use crate::backend::Timing;
 use crate::config::ProfileMode;
+use crate::program::Program;
 
 /// Summary statistics of a set of timings.
 #[derive(Clone, Debug, PartialEq)]

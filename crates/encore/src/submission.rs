@@ -11,19 +11,13 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::backend::{BackendSubmission, Program, Timing};
-use crate::device::{Device, Replay};
-use crate::encoder::Retained;
+use crate::backend::Timing;
+use crate::counters::Counters;
+use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::program::Program;
+use crate::retain::{InFlight, Retained};
 use crate::Label;
-
-pub(crate) struct InFlight {
-    pub(crate) backend: Box<dyn BackendSubmission>,
-    pub(crate) retained: Retained,
-    pub(crate) program: Arc<Program>,
-    /// Set for graph replays.
-    pub(crate) replay: Option<Replay>,
-}
 
 enum State {
     Running(InFlight),
@@ -32,6 +26,35 @@ enum State {
         program: Arc<Program>,
         error: Option<String>,
     },
+}
+
+impl Device {
+    /// Submits a recorded program.
+    pub(crate) fn submit(
+        &self,
+        program: Program,
+        retained: Retained,
+        mut counts: Counters,
+        label: Label,
+    ) -> Result<Submission> {
+        self.before_submit()?;
+        counts.submissions = 1;
+        self.add_counters(&counts);
+        let program = Arc::new(program);
+        let backend =
+            self.backend()
+                .submit(program.clone(), Vec::new(), self.profiles_dispatches())?;
+        Ok(Submission::new(
+            self.clone(),
+            label,
+            InFlight {
+                backend,
+                retained,
+                program,
+                replay: None,
+            },
+        ))
+    }
 }
 
 /// Work committed to a device.

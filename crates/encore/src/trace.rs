@@ -14,7 +14,7 @@
 //! dispatch) around it, for Nsight tools (see [`crate::config`]).
 //!
 //! ```
-//! use encore::{Arg, Device, KernelDef, Launch};
+//! use encore::{Arg, Device, KernelDef};
 //! let device = Device::cpu()?;
 //! let trace = device.start_trace();
 //! let fill = device.load_kernel(&KernelDef::new("fill").cpu("fill v1", |a| {
@@ -25,7 +25,7 @@
 //! {
 //!     let _span = device.trace_span("work");
 //!     let mut enc = device.encoder();
-//!     enc.dispatch(&fill, &[Arg::write(&buf)], Launch::new(1, 1), "fill")?;
+//!     enc.dispatch(&fill, &[Arg::write(&buf)], "fill")?;
 //!     enc.commit_and_wait()?;
 //! }
 //! let mut json = Vec::new();
@@ -48,8 +48,10 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 
-use crate::backend::{ArgRec, Program, Timing};
+use crate::backend::Timing;
 use crate::error::{Error, Result};
+use crate::program::Program;
+use crate::record::{ArgRec, Launch};
 use crate::Label;
 
 /// Process id of the host's tracks.
@@ -211,9 +213,11 @@ impl Trace {
                 let mut args = Map::new();
                 args.insert("label".into(), d.label.as_ref().into());
                 args.insert("op".into(), d.kernel.op_kind().into());
-                args.insert("grid".into(), json!(d.launch.grid));
-                args.insert("block".into(), json!(d.launch.block));
-                args.insert("shared_bytes".into(), d.launch.shared_bytes.into());
+                if d.launch != Launch::NONE {
+                    args.insert("grid".into(), json!(d.launch.grid));
+                    args.insert("block".into(), json!(d.launch.block));
+                    args.insert("shared_bytes".into(), d.launch.shared_bytes.into());
+                }
                 args.insert("bytes".into(), bytes.into());
                 args.insert("index".into(), i.into());
                 events.push(Event {

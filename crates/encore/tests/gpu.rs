@@ -4,7 +4,8 @@
 //! has none) reports it as ignored rather than passed. `scripts/gpu-suite.sh`
 //! builds and stages this binary; `scripts/gpu-run.sh` runs it on the GPU
 //! machine with `--ignored --test-threads=1`. The sticky-error test lives in
-//! its own binary (`gpu_fault.rs`) because it poisons the CUDA context.
+//! its own binary (`gpu_fault.rs`) because it poisons the CUDA context. The
+//! kernels' CUDA sources are the files in `tests/cuda/`.
 
 // Helpers fail a test the way assertions do: by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -12,7 +13,9 @@
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use encore::{Arg, Buffer, Config, Device, Error, Kernel, KernelDef, Launch, ProfileMode};
+use encore::{
+    Arg, Buffer, Config, CudaKernel, Device, Error, Kernel, KernelDef, Launch, ProfileMode,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 
@@ -63,13 +66,15 @@ impl Rng {
     }
 }
 
-const SAXPY: &str = r#"
-// y[i] = a * x[i] + y[i] for i < n, as one fused multiply-add (like f32::mul_add).
-extern "C" __global__ void saxpy(const float* x, float* y, float a, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fmaf_rn(a, x[i], y[i]);
+const SAXPY: &str = include_str!("cuda/saxpy.cu");
+
+/// The value of a `saxpy` dispatch: its two value arguments, `a` then `n`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SaxpyValue {
+    a: f32,
+    n: u32,
 }
-"#;
 
 /// `saxpy` with a CPU body and a CUDA body that compute bit-identical results.
 fn saxpy() -> KernelDef {
@@ -85,7 +90,14 @@ fn saxpy() -> KernelDef {
                 .for_each(|(y, &x)| *y = s.mul_add(x, *y));
             Ok(())
         })
-        .cuda(SAXPY, "saxpy")
+        .cuda(CudaKernel::new(SAXPY, "saxpy", |v: &SaxpyValue| {
+            Launch::cover(v.n, 256)
+        }))
+}
+
+/// `saxpy`'s CUDA body alone under another name, always launched as `launch`.
+fn saxpy_launched_as(name: &str, launch: Launch) -> KernelDef {
+    KernelDef::new(name).cuda(CudaKernel::fixed(SAXPY, "saxpy", launch))
 }
 
 fn run_saxpy(device: &Device, x: &[f32], y: &[f32], a: f32) -> Vec<f32> {
@@ -102,7 +114,6 @@ fn run_saxpy(device: &Device, x: &[f32], y: &[f32], a: f32) -> Vec<f32> {
             Arg::value(&a),
             Arg::value(&n),
         ],
-        Launch::cover(n, 256),
         "saxpy",
     )
     .unwrap();
@@ -130,33 +141,30 @@ fn cpu_and_cuda_bodies_of_one_kernel_agree_on_random_inputs() {
     }
 }
 
-fn in_place(name: &str, body: &str) -> KernelDef {
-    let source = format!(
-        "extern \"C\" __global__ void {name}(float* y, unsigned int n) {{\n\
-         unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
-         if (i < n) {{ {body} }}\n}}\n"
-    );
-    KernelDef::new(name).cuda(source, name)
+/// A kernel `k(y, n)` that updates `y` in place, from `source`.
+fn in_place(source: &str) -> KernelDef {
+    KernelDef::new("k").cuda(CudaKernel::new(source, "k", |n: &u32| {
+        Launch::cover(*n, 32)
+    }))
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn same_name_kernels_with_different_source_coexist_and_run_their_own_code() {
     let d = cuda();
-    let plus_one = d.load_kernel(&in_place("k", "y[i] += 1.0f;")).unwrap();
-    let times_ten = d.load_kernel(&in_place("k", "y[i] *= 10.0f;")).unwrap();
+    let plus_one = d
+        .load_kernel(&in_place(include_str!("cuda/in_place_plus_one.cu")))
+        .unwrap();
+    let times_ten = d
+        .load_kernel(&in_place(include_str!("cuda/in_place_times_ten.cu")))
+        .unwrap();
     assert_ne!(plus_one.key(), times_ten.key());
     assert_eq!(d.cached_kernels(), 2);
     let buf = d.buffer_from(&[1.0f32, 2.0]).unwrap();
     let mut enc = d.encoder();
     for k in [&plus_one, &times_ten] {
-        enc.dispatch(
-            k,
-            &[Arg::read_write(&buf), Arg::value(&2u32)],
-            Launch::new(1, 32),
-            "k",
-        )
-        .unwrap();
+        enc.dispatch(k, &[Arg::read_write(&buf), Arg::value(&2u32)], "k")
+            .unwrap();
     }
     enc.commit_and_wait().unwrap();
     assert_eq!(buf.download::<f32>().unwrap(), [20.0, 30.0]);
@@ -166,10 +174,11 @@ fn same_name_kernels_with_different_source_coexist_and_run_their_own_code() {
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn compile_errors_carry_the_nvrtc_log() {
     let d = cuda();
-    let broken = KernelDef::new("broken").cuda(
-        "extern \"C\" __global__ void broken(float* y) { y[0] = undeclared_thing; }",
+    let broken = KernelDef::new("broken").cuda(CudaKernel::fixed(
+        include_str!("cuda/broken.cu"),
         "broken",
-    );
+        Launch::new(1, 1),
+    ));
     match d.load_kernel(&broken) {
         Err(Error::Compile { kernel, log }) => {
             assert_eq!(kernel, "broken");
@@ -177,10 +186,11 @@ fn compile_errors_carry_the_nvrtc_log() {
         }
         other => panic!("expected a compile error, got {other:?}"),
     }
-    let wrong_entry = KernelDef::new("entry").cuda(
-        "extern \"C\" __global__ void present(float* y) { y[0] = 1.0f; }",
+    let wrong_entry = KernelDef::new("entry").cuda(CudaKernel::fixed(
+        include_str!("cuda/present.cu"),
         "absent",
-    );
+        Launch::new(1, 1),
+    ));
     match d.load_kernel(&wrong_entry) {
         Err(Error::Compile { log, .. }) => assert!(log.contains("absent"), "log: {log}"),
         other => panic!("expected a compile error, got {other:?}"),
@@ -219,22 +229,21 @@ fn compiled_kernels_persist_on_disk_by_content_key() {
     assert_eq!(second.counters().kernel_compiles, 1);
 }
 
-const SLOW_COPY: &str = r#"
-// Spins for `cycles` clock cycles, then copies x to y: keeps work in flight.
-extern "C" __global__ void slow_copy(const float* x, float* y, unsigned int n, unsigned long long cycles) {
-    long long start = clock64();
-    while ((unsigned long long)(clock64() - start) < cycles) { }
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i];
+/// `slow_copy(x, y, n, cycles)`, launched over `n` (its first value argument).
+fn slow_copy_kernel() -> CudaKernel {
+    CudaKernel::new(
+        include_str!("cuda/slow_copy.cu"),
+        "slow_copy",
+        |&[n, _cycles]: &[u32; 2]| Launch::cover(n, 256),
+    )
 }
-"#;
 
 fn slow_copy(d: &Device, src: &Buffer, dst: &Buffer, n: u32) -> encore::Submission {
     let k = d
-        .load_kernel(&KernelDef::new("slow_copy").cuda(SLOW_COPY, "slow_copy"))
+        .load_kernel(&KernelDef::new("slow_copy").cuda(slow_copy_kernel()))
         .unwrap();
     // About 100 ms at 2 GHz.
-    let cycles: u64 = 200_000_000;
+    let cycles: u32 = 200_000_000;
     let mut enc = d.encoder();
     enc.dispatch(
         &k,
@@ -244,7 +253,6 @@ fn slow_copy(d: &Device, src: &Buffer, dst: &Buffer, n: u32) -> encore::Submissi
             Arg::value(&n),
             Arg::value(&cycles),
         ],
-        Launch::cover(n, 256),
         "slow copy",
     )
     .unwrap();
@@ -290,13 +298,13 @@ fn a_buffer_dropped_right_after_dispatch_stays_alive_until_completion() {
     assert_eq!(dst.download::<f32>().unwrap(), data);
 }
 
-const MIX: &str = r#"
-// y[i] = (y[i] * 0.5 + x[i]) + c for i < n, each step rounded like the CPU body.
-extern "C" __global__ void mix(const float* x, float* y, float c, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fadd_rn(__fadd_rn(__fmul_rn(y[i], 0.5f), x[i]), c);
+/// The value of a `mix` dispatch: its two value arguments, `c` then `n`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MixValue {
+    c: f32,
+    n: u32,
 }
-"#;
 
 fn mix() -> KernelDef {
     KernelDef::new("mix")
@@ -311,7 +319,11 @@ fn mix() -> KernelDef {
                 .for_each(|(y, &x)| *y = (*y * 0.5 + x) + c);
             Ok(())
         })
-        .cuda(MIX, "mix")
+        .cuda(CudaKernel::new(
+            include_str!("cuda/mix.cu"),
+            "mix",
+            |v: &MixValue| Launch::cover(v.n, 32),
+        ))
 }
 
 /// One random dispatch: `y view += ...` reading an `x` view of either allocation.
@@ -363,7 +375,6 @@ fn record(enc: &mut encore::Encoder, k: &encore::Kernel, bufs: &[Buffer], ops: &
                     Arg::value(&c),
                     Arg::value(&n),
                 ],
-                Launch::cover(n, 32),
                 "mix",
             )
             .is_ok()
@@ -414,7 +425,7 @@ fn random_overlapping_views_on_cuda_equal_serial_cpu_execution() {
             // The same dispatches as a native graph, where independent
             // dispatches run concurrently along the derived edges.
             let bufs: Vec<Buffer> = start.iter().map(|v| gpu.buffer_from(v).unwrap()).collect();
-            let mut enc = gpu.encoder();
+            let mut enc = gpu.capture();
             record(&mut enc, &k_gpu, &bufs, &ops);
             let mut graph = enc.finish_graph().unwrap();
             for b in &bufs {
@@ -429,29 +440,17 @@ fn random_overlapping_views_on_cuda_equal_serial_cpu_execution() {
         .unwrap();
 }
 
-const SCALE: &str = r#"
-// y[i] = x[i] * s for i < n, with s read from device memory (a graph parameter).
-extern "C" __global__ void scale(const float* x, float* y, const float* s, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i] * s[0];
-}
-"#;
-
-const ADD: &str = r#"
-// z[i] = x[i] + y[i] for i < n.
-extern "C" __global__ void add(const float* x, const float* y, float* z, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) z[i] = x[i] + y[i];
-}
-"#;
-
-/// The `scale` and `add` kernels, loaded on `d`.
+/// The `scale` and `add` kernels, loaded on `d`; both take `n` as their one
+/// value argument and launch blocks of 128 threads over it.
 fn scale_and_add(d: &Device) -> (Kernel, Kernel) {
-    let load = |name: &str, source| {
-        d.load_kernel(&KernelDef::new(name).cuda(source, name))
-            .unwrap()
+    let load = |name: &str, source: &str| {
+        let cuda = CudaKernel::new(source, name, |n: &u32| Launch::cover(*n, 128));
+        d.load_kernel(&KernelDef::new(name).cuda(cuda)).unwrap()
     };
-    (load("scale", SCALE), load("add", ADD))
+    (
+        load("scale", include_str!("cuda/scale.cu")),
+        load("add", include_str!("cuda/add.cu")),
+    )
 }
 
 #[test]
@@ -467,7 +466,6 @@ fn a_native_graph_with_real_edges_equals_eager_execution() {
     let params = encore::Params::new(&d, &["s"]).unwrap();
     let s = params.slot("s").unwrap();
     let two = d.buffer_from(&[2.0f32]).unwrap();
-    let launch = Launch::cover(n, 128);
     // A diamond and a tail:
     //   a = x*s   b = x*2   (independent)
     //   c = a+b             (after both)
@@ -478,40 +476,35 @@ fn a_native_graph_with_real_edges_equals_eager_execution() {
         enc.dispatch(
             &scale,
             &[Arg::read(&x), Arg::write(&a), Arg::read(s), nv],
-            launch,
             "a",
         )
         .unwrap();
         enc.dispatch(
             &scale,
             &[Arg::read(&x), Arg::write(&b), Arg::read(&two), nv],
-            launch,
             "b",
         )
         .unwrap();
         enc.dispatch(
             &add,
             &[Arg::read(&a), Arg::read(&b), Arg::write(&c), nv],
-            launch,
             "c",
         )
         .unwrap();
         enc.dispatch(
             &scale,
             &[Arg::read(&x), Arg::write(&e), Arg::read(&two), nv],
-            launch,
             "e",
         )
         .unwrap();
         enc.dispatch(
             &add,
             &[Arg::read(&c), Arg::read(&e), Arg::write(&out), nv],
-            launch,
             "out",
         )
         .unwrap();
     };
-    let mut enc = d.encoder();
+    let mut enc = d.capture();
     record(&mut enc, &s);
     let mut graph = enc.finish_graph().unwrap();
     graph.set_params(&params);
@@ -560,14 +553,12 @@ fn a_native_graph_of_several_runs_a_replay_equals_running_them_in_turn() {
     );
     let params = encore::Params::new(&d, &["s"]).unwrap();
     let two = d.buffer_from(&[2.0f32]).unwrap();
-    let launch = Launch::cover(n, 128);
     let record = |enc: &mut encore::Encoder, s: &Buffer| {
         let nv = Arg::value(&n);
         for (y, factor, label) in [(&a, s, "a"), (&b, &two, "b")] {
             enc.dispatch(
                 &scale,
                 &[Arg::read(&x), Arg::write(y), Arg::read(factor), nv],
-                launch,
                 label,
             )
             .unwrap();
@@ -575,13 +566,12 @@ fn a_native_graph_of_several_runs_a_replay_equals_running_them_in_turn() {
         enc.dispatch(
             &add,
             &[Arg::read(&a), Arg::read(&b), Arg::write(&x), nv],
-            launch,
             "x",
         )
         .unwrap();
     };
     let runs = 3;
-    let mut enc = d.encoder();
+    let mut enc = d.capture();
     record(&mut enc, &params.slot("s").unwrap());
     let mut graph = enc.finish_graph().unwrap();
     graph.set_params(&params);
@@ -609,18 +599,15 @@ fn a_native_graph_of_several_runs_a_replay_equals_running_them_in_turn() {
     assert_ne!(replayed, once, "the runs fed each other");
 }
 
-const EARLY: &str = r#"
-// y[i] = x[i] * a + b after spinning `cycles` clock cycles, waiting for the
-// kernels before it first: launched early, it must still see their writes.
-extern "C" __global__ void early(const float* x, float* y, float a, float b, unsigned int n,
-                                 unsigned long long cycles) {
-    encore_grid_wait();
-    long long start = clock64();
-    while ((unsigned long long)(clock64() - start) < cycles) { }
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fadd_rn(__fmul_rn(x[i], a), b);
+/// The value of an `early` dispatch: its four value arguments in order.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct EarlyValue {
+    a: f32,
+    b: f32,
+    n: u32,
+    cycles: u32,
 }
-"#;
 
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
@@ -628,7 +615,7 @@ fn early_launched_graph_kernels_see_every_write_before_them() {
     // A kernel declared programmatic that never waits is refused.
     let d = cuda();
     let careless = KernelDef::new("careless")
-        .cuda(SLOW_COPY, "slow_copy")
+        .cuda(slow_copy_kernel())
         .programmatic();
     match d.load_kernel(&careless) {
         Err(Error::Compile { log, .. }) => assert!(log.contains("encore_grid_wait"), "{log}"),
@@ -647,12 +634,15 @@ fn early_launched_graph_kernels_see_every_write_before_them() {
             },
         )
         .unwrap();
+        let early_kernel =
+            CudaKernel::new(include_str!("cuda/early.cu"), "early", |v: &EarlyValue| {
+                Launch::cover(v.n, 128)
+            });
         let k = d
-            .load_kernel(&KernelDef::new("early").cuda(EARLY, "early").programmatic())
+            .load_kernel(&KernelDef::new("early").cuda(early_kernel).programmatic())
             .unwrap();
         let x = d.buffer_from(&host).unwrap();
         let [a, b, c] = [(); 3].map(|_| d.alloc(bytes).unwrap());
-        let launch = Launch::cover(n, 128);
         // A chain where each step would read stale data if it ran early:
         // a = 2x+1 (slow), b = 3a-1 (slow), c = b+0.5, then x = c/2, which
         // overwrites what the first step read (ordered only through the chain).
@@ -661,7 +651,7 @@ fn early_launched_graph_kernels_see_every_write_before_them() {
                     dst: &Buffer,
                     mul: f32,
                     add: f32,
-                    cycles: u64,
+                    cycles: u32,
                     label: &'static str| {
             enc.dispatch(
                 &k,
@@ -673,12 +663,11 @@ fn early_launched_graph_kernels_see_every_write_before_them() {
                     Arg::value(&n),
                     Arg::value(&cycles),
                 ],
-                launch,
                 label,
             )
             .unwrap();
         };
-        let mut enc = d.encoder();
+        let mut enc = d.capture();
         step(&mut enc, &x, &a, 2.0, 1.0, 2_000_000, "a");
         step(&mut enc, &a, &b, 3.0, -1.0, 200_000, "b");
         step(&mut enc, &b, &c, 1.0, 0.5, 0, "c");
@@ -737,7 +726,6 @@ fn device_time_is_reported_per_submission_and_per_dispatch() {
                     Arg::value(&1.0f32),
                     Arg::value(&n),
                 ],
-                Launch::cover(n, 256),
                 "saxpy",
             )
             .unwrap();
@@ -754,7 +742,7 @@ fn device_time_is_reported_per_submission_and_per_dispatch() {
     assert!(sum <= elapsed, "{sum:?} > {elapsed:?}");
 
     // A graph replay with timing runs eagerly with an event pair per dispatch.
-    let mut enc = d.encoder();
+    let mut enc = d.capture();
     record(&mut enc);
     let mut graph = enc.finish_graph().unwrap();
     graph.mark_output(&y);
@@ -773,20 +761,27 @@ fn launch_and_argument_errors_are_typed_and_leave_the_device_usable() {
     let y = d.buffer_from(&[1.0f32; 64]).unwrap();
     let n = 64u32;
 
+    let (two, wide) = (2.0f32, 2.0f64);
+    let good = [
+        Arg::read(&x),
+        Arg::read_write(&y),
+        Arg::value(&two),
+        Arg::value(&n),
+    ];
+    let short = [Arg::read(&x), Arg::read_write(&y)];
+    let f64_scalar = [
+        Arg::read(&x),
+        Arg::read_write(&y),
+        Arg::value(&wide),
+        Arg::value(&n),
+    ];
+
     // Too many threads per block: the driver refuses the launch.
+    let too_wide = d
+        .load_kernel(&saxpy_launched_as("saxpy_4096", Launch::new(1, 4096)))
+        .unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(
-        &k,
-        &[
-            Arg::read(&x),
-            Arg::read_write(&y),
-            Arg::value(&2.0f32),
-            Arg::value(&n),
-        ],
-        Launch::new(1, 4096),
-        "too wide",
-    )
-    .unwrap();
+    enc.dispatch(&too_wide, &good, "too wide").unwrap();
     match enc.commit() {
         Err(Error::Driver {
             operation, message, ..
@@ -797,30 +792,30 @@ fn launch_and_argument_errors_are_typed_and_leave_the_device_usable() {
         other => panic!("expected a driver error, got {:?}", other.map(|_| ())),
     }
 
-    // Wrong argument count and wrong inline size are caught before launch.
+    // A value the launch geometry cannot read (missing, or of another
+    // size) is refused when it is dispatched.
     let mut enc = d.encoder();
-    enc.dispatch(
-        &k,
-        &[Arg::read(&x), Arg::read_write(&y)],
-        Launch::new(1, 64),
-        "short",
-    )
-    .unwrap();
-    assert!(matches!(enc.commit(), Err(Error::InvalidDispatch { .. })));
-    let mut enc = d.encoder();
-    enc.dispatch(
-        &k,
-        &[
-            Arg::read(&x),
-            Arg::read_write(&y),
-            Arg::value(&2.0f64),
-            Arg::value(&n),
-        ],
-        Launch::new(1, 64),
-        "f64 scalar",
-    )
-    .unwrap();
-    assert!(matches!(enc.commit(), Err(Error::InvalidDispatch { .. })));
+    for (args, label) in [(&short[..], "short"), (&f64_scalar[..], "f64 scalar")] {
+        match enc.dispatch(&k, args, label) {
+            Err(Error::InvalidDispatch { label: l, .. }) => assert_eq!(l, label),
+            other => panic!("expected an invalid dispatch, got {other:?}"),
+        }
+    }
+    assert!(enc.is_empty());
+
+    // Wrong argument count and wrong inline size are caught before launch
+    // where the geometry reads no value.
+    let fixed = d
+        .load_kernel(&saxpy_launched_as("saxpy_64", Launch::new(1, 64)))
+        .unwrap();
+    for (args, label) in [(&short[..], "short"), (&f64_scalar[..], "f64 scalar")] {
+        let mut enc = d.encoder();
+        enc.dispatch(&fixed, args, label).unwrap();
+        match enc.commit() {
+            Err(Error::InvalidDispatch { label: l, .. }) => assert_eq!(l, label),
+            other => panic!("expected an invalid dispatch, got {:?}", other.map(|_| ())),
+        }
+    }
 
     // Out of memory is its own error and not a device failure.
     assert!(matches!(d.alloc(1 << 50), Err(Error::OutOfMemory { .. })));
@@ -839,24 +834,16 @@ struct Affine {
     n: u32,
 }
 
-const AFFINE: &str = r#"
-struct Affine { float scale; float shift; unsigned int n; };
-// y[i] = x[i] * p.scale + p.shift, staged through 64 KiB of dynamic shared memory.
-extern "C" __global__ void affine(const float* x, float* y, Affine p) {
-    extern __shared__ float stage[];
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    stage[threadIdx.x * 64] = i < p.n ? x[i] : 0.0f;
-    __syncthreads();
-    if (i < p.n) y[i] = __fadd_rn(__fmul_rn(stage[threadIdx.x * 64], p.scale), p.shift);
-}
-"#;
-
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn structs_pass_by_value_and_large_shared_memory_is_allowed() {
     let d = cuda();
+    // 256 threads x 64 floats = 64 KiB, above the 48 KiB default.
+    let affine = CudaKernel::new(include_str!("cuda/affine.cu"), "affine", |p: &Affine| {
+        Launch::cover(p.n, 256).with_shared(256 * 64 * 4)
+    });
     let k = d
-        .load_kernel(&KernelDef::new("affine").cuda(AFFINE, "affine"))
+        .load_kernel(&KernelDef::new("affine").cuda(affine))
         .unwrap();
     let n = 1000u32;
     let data = Rng::new().vec(n as usize);
@@ -868,17 +855,39 @@ fn structs_pass_by_value_and_large_shared_memory_is_allowed() {
         n,
     };
     let mut enc = d.encoder();
-    // 256 threads x 64 floats = 64 KiB, above the 48 KiB default.
     enc.dispatch(
         &k,
         &[Arg::read(&x), Arg::write(&y), Arg::value(&p)],
-        Launch::cover(n, 256).with_shared(256 * 64 * 4),
         "affine",
     )
     .unwrap();
     enc.commit_and_wait().unwrap();
     let expected: Vec<f32> = data.iter().map(|v| v * 3.0 + -1.5).collect();
     assert_eq!(y.download::<f32>().unwrap(), expected);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn each_dispatch_is_launched_and_traced_with_the_geometry_its_kernel_computes() {
+    let d = cuda();
+    let trace = d.start_trace();
+    let x = [1.0f32; 1000];
+    assert_eq!(run_saxpy(&d, &x, &x, 2.0), [3.0; 1000]);
+    let mut json = Vec::new();
+    trace.write_to(&mut json).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let dispatches: Vec<&serde_json::Value> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "dispatch")
+        .collect();
+    assert_eq!(dispatches.len(), 1, "{dispatches:#?}");
+    // Launch::cover(1000, 256), from the dispatch's value.
+    let args = &dispatches[0]["args"];
+    assert_eq!(args["grid"], serde_json::json!([4, 1, 1]), "{args}");
+    assert_eq!(args["block"], serde_json::json!([256, 1, 1]), "{args}");
+    assert_eq!(args["shared_bytes"], 0, "{args}");
 }
 
 #[test]

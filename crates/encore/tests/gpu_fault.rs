@@ -7,12 +7,7 @@
 // Helpers fail a test the way assertions do: by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use encore::{Arg, Config, Device, Error, KernelDef, Launch};
-
-const FAULT: &str = r#"
-// Writes through whatever address it is given.
-extern "C" __global__ void fault(unsigned int* p) { *p = 1u; }
-"#;
+use encore::{Arg, Config, CudaKernel, Device, Error, KernelDef, Launch};
 
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
@@ -23,14 +18,17 @@ fn an_illegal_address_is_a_typed_error_and_fails_the_device() {
     };
     let d = Device::open("cuda", &config).unwrap();
     let k = d
-        .load_kernel(&KernelDef::new("fault").cuda(FAULT, "fault"))
+        .load_kernel(&KernelDef::new("fault").cuda(CudaKernel::fixed(
+            include_str!("cuda/fault.cu"),
+            "fault",
+            Launch::new(1, 1),
+        )))
         .unwrap();
     let keep = d.buffer_from(&[7u32; 16]).unwrap();
     let bogus: u64 = 0xdead_0000_0000;
     let submission = {
         let mut enc = d.encoder();
-        enc.dispatch(&k, &[Arg::value(&bogus)], Launch::new(1, 1), "fault")
-            .unwrap();
+        enc.dispatch(&k, &[Arg::value(&bogus)], "fault").unwrap();
         enc.commit().unwrap()
     };
     match submission.wait() {
@@ -47,9 +45,7 @@ fn an_illegal_address_is_a_typed_error_and_fails_the_device() {
         Err(Error::DeviceFailed { .. })
     ));
     let mut again = d.encoder();
-    again
-        .dispatch(&k, &[Arg::value(&bogus)], Launch::new(1, 1), "again")
-        .unwrap();
+    again.dispatch(&k, &[Arg::value(&bogus)], "again").unwrap();
     match again.commit() {
         Err(Error::DeviceFailed { cause, .. }) => {
             assert!(cause.contains("ILLEGAL_ADDRESS"), "{cause}")

@@ -4,7 +4,7 @@
 
 use encore::graph::passes::FusionPattern;
 use encore::{
-    Arg, Buffer, Config, Device, GraphCache, Kernel, KernelDef, Launch, Node, NodeArg, Params,
+    Arg, Buffer, Config, Device, Error, GraphCache, Kernel, KernelDef, Node, NodeArg, Params,
 };
 use proptest::prelude::*;
 
@@ -81,7 +81,6 @@ fn encode_ops(
                 Arg::read(&p),
                 Arg::value(&op.scale),
             ],
-            Launch::new(1, 1),
             "mix",
         )
         .unwrap();
@@ -126,7 +125,7 @@ fn replayed(
     let buf = d.buffer_from(&init(seed)).unwrap();
     let scratch = d.alloc(256 * 4).unwrap();
     let params = Params::new(&d, &["p"]).unwrap();
-    let mut enc = d.encoder();
+    let mut enc = d.capture();
     encode_ops(&d, &mut enc, &k, &buf, &scratch, &params, ops);
     let mut graph = enc.finish_graph().unwrap();
     graph.set_params(&params);
@@ -202,7 +201,6 @@ fn scale_add_pattern(d: &Device) -> FusionPattern {
             Some(Node {
                 kernel: fused.clone(),
                 args: vec![input, output],
-                launch: chain[1].launch,
                 label: "scale+add_one".into(),
             })
         },
@@ -217,24 +215,23 @@ fn fusion_fires_exactly_where_a_pattern_matches_and_preserves_results() {
     let neg = unary(&d, "neg", "neg", |x| -x);
     let x = d.buffer_from(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
     let [t1, y1, t2, y2, t3, y3, y4] = std::array::from_fn(|_| d.alloc(16).unwrap());
-    let mut enc = d.encoder();
-    let l = Launch::new(1, 1);
+    let mut enc = d.capture();
     // Chain 1: scale -> add_one, intermediate used only inside: fuses.
-    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t1)], l, "s1")
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t1)], "s1")
         .unwrap();
-    enc.dispatch(&add_one, &[Arg::read(&t1), Arg::write(&y1)], l, "a1")
+    enc.dispatch(&add_one, &[Arg::read(&t1), Arg::write(&y1)], "a1")
         .unwrap();
     // Chain 2: scale -> neg: no pattern.
-    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t2)], l, "s2")
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t2)], "s2")
         .unwrap();
-    enc.dispatch(&neg, &[Arg::read(&t2), Arg::write(&y2)], l, "n2")
+    enc.dispatch(&neg, &[Arg::read(&t2), Arg::write(&y2)], "n2")
         .unwrap();
     // Chain 3: scale -> add_one, but the intermediate is also read later: must not fuse.
-    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t3)], l, "s3")
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t3)], "s3")
         .unwrap();
-    enc.dispatch(&add_one, &[Arg::read(&t3), Arg::write(&y3)], l, "a3")
+    enc.dispatch(&add_one, &[Arg::read(&t3), Arg::write(&y3)], "a3")
         .unwrap();
-    enc.dispatch(&neg, &[Arg::read(&t3), Arg::write(&y4)], l, "n3")
+    enc.dispatch(&neg, &[Arg::read(&t3), Arg::write(&y4)], "n3")
         .unwrap();
     let mut graph = enc.finish_graph().unwrap();
     for out in [&y1, &y2, &y3, &y4] {
@@ -265,14 +262,13 @@ fn fusion_is_refused_when_it_would_cross_a_conflicting_node() {
     let neg = unary(&d, "neg", "neg", |x| -x);
     let x = d.buffer_from(&[1.0f32, 2.0]).unwrap();
     let (t, y) = (d.alloc(8).unwrap(), d.alloc(8).unwrap());
-    let l = Launch::new(1, 1);
-    let mut enc = d.encoder();
-    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t)], l, "s")
+    let mut enc = d.capture();
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&t)], "s")
         .unwrap();
     // Overwrites x between the chain's members: moving `scale` after it would read the new x.
-    enc.dispatch(&neg, &[Arg::read(&y), Arg::write(&x)], l, "clobber")
+    enc.dispatch(&neg, &[Arg::read(&y), Arg::write(&x)], "clobber")
         .unwrap();
-    enc.dispatch(&add_one, &[Arg::read(&t), Arg::write(&y)], l, "a")
+    enc.dispatch(&add_one, &[Arg::read(&t), Arg::write(&y)], "a")
         .unwrap();
     let mut graph = enc.finish_graph().unwrap();
     graph.mark_output(&y);
@@ -287,21 +283,11 @@ fn dead_nodes_are_removed_and_outputs_kept() {
     let scale = unary(&d, "scale", "scale", |x| x * 2.0);
     let x = d.buffer_from(&[1.0f32; 4]).unwrap();
     let (unused, y) = (d.alloc(16).unwrap(), d.alloc(16).unwrap());
-    let mut enc = d.encoder();
-    enc.dispatch(
-        &scale,
-        &[Arg::read(&x), Arg::write(&unused)],
-        Launch::new(1, 1),
-        "dead",
-    )
-    .unwrap();
-    enc.dispatch(
-        &scale,
-        &[Arg::read(&x), Arg::write(&y)],
-        Launch::new(1, 1),
-        "live",
-    )
-    .unwrap();
+    let mut enc = d.capture();
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&unused)], "dead")
+        .unwrap();
+    enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&y)], "live")
+        .unwrap();
     let mut graph = enc.finish_graph().unwrap();
     graph.mark_output(&y);
     let exec = graph.instantiate(&[]).unwrap();
@@ -316,20 +302,14 @@ fn scheduling_groups_independent_branches() {
     let scale = unary(&d, "scale", "scale", |x| x * 2.0);
     let x = d.buffer_from(&[1.0f32; 4]).unwrap();
     let bufs: Vec<_> = (0..8).map(|_| d.alloc(16).unwrap()).collect();
-    let mut enc = d.encoder();
+    let mut enc = d.capture();
     // Four independent two-step chains, recorded chain by chain.
     for c in 0..4 {
-        enc.dispatch(
-            &scale,
-            &[Arg::read(&x), Arg::write(&bufs[2 * c])],
-            Launch::new(1, 1),
-            "a",
-        )
-        .unwrap();
+        enc.dispatch(&scale, &[Arg::read(&x), Arg::write(&bufs[2 * c])], "a")
+            .unwrap();
         enc.dispatch(
             &scale,
             &[Arg::read(&bufs[2 * c]), Arg::write(&bufs[2 * c + 1])],
-            Launch::new(1, 1),
             "b",
         )
         .unwrap();
@@ -365,7 +345,7 @@ fn executable_cache_reuses_by_shape_and_ignores_parameter_values() {
     let y = d.alloc(256).unwrap();
     let cache = GraphCache::new(Vec::new());
     let record = |len: usize| {
-        let mut enc = d.encoder();
+        let mut enc = d.capture();
         let yv = y.view_elems::<f32>(0, len).unwrap();
         enc.dispatch(
             &k,
@@ -375,7 +355,6 @@ fn executable_cache_reuses_by_shape_and_ignores_parameter_values() {
                 Arg::read(&p),
                 Arg::value(&1.0f32),
             ],
-            Launch::new(1, 1),
             "mix",
         )
         .unwrap();
@@ -401,10 +380,7 @@ fn executable_cache_reuses_by_shape_and_ignores_parameter_values() {
     assert_eq!(d.counters().graph_replays, 3);
     // y = ((0*.5 + 1 + 1)*.5 + 1 + 2)*.5 + 1 + 3 = 6
     assert_eq!(y.download::<f32>().unwrap()[..64], [6.0; 64]);
-    assert!(matches!(
-        a.replay(&[("nope", 1)]),
-        Err(encore::Error::Graph(_))
-    ));
+    assert!(matches!(a.replay(&[("nope", 1)]), Err(Error::Graph(_))));
 }
 
 #[test]
@@ -416,14 +392,9 @@ fn graph_arguments_keep_their_views() {
         buf.view_elems::<f32>(0, 2).unwrap(),
         buf.view_elems::<f32>(2, 2).unwrap(),
     );
-    let mut enc = d.encoder();
-    enc.dispatch(
-        &scale,
-        &[Arg::read(&lo), Arg::write(&hi)],
-        Launch::new(1, 1),
-        "s",
-    )
-    .unwrap();
+    let mut enc = d.capture();
+    enc.dispatch(&scale, &[Arg::read(&lo), Arg::write(&hi)], "s")
+        .unwrap();
     let graph = enc.finish_graph().unwrap();
     match &graph.nodes()[0].args[1] {
         NodeArg::Buffer(b, a) => {
@@ -431,4 +402,36 @@ fn graph_arguments_keep_their_views() {
         }
         other => panic!("unexpected {other:?}"),
     }
+}
+
+#[test]
+fn a_capturing_encoder_refuses_commit_and_a_plain_one_refuses_finish_graph() {
+    let d = device_with(true, true);
+    let scale = unary(&d, "scale", "scale", |x| x * 2.0);
+    let x = d.buffer_from(&[1.0f32; 4]).unwrap();
+    let y = d.buffer_from(&[0.0f32; 4]).unwrap();
+    let before = d.counters();
+
+    let mut capture = d.capture();
+    assert!(capture.is_capturing());
+    capture
+        .dispatch(&scale, &[Arg::read(&x), Arg::write(&y)], "s")
+        .unwrap();
+    assert!(matches!(capture.commit(), Err(Error::Graph(_))));
+    // The refusal ran nothing and kept the recorded node for the graph.
+    assert_eq!(d.counters().since(&before).submissions, 0);
+    assert_eq!(y.download::<f32>().unwrap(), [0.0; 4]);
+    assert_eq!(capture.len(), 1);
+    assert_eq!(capture.finish_graph().unwrap().nodes().len(), 1);
+
+    let mut plain = d.encoder();
+    assert!(!plain.is_capturing());
+    plain
+        .dispatch(&scale, &[Arg::read(&x), Arg::write(&y)], "s")
+        .unwrap();
+    assert!(matches!(plain.finish_graph(), Err(Error::Graph(_))));
+    // The refusal kept the recorded dispatch, which still runs.
+    assert_eq!(plain.len(), 1);
+    plain.commit_and_wait().unwrap();
+    assert_eq!(y.download::<f32>().unwrap(), [2.0; 4]);
 }

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use encore::{Arg, Config, Device, Error, KernelDef, Launch};
+use encore::{Arg, BackendKind, Config, CudaKernel, Device, Error, KernelDef, Launch};
 use proptest::prelude::*;
 
 fn device() -> Device {
@@ -75,9 +75,9 @@ fn same_name_different_source_coexist_and_run_their_own_code() {
     assert_eq!(d.cached_kernels(), 2);
     let buf = d.buffer_from(&[1.0f32, 2.0]).unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&plus_one, &[Arg::read_write(&buf)], Launch::new(1, 1), "a")
+    enc.dispatch(&plus_one, &[Arg::read_write(&buf)], "a")
         .unwrap();
-    enc.dispatch(&times_ten, &[Arg::read_write(&buf)], Launch::new(1, 1), "b")
+    enc.dispatch(&times_ten, &[Arg::read_write(&buf)], "b")
         .unwrap();
     enc.commit_and_wait().unwrap();
     assert_eq!(buf.download::<f32>().unwrap(), [20.0, 30.0]);
@@ -92,6 +92,35 @@ fn same_name_different_source_coexist_and_run_their_own_code() {
 }
 
 #[test]
+fn a_kernel_without_a_cpu_implementation_is_unsupported_on_the_cpu() {
+    let d = device();
+    let cuda_only = KernelDef::new("saxpy_cuda_only").cuda(CudaKernel::fixed(
+        include_str!("cuda/saxpy.cu"),
+        "saxpy",
+        Launch::new(1, 1),
+    ));
+    let err = d.load_kernel(&cuda_only).unwrap_err();
+    match &err {
+        Error::Unsupported {
+            op,
+            backend: BackendKind::Cpu,
+        } => assert_eq!(op, "saxpy_cuda_only"),
+        other => panic!("expected Unsupported on the CPU, got {other}"),
+    }
+    assert!(err.to_string().contains("saxpy_cuda_only"), "{err}");
+    // Nothing was cached, and the device goes on loading and running kernels.
+    assert_eq!(d.cached_kernels(), 0);
+    let k = copy_kernel(&d);
+    let x = d.buffer_from(&[5.0f32; 4]).unwrap();
+    let y = d.alloc(16).unwrap();
+    let mut enc = d.encoder();
+    enc.dispatch(&k, &[Arg::read(&x), Arg::write(&y)], "copy")
+        .unwrap();
+    enc.commit_and_wait().unwrap();
+    assert_eq!(y.download::<f32>().unwrap(), [5.0; 4]);
+}
+
+#[test]
 fn kernel_referenced_by_in_flight_work_is_never_released() {
     let d = device();
     let gate = Gate::default();
@@ -101,15 +130,9 @@ fn kernel_referenced_by_in_flight_work_is_never_released() {
     let x = d.buffer_from(&[7.0f32; 4]).unwrap();
     let y = d.alloc(16).unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&blocker, &[], Launch::new(1, 1), "hold")
+    enc.dispatch(&blocker, &[], "hold").unwrap();
+    enc.dispatch(&k, &[Arg::read(&x), Arg::write(&y)], "copy")
         .unwrap();
-    enc.dispatch(
-        &k,
-        &[Arg::read(&x), Arg::write(&y)],
-        Launch::new(1, 1),
-        "copy",
-    )
-    .unwrap();
     let sub = enc.commit().unwrap();
     drop(k);
     drop(blocker);
@@ -138,8 +161,7 @@ fn failure_inside_a_dispatch_comes_back_from_wait() {
         }))
         .unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&bad, &[], Launch::new(1, 1), "the bad one")
-        .unwrap();
+    enc.dispatch(&bad, &[], "the bad one").unwrap();
     let err = enc.commit().unwrap().wait().unwrap_err();
     match &err {
         Error::KernelFailed {
@@ -153,7 +175,7 @@ fn failure_inside_a_dispatch_comes_back_from_wait() {
         }
         other => panic!("unexpected error {other}"),
     }
-    enc.dispatch(&panicky, &[], Launch::new(1, 1), "p").unwrap();
+    enc.dispatch(&panicky, &[], "p").unwrap();
     let err = enc.commit_and_wait().err().unwrap();
     assert!(err.to_string().contains("argument 5 missing"), "{err}");
 }
@@ -169,8 +191,7 @@ fn wrong_access_use_is_a_kernel_error_not_ub() {
         .unwrap();
     let buf = d.alloc(16).unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&sneaky, &[Arg::read(&buf)], Launch::new(1, 1), "s")
-        .unwrap();
+    enc.dispatch(&sneaky, &[Arg::read(&buf)], "s").unwrap();
     let err = enc.commit_and_wait().err().unwrap();
     assert!(err.to_string().contains("read-only"), "{err}");
 }
@@ -205,12 +226,7 @@ fn overlapping_arguments_of_one_dispatch_are_rejected() {
     let (a, b) = (buf.view(0, 32).unwrap(), buf.view(16, 32).unwrap());
     let mut enc = d.encoder();
     let err = enc
-        .dispatch(
-            &k,
-            &[Arg::read(&a), Arg::write(&b)],
-            Launch::new(1, 1),
-            "alias",
-        )
+        .dispatch(&k, &[Arg::read(&a), Arg::write(&b)], "alias")
         .unwrap_err();
     assert!(matches!(err, Error::InvalidDispatch { .. }));
     assert!(enc.is_empty());
@@ -233,10 +249,8 @@ fn barriers_between(
     }
     let before = d.counters();
     let mut enc = d.encoder();
-    enc.dispatch(&k, &[arg(first)], Launch::new(1, 1), "1")
-        .unwrap();
-    enc.dispatch(&k, &[arg(second)], Launch::new(1, 1), "2")
-        .unwrap();
+    enc.dispatch(&k, &[arg(first)], "1").unwrap();
+    enc.dispatch(&k, &[arg(second)], "2").unwrap();
     enc.commit_and_wait().unwrap();
     let c = d.counters().since(&before);
     assert_eq!(c.auto_barriers + c.concurrent_dispatches, 1);
@@ -270,8 +284,7 @@ fn serial_mode_places_a_barrier_after_every_dispatch() {
     let bufs: Vec<_> = (0..5).map(|_| d.alloc(64).unwrap()).collect();
     let mut enc = d.encoder();
     for b in &bufs {
-        enc.dispatch(&k, &[Arg::write(b)], Launch::new(1, 1), "w")
-            .unwrap();
+        enc.dispatch(&k, &[Arg::write(b)], "w").unwrap();
     }
     enc.commit_and_wait().unwrap();
     let c = d.counters();
@@ -289,16 +302,10 @@ fn dropped_buffer_is_still_read_correctly_and_its_memory_is_not_reused_early() {
     let src = d.buffer_from(&data).unwrap();
     let dst = d.alloc(4096).unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&blocker, &[], Launch::new(1, 1), "hold")
-        .unwrap();
+    enc.dispatch(&blocker, &[], "hold").unwrap();
     enc.barrier();
-    enc.dispatch(
-        &k,
-        &[Arg::read(&src), Arg::write(&dst)],
-        Launch::new(1, 1),
-        "copy",
-    )
-    .unwrap();
+    enc.dispatch(&k, &[Arg::read(&src), Arg::write(&dst)], "copy")
+        .unwrap();
     let sub = enc.commit().unwrap();
     let stats_before = d.pool_stats();
     drop(src);
@@ -327,16 +334,10 @@ fn dropping_an_unfinished_submission_keeps_its_buffers_alive() {
     let src = d.buffer_from(&[3.0f32; 256]).unwrap();
     let dst = d.alloc(1024).unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&blocker, &[], Launch::new(1, 1), "hold")
-        .unwrap();
+    enc.dispatch(&blocker, &[], "hold").unwrap();
     enc.barrier();
-    enc.dispatch(
-        &k,
-        &[Arg::read(&src), Arg::write(&dst)],
-        Launch::new(1, 1),
-        "copy",
-    )
-    .unwrap();
+    enc.dispatch(&k, &[Arg::read(&src), Arg::write(&dst)], "copy")
+        .unwrap();
     let live_before = d.pool_stats().live_bytes;
     drop(enc.commit().unwrap());
     drop(src);
@@ -358,7 +359,7 @@ fn errors_of_dropped_submissions_surface_at_the_next_sync() {
         .load_kernel(&KernelDef::new("bad").cpu("bad", |_| Err("late boom".into())))
         .unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&bad, &[], Launch::new(1, 1), "x").unwrap();
+    enc.dispatch(&bad, &[], "x").unwrap();
     drop(enc.commit().unwrap());
     let err = d.synchronize().unwrap_err();
     assert!(err.to_string().contains("late boom"));
@@ -373,14 +374,14 @@ fn counters_count_and_reset() {
     let b = d.alloc(32).unwrap();
     let c = d.alloc(32).unwrap();
     let mut enc = d.encoder();
-    enc.dispatch(&k, &[Arg::read(&a), Arg::write(&b)], Launch::new(1, 1), "1")
+    enc.dispatch(&k, &[Arg::read(&a), Arg::write(&b)], "1")
         .unwrap();
-    enc.dispatch(&k, &[Arg::read(&a), Arg::write(&c)], Launch::new(1, 1), "2")
+    enc.dispatch(&k, &[Arg::read(&a), Arg::write(&c)], "2")
         .unwrap(); // joins
-    enc.dispatch(&k, &[Arg::read(&b), Arg::write(&c)], Launch::new(1, 1), "3")
+    enc.dispatch(&k, &[Arg::read(&b), Arg::write(&c)], "3")
         .unwrap(); // RAW + WAW
     enc.barrier();
-    enc.dispatch(&k, &[Arg::read(&c), Arg::write(&b)], Launch::new(1, 1), "4")
+    enc.dispatch(&k, &[Arg::read(&c), Arg::write(&b)], "4")
         .unwrap();
     enc.commit_and_wait().unwrap();
     let n = d.counters();
@@ -459,7 +460,6 @@ fn run_ops(d: &Device, ops: &[Op], init: &[f32]) -> Vec<f32> {
         enc.dispatch(
             &k,
             &[Arg::read(&src), Arg::write(&dst), Arg::value(&op.scale)],
-            Launch::new(1, 1),
             "op",
         )
         .unwrap();

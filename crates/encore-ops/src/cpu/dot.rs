@@ -253,8 +253,8 @@ mod avx2 {
     pub(super) const Q4_0: u8 = 1;
     /// How far ahead of the block being multiplied its weights are prefetched:
     /// enough to cover memory latency at a thread's share of the bandwidth
-    /// (2 KiB: products streamed 4% faster than at 384 bytes on a 2-core
-    /// Zen 3 VM, when decoding one weight row at a time).
+    /// (2 KiB streamed faster than 384 bytes when decoding one weight row at
+    /// a time).
     const PREFETCH_BYTES: usize = 2048;
     pub(super) const Q4_1: u8 = 2;
     /// Float weight formats, as const parameters.

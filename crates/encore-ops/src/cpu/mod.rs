@@ -43,6 +43,7 @@
 #![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod dot;
+pub mod kernels;
 mod matmul;
 mod quant;
 mod simd;

@@ -9,28 +9,20 @@
 //! - [`EPILOGUE_ACCUMULATE`]: `y_0 += p_0` (a projection into the residual);
 //! - [`EPILOGUE_SWIGLU`]: `y_0 = silu(p_0) * p_1` (gate and up).
 //!
-//! Arguments: `x: f32[rows, k]` (read), `g: f32[k]` (read; empty without
-//! norm), `w0, w1, w2` (read, GGUF blocks; empty when unused), `y0, y1, y2:
-//! f32[rows, n_i]` (write, read-write for accumulate; empty when unused),
-//! [`FusedShape`] (value).
-//!
-//! The CPU body runs the unfused operations' own code in sequence, so a
-//! fused graph gives bit-identical results on the CPU. So does the exact
-//! version of the CUDA kernel ([`encore::Config::exact`]) with quantized
-//! weights: each warp normalizes the input it reads as `rms_norm` does,
+//! The CPU body ([`crate::cpu::kernels::fused`]) runs the unfused
+//! operations' own code in sequence, so a fused graph gives bit-identical
+//! results on the CPU. So does the exact version of the CUDA kernel (in
+//! [`KernelSet::Exact`](super::KernelSet::Exact)) with quantized weights:
+//! each warp normalizes the input it reads as `rms_norm` does,
 //! then multiplies as the exact `matmul` does (see [`super::matmul`]).
 //! Otherwise the CUDA kernel folds the norm into the product: each warp sums
 //! the squares of the activations it reads anyway and scales its finished
 //! dot product by `1 / rms`.
+//!
+//! CUDA: `cuda/fused_matmul.cu` and `cuda/fused_matmul_exact.cu`, the
+//! kernel in `cuda/fused_matmul.cuh` over the products of `matmul`.
 
-use std::cell::Cell;
-
-use encore::KernelDef;
-
-use super::matmul::{
-    cuda_ggml_types, cuda_matmul_dots, cuda_quant_dots_exact, cuda_quant_dots_fast,
-};
-use crate::DType;
+use encore::{Access, KernelDef};
 
 /// `y_i = p_i`.
 pub const EPILOGUE_STORE: u32 = 0;
@@ -65,352 +57,47 @@ impl FusedShape {
             self.n.iter().take(self.weights as usize).sum()
         }
     }
+}
 
-    /// Warps of the CUDA kernel: each weight's columns in warps of
-    /// [`super::matmul::cuda_warps`].
-    pub fn warps(&self) -> u32 {
-        let warps = |n| super::matmul::cuda_warps(self.rows, n);
-        if self.epilogue == EPILOGUE_SWIGLU {
-            warps(self.n[0])
+impl FusedShape {
+    /// How the outputs are bound: read-write when the epilogue adds into
+    /// them, written otherwise.
+    pub fn output_access(&self) -> Access {
+        if self.epilogue == EPILOGUE_ACCUMULATE {
+            Access::ReadWrite
         } else {
-            self.n
-                .iter()
-                .take(self.weights as usize)
-                .map(|&n| warps(n))
-                .sum()
+            Access::Write
         }
     }
 }
 
-/// CUDA: four warps a block, as `matmul`; for one activation row each warp
-/// computes [`super::matmul::CUDA_COLUMNS_PER_WARP`] output columns from one
-/// load of the input, for more rows one column. In the store and accumulate
-/// epilogues the warps of all weights are laid end to end, so one launch
-/// covers Q, K and V; in the SwiGLU epilogue a warp takes the same columns
-/// of the gate and the up weights, loaded in one pass. (Two warps a column,
-/// meeting in shared memory, measured slower on an H200: 4.0 against 5.7 µs
-/// for SmolLM2's FFN.) The accumulate epilogue loads the residual before
-/// the dot product, so its latency overlaps it.
-macro_rules! cuda_fused_kernel {
-    () => {
-        r#"
-struct FusedShape {
-    unsigned int rows;
-    unsigned int k;
-    unsigned int n[3];
-    unsigned int dtype[3];
-    unsigned int weights;
-    unsigned int epilogue;
-    unsigned int norm;
-    float eps;
-};
-
-#define EPILOGUE_STORE 0u
-#define EPILOGUE_ACCUMULATE 1u
-#define EPILOGUE_SWIGLU 2u
-
-struct Column {
-    const unsigned char* row;   // weight row
-    const unsigned char* row2;  // up-weight row (SwiGLU)
-    float* y;
-    unsigned int j, n, dtype, dtype2;
-};
-
-// Several activation rows (not by column): the tiles of rows for the
-// warp's column: the dot products (with NORM, each warp sums the squares of
-// the input it reads and scales by 1 / rms), then the epilogue. In the
-// SwiGLU epilogue the warp multiplies both the gate and the up row of its
-// column.
-template <bool NORM, int TILE>
-__device__ __forceinline__ void fused_rows(const Column& c, const float* __restrict__ x, const float* __restrict__ g,
-                           const FusedShape& s, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
-    for (unsigned int r0 = 0; r0 < s.rows; r0 += TILE) {
-        const unsigned int rows = min((unsigned int)TILE, s.rows - r0);
-        const float* xt = x + (size_t)r0 * s.k;
-        float acc[TILE], sq[TILE], acc2[TILE], sq2[TILE], old[TILE];
-#pragma unroll
-        for (int t = 0; t < TILE; ++t) acc[t] = sq[t] = acc2[t] = sq2[t] = old[t] = 0.f;
-        // The residual an accumulating product adds to, loaded before the
-        // dot product so that its latency overlaps it.
-        if (s.epilogue == EPILOGUE_ACCUMULATE && lane == 0) {
-#pragma unroll
-            for (int t = 0; t < TILE; ++t)
-                if (t < rows) old[t] = c.y[(size_t)(r0 + t) * c.n + c.j];
-        }
-        dot_row<NORM, TILE>(c.dtype, c.row, xt, g, s.k, rows, lane, x16, vec_float, acc, sq);
-        if (s.epilogue == EPILOGUE_SWIGLU)
-            dot_row<NORM, TILE>(c.dtype2, c.row2, xt, g, s.k, rows, lane, x16, vec_float2, acc2, sq2);
-#pragma unroll
-        for (int t = 0; t < TILE; ++t) {
-            acc[t] = warp_sum(acc[t]);
-            if (s.epilogue == EPILOGUE_SWIGLU) acc2[t] = warp_sum(acc2[t]);
-            if (NORM) {
-                const float inv = 1.0f / sqrtf(warp_sum(sq[t]) / (float)s.k + s.eps);
-                acc[t] *= inv;
-                acc2[t] *= inv;
-            }
-        }
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < TILE; ++t) {
-                if (t >= rows) break;
-                float* out = c.y + (size_t)(r0 + t) * c.n + c.j;
-                if (s.epilogue == EPILOGUE_SWIGLU) *out = __fmul_rn(silu(acc[t]), acc2[t]);
-                else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old[t] + acc[t];
-                else *out = acc[t];
-            }
-        }
+crate::op_args! {
+    /// `fused_matmul`'s arguments: `x: f32[rows, k]`, `g: f32[k]` (empty
+    /// without norm), `w0, w1, w2` (GGUF blocks; empty when unused), `y0, y1,
+    /// y2: f32[rows, n_i]` (empty when unused).
+    pub struct FusedArgs {
+        x: Access::Read,
+        g: Access::Read,
+        w0: Access::Read,
+        w1: Access::Read,
+        w2: Access::Read,
+        y0: shape.output_access(),
+        y1: shape.output_access(),
+        y2: shape.output_access();
+        shape: FusedShape
     }
 }
 
-// The weight rows of the warp's `cols` columns (column by column): the
-// gate's, or the only weight's, then the up weight's. A missing column
-// repeats the last one; its sum is not stored.
-__device__ __forceinline__ void fused_col_rows(const Column& c, unsigned int cols, unsigned long long row_bytes,
-                                               unsigned long long row_bytes2,
-                                               const unsigned char* (&rows)[2 * MM_COLS]) {
-#pragma unroll
-    for (int i = 0; i < MM_COLS; ++i) {
-        const unsigned int j = min((unsigned int)i, cols - 1);
-        rows[i] = c.row + j * row_bytes;
-        rows[MM_COLS + i] = c.row2 + j * row_bytes2;
+impl<B> FusedArgs<B> {
+    /// The weights, in order.
+    pub fn weights(&self) -> [&B; 3] {
+        [&self.w0, &self.w1, &self.w2]
     }
-}
 
-// Gate rows then up rows when both have one type, so one pass loads both.
-__device__ __forceinline__ bool fused_together(const FusedShape& s, const Column& c) {
-    return s.epilogue == EPILOGUE_SWIGLU && c.dtype2 == c.dtype;
-}
-
-// Activation row `r` at `x`: the warp's `cols` columns from `c.j` on
-// (MM_COLS at most), the input loaded once for all of them, and in the
-// SwiGLU epilogue for the gate and the up rows together. Lane i stores
-// column c.j + i.
-template <bool NORM>
-__device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, const unsigned char* const* rows,
-                           const QuantPass<MM_COLS>& first, const QuantPass<2 * MM_COLS>& first_both,
-                           const float* __restrict__ x, const float* __restrict__ g, const FusedShape& s,
-                           unsigned int r, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
-    const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
-    float v[2 * MM_COLS];
-    float* y = c.y + (size_t)r * c.n;
-    // The residual an accumulating product adds to, loaded before the dot
-    // product so that its latency overlaps it.
-    float old = 0.f;
-    if (s.epilogue == EPILOGUE_ACCUMULATE && lane < cols) old = y[c.j + lane];
-    if (fused_together(s, c)) {
-        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, s.k, s.eps, lane, x16, vec_float, v, &first_both);
-    } else {
-        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, s.k, s.eps, lane, x16, vec_float, v, &first);
-        if (swiglu)
-            dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, s.k, s.eps, lane, x16, vec_float2, v + MM_COLS,
-                                    (const QuantPass<MM_COLS>*)nullptr);
+    /// The outputs, in order.
+    pub fn outputs(&self) -> [&B; 3] {
+        [&self.y0, &self.y1, &self.y2]
     }
-#pragma unroll
-    for (int i = 0; i < MM_COLS; ++i) {
-        if (lane == (unsigned int)i && (unsigned int)i < cols) {
-            float* out = y + c.j + i;
-            if (swiglu) *out = __fmul_rn(silu(v[i]), v[MM_COLS + i]);
-            else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old + v[i];
-            else *out = v[i];
-        }
-    }
-}
-
-// One of three values by a run-time index, without an array (an array
-// indexed at run time lives in local memory). Where the three are equal
-// constants, such as one weight type in a variant specialized for its
-// shape, the choice folds to that constant.
-template <typename T>
-__device__ __forceinline__ T pick(unsigned int i, T a, T b, T c) {
-    return i == 0 ? a : i == 1 ? b : c;
-}
-
-extern "C" __global__ void __launch_bounds__(MM_THREADS, 1)
-fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const unsigned char* __restrict__ w0,
-             const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
-             float* y2, FusedShape s) {
-    encore_fix_value(s);
-    const unsigned int lane = threadIdx.x & 31u;
-    unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;
-    unsigned int i = 0;
-    bool live;
-    if (s.epilogue != EPILOGUE_SWIGLU) {
-        // Find the weight whose warps hold this one.
-        const unsigned int weights = min(s.weights, 3u);
-#pragma unroll
-        for (unsigned int t = 0; t < 3; ++t) {
-            const unsigned int warps = product_warps(s.rows, s.n[t]);
-            if (i == t && t < weights && warp >= warps) {
-                warp -= warps;
-                i = t + 1;
-            }
-        }
-        live = i < weights;
-    } else {
-        live = warp < product_warps(s.rows, s.n[0]);
-    }
-    if (!live) i = 0;  // an index in bounds; the warp has no columns
-    const unsigned char* const w = pick(i, w0, w1, w2);
-    const unsigned int n = pick(i, s.n[0], s.n[1], s.n[2]);
-    const unsigned int dtype = pick(i, s.dtype[0], s.dtype[1], s.dtype[2]);
-    const unsigned int j0 = warp * per_warp;
-    const unsigned int cols = live ? min(per_warp, n - j0) : 0;
-    const unsigned long long row_bytes = ggml_row_bytes(dtype, s.k), row_bytes2 = ggml_row_bytes(s.dtype[1], s.k);
-    // The weights are read-only: fetch this warp's rows into L2 while the
-    // previous kernel finishes.
-    for (unsigned int c = 0; c < cols; ++c) {
-        prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
-        if (s.epilogue == EPILOGUE_SWIGLU) prefetch_row(w1 + (size_t)(j0 + c) * row_bytes2, row_bytes2, lane);
-    }
-    Column c;
-    c.j = j0;
-    c.n = n;
-    c.dtype = dtype;
-    c.dtype2 = s.dtype[1];
-    c.y = pick(i, y0, y1, y2);
-    c.row = w + (size_t)j0 * row_bytes;
-    c.row2 = w1 + (size_t)j0 * row_bytes2;
-    // One activation row goes column by column; so do several, row by row,
-    // in the exact version with quantized weights; else tiles of rows.
-    const bool by_column = s.rows == 1 || (MM_QUANT_BY_COLUMN && (ggml_quantized(dtype) ||
-                           (s.epilogue == EPILOGUE_SWIGLU && ggml_quantized(c.dtype2))));
-    // The first pass of quantized weights (the same for every activation
-    // row) goes into registers before the wait as well.
-    const unsigned char* rows[2 * MM_COLS];
-    QuantPass<MM_COLS> first;
-    QuantPass<2 * MM_COLS> first_both;
-    if (live && by_column) {
-        fused_col_rows(c, cols, row_bytes, row_bytes2, rows);
-        const float* gn = s.norm ? g : nullptr;
-        if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, gn, s.k, lane, first_both);
-        else quant_pass_first<MM_COLS>(dtype, rows, gn, s.k, lane, first);
-    }
-    encore_grid_wait();
-    if (!live) return;  // the whole warp leaves together
-    const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
-    const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
-    const bool vec_float2 = x16 && ((size_t)w1 & 15u) == 0 && s.k % 8 == 0;
-    if (by_column) {
-        for (unsigned int r = 0; r < s.rows; ++r) {
-            const float* xr = x + (size_t)r * s.k;
-            if (s.norm) fused_cols<true>(c, cols, rows, first, first_both, xr, g, s, r, lane, x16, vec_float, vec_float2);
-            else fused_cols<false>(c, cols, rows, first, first_both, xr, g, s, r, lane, x16, vec_float, vec_float2);
-        }
-    } else if (s.norm) {
-        fused_rows<true, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
-    } else {
-        fused_rows<false, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);
-    }
-}
-"#
-    };
-}
-
-const FUSED_CUDA: &str = concat!(
-    cuda_ggml_types!(),
-    cuda_matmul_dots!(),
-    cuda_quant_dots_fast!(),
-    cuda_fused_kernel!()
-);
-
-const FUSED_CUDA_EXACT: &str = concat!(
-    cuda_ggml_types!(),
-    cuda_matmul_dots!(),
-    cuda_quant_dots_exact!(),
-    cuda_fused_kernel!()
-);
-
-thread_local! {
-    static NORMED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    static PRODUCTS: Cell<[Vec<f32>; 2]> = const { Cell::new([Vec::new(), Vec::new()]) };
-    static QUANT: Cell<crate::cpu::QuantizedActivations> =
-        Cell::new(crate::cpu::QuantizedActivations::new());
-}
-
-/// The CPU body: the unfused operations in sequence, with per-thread scratch
-/// buffers taken out for the call (the products run on the worker pool,
-/// which may start another fused product on this thread meanwhile).
-fn run_cpu(a: &encore::CpuArgs<'_>) -> Result<(), String> {
-    let s: FusedShape = a.scalar(8)?;
-    let (rows, k) = (s.rows as usize, s.k as usize);
-    let weights = s.weights as usize;
-    if !(1..=3).contains(&weights)
-        || s.epilogue > EPILOGUE_SWIGLU
-        || (s.epilogue == EPILOGUE_SWIGLU && (weights != 2 || s.n[0] != s.n[1]))
-        || (s.epilogue == EPILOGUE_ACCUMULATE && weights != 1)
-    {
-        return Err(format!("inconsistent fused shape {s:?}"));
-    }
-    let x = a.read::<f32>(0)?;
-    super::need("x", x, rows * k)?;
-    let mut normed = NORMED.with(Cell::take);
-    let mut products = PRODUCTS.with(Cell::take);
-    let mut quant = QUANT.with(Cell::take);
-    let result = (|| {
-        let input: &[f32] = if s.norm != 0 {
-            let g = a.read::<f32>(1)?;
-            super::need("g", g, k)?;
-            normed.resize(rows * k, 0.0);
-            for (xr, yr) in x[..rows * k]
-                .chunks_exact(k.max(1))
-                .zip(normed.chunks_exact_mut(k.max(1)))
-            {
-                super::norm::rms_norm_row(xr, &g[..k], yr, s.eps);
-            }
-            &normed
-        } else {
-            &x[..rows * k]
-        };
-        let product = |i: usize, out: &mut [f32], quant: &mut _| -> Result<(), String> {
-            let dtype = DType::from_ggml_id(s.dtype[i]).ok_or("unsupported weight type")?;
-            let n = s.n[i] as usize;
-            let w_bytes = dtype
-                .bytes_for(k)
-                .and_then(|b| b.checked_mul(n))
-                .ok_or("row length not a whole number of blocks")?;
-            let w = a.read::<u8>(2 + i)?;
-            super::need("w", w, w_bytes)?;
-            crate::cpu::matmul_with_scratch(dtype, &w[..w_bytes], n, k, input, out, quant)
-                .map_err(|e| e.to_string())
-        };
-        match s.epilogue {
-            EPILOGUE_STORE => {
-                for i in 0..weights {
-                    let n = rows * s.n[i] as usize;
-                    let y = a.write::<f32>(5 + i)?;
-                    super::need("y", y, n)?;
-                    product(i, &mut y[..n], &mut quant)?;
-                }
-            }
-            EPILOGUE_ACCUMULATE => {
-                let n = rows * s.n[0] as usize;
-                let [p, _] = &mut products;
-                p.resize(n, 0.0);
-                product(0, p, &mut quant)?;
-                let y = a.write::<f32>(5)?;
-                super::need("y", y, n)?;
-                super::elementwise::add_into(&mut y[..n], p);
-            }
-            _ => {
-                let n = rows * s.n[0] as usize;
-                let [gate, up] = &mut products;
-                gate.resize(n, 0.0);
-                up.resize(n, 0.0);
-                product(0, gate, &mut quant)?;
-                product(1, up, &mut quant)?;
-                let y = a.write::<f32>(5)?;
-                super::need("y", y, n)?;
-                super::elementwise::silu_mul_into(gate, up, &mut y[..n]);
-            }
-        }
-        Ok(())
-    })();
-    NORMED.with(|c| c.set(normed));
-    PRODUCTS.with(|c| c.set(products));
-    QUANT.with(|c| c.set(quant));
-    result
 }
 
 /// The `fused_matmul` kernel; with `exact`, its CUDA code gives the CPU's
@@ -418,11 +105,8 @@ fn run_cpu(a: &encore::CpuArgs<'_>) -> Result<(), String> {
 pub fn def(exact: bool) -> KernelDef {
     KernelDef::new("fused_matmul")
         .op("fused_matmul")
-        .cpu("fused_matmul v1", run_cpu)
-        .cuda(
-            if exact { FUSED_CUDA_EXACT } else { FUSED_CUDA },
-            "fused_matmul",
-        )
+        .cpu("fused_matmul v1", crate::cpu::kernels::fused::fused_matmul)
+        .cuda(crate::cuda::fused_matmul(exact))
         .programmatic()
         .specializable()
 }

@@ -1,10 +1,13 @@
-//! One file per operation: its argument layout, its math, and its
-//! implementation for each backend side by side.
+//! One file per operation, backend-neutral: its math, its shape (the
+//! `#[repr(C)]` value every implementation reads), its argument layout
+//! (declared with [`op_args!`](crate::op_args)) and its definition, the
+//! table of its implementations: the CPU body in [`crate::cpu::kernels`],
+//! the CUDA source in [`crate::cuda`].
 //!
-//! Every kernel takes its shape as one `#[repr(C)]` value argument (the same
-//! struct the CUDA source declares) and its decode position, when it needs
-//! one, from a 4-byte parameter buffer, so a recorded graph reads the current
-//! position on every replay.
+//! A kernel that needs the decode position reads it from a 4-byte parameter
+//! buffer, so a recorded graph reads the current position on every replay.
+//!
+//! [`KernelSet`] picks, once, which version of each kernel a device loads.
 
 pub mod advance;
 pub mod argmax;
@@ -20,47 +23,95 @@ pub mod norm;
 pub mod prefill_attention;
 pub mod rope;
 
-/// Every kernel definition of this crate that [`crate::Ops::new`] loads,
-/// in the default version or the exact one ([`encore::Config::exact`]).
-pub fn all(exact: bool) -> Vec<encore::KernelDef> {
-    vec![
-        norm::def(),
-        matmul::def(exact),
-        gemm::def(),
-        rope::def(),
-        rope::rope_store_def(),
-        attention::kv_store_def(),
-        if exact {
-            attention_exact::def()
-        } else {
-            attention::attention_def()
-        },
-        attention_step::def(),
-        prefill_attention::def(),
-        elementwise::add_def(),
-        elementwise::add_rows_def(),
-        elementwise::silu_mul_def(),
-        embed::def(),
-        argmax::def(),
-        advance::def(),
-        fused::def(exact),
-    ]
+use encore::KernelDef;
+
+/// Which version of the kernels [`crate::Ops`] loads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelSet {
+    /// The fastest kernels of each backend. GPU results agree with the
+    /// CPU's to rounding, not bit for bit.
+    #[default]
+    Default,
+    /// Kernels that give the CPU backend's results bit for bit on every
+    /// backend (the same arithmetic in the same order), slower: products
+    /// that quantize their input as the CPU does, an attention that follows
+    /// the CPU's recurrence, and no variant or fusion whose arithmetic the
+    /// CPU does not share (the tensor-core gemm and prefill attention, the
+    /// fused attention step).
+    Exact,
 }
 
-/// Reads a one-element `u32` buffer argument (a graph parameter slot).
-pub(crate) fn param(a: &encore::CpuArgs<'_>, i: usize) -> Result<u32, String> {
-    a.read::<u32>(i)?
-        .first()
-        .copied()
-        .ok_or_else(|| format!("argument {i}: empty parameter slot"))
+/// The definitions of one [`KernelSet`], one per slot of [`crate::Ops`];
+/// `None` where the set leaves a kernel out.
+pub struct KernelDefs {
+    pub rms_norm: KernelDef,
+    pub matmul: KernelDef,
+    /// The tensor-core product of many rows, where a backend has it.
+    pub gemm: Option<KernelDef>,
+    pub rope: KernelDef,
+    pub rope_store: KernelDef,
+    pub kv_store: KernelDef,
+    pub attention: KernelDef,
+    /// The tiled attention of a prefill batch, where a backend has it.
+    pub attention_prefill: Option<KernelDef>,
+    /// Decode attention with the step's RoPE and stores folded in (fusion only).
+    pub attention_step: Option<KernelDef>,
+    pub add: KernelDef,
+    pub add_rows: KernelDef,
+    pub silu_mul: KernelDef,
+    pub embed: KernelDef,
+    pub argmax: KernelDef,
+    pub advance: KernelDef,
+    pub fused_matmul: KernelDef,
 }
 
-/// Checks that a slice holds at least `n` elements.
-pub(crate) fn need<T>(what: &str, s: &[T], n: usize) -> Result<(), String> {
-    if s.len() < n {
-        Err(format!("{what}: {} elements, need {n}", s.len()))
-    } else {
-        Ok(())
+impl KernelSet {
+    /// Every definition of this set.
+    pub fn defs(self) -> KernelDefs {
+        let exact = self == KernelSet::Exact;
+        KernelDefs {
+            rms_norm: norm::def(),
+            matmul: matmul::def(exact),
+            gemm: (!exact).then(gemm::def),
+            rope: rope::def(),
+            rope_store: rope::rope_store_def(),
+            kv_store: attention::kv_store_def(),
+            attention: if exact {
+                attention_exact::def()
+            } else {
+                attention::attention_def()
+            },
+            attention_prefill: (!exact).then(prefill_attention::def),
+            attention_step: (!exact).then(attention_step::def),
+            add: elementwise::add_def(),
+            add_rows: elementwise::add_rows_def(),
+            silu_mul: elementwise::silu_mul_def(),
+            embed: embed::def(),
+            argmax: argmax::def(),
+            advance: advance::def(),
+            fused_matmul: fused::def(exact),
+        }
+    }
+}
+
+impl KernelDefs {
+    /// Every definition, in slot order.
+    pub fn all(self) -> Vec<KernelDef> {
+        let mut all = vec![self.rms_norm, self.matmul];
+        all.extend(self.gemm);
+        all.extend([self.rope, self.rope_store, self.kv_store, self.attention]);
+        all.extend(self.attention_prefill);
+        all.extend(self.attention_step);
+        all.extend([
+            self.add,
+            self.add_rows,
+            self.silu_mul,
+            self.embed,
+            self.argmax,
+            self.advance,
+            self.fused_matmul,
+        ]);
+        all
     }
 }
 
@@ -74,13 +125,13 @@ mod tests {
     /// kernel whose source never waits; this checks that none of ours opted out.
     #[test]
     fn every_cuda_kernel_is_programmatic_and_waits() {
-        let defs = [all(false), all(true)].concat();
-        for def in defs {
+        let defs = [KernelSet::Default, KernelSet::Exact].map(|s| s.defs().all());
+        for def in defs.into_iter().flatten() {
             let Some(cuda) = def.cuda_impl() else {
                 panic!("{} has no CUDA source", def.name());
             };
             assert!(def.is_programmatic(), "{} is not programmatic", def.name());
-            let own = &cuda.source[encore::CUDA_PRELUDE.len()..];
+            let own = cuda.own_source();
             assert!(
                 cuda.source.starts_with(encore::CUDA_PRELUDE)
                     && own.contains("encore_grid_wait();"),
@@ -94,6 +145,38 @@ mod tests {
                 "{} is specializable but never fixes its value",
                 def.name()
             );
+        }
+    }
+
+    /// The exact set differs from the default only where it must, and
+    /// leaves out every kernel whose arithmetic the CPU does not share.
+    #[test]
+    fn the_exact_set_leaves_out_the_kernels_without_cpu_arithmetic() {
+        let (default, exact) = (KernelSet::Default.defs(), KernelSet::Exact.defs());
+        assert!(default.gemm.is_some() && default.attention_prefill.is_some());
+        assert!(default.attention_step.is_some());
+        assert!(exact.gemm.is_none() && exact.attention_prefill.is_none());
+        assert!(exact.attention_step.is_none());
+        assert_eq!(exact.attention.op_kind(), "attention");
+        assert_ne!(exact.attention.name(), default.attention.name());
+    }
+
+    /// Tensor-core variants have no CPU body: on the CPU they are
+    /// unsupported, and `Ops` falls back to the general kernel.
+    #[test]
+    fn variants_without_a_cpu_body_are_cuda_only() {
+        let defs = KernelSet::Default.defs();
+        for def in [defs.gemm, defs.attention_prefill, defs.attention_step]
+            .into_iter()
+            .flatten()
+        {
+            let backends: Vec<_> = def.backends().collect();
+            let expected = if def.name() == "attention_step" {
+                vec![encore::BackendKind::Cpu, encore::BackendKind::Cuda]
+            } else {
+                vec![encore::BackendKind::Cuda]
+            };
+            assert_eq!(backends, expected, "{}", def.name());
         }
     }
 }

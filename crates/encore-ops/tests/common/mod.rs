@@ -13,6 +13,19 @@ pub fn upload<T: bytemuck::Pod>(ops: &Ops, data: &[T]) -> Buffer {
     ops.device().buffer_from(data).unwrap()
 }
 
+/// `f` of every item, each on a thread of its own, in the items' order. A
+/// test's cases run at once this way where each compiles kernels of its own
+/// (NVRTC compiles on one core); a case's panic is re-raised as it was.
+pub fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let cases: Vec<_> = items.iter().map(|item| s.spawn(|| f(item))).collect();
+        cases
+            .into_iter()
+            .map(|case| case.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 /// A small xorshift generator: fresh inputs per run, reproducible from the
 /// printed seed (`ENCORE_TEST_SEED=0x...` runs a test on that seed again).
 pub struct Rng(pub u64);
@@ -168,7 +181,7 @@ pub fn block_graph(
     let (gate, up, act, att) = (f(rows * ff), f(rows * ff), f(rows * ff), f(rows * nq));
     let kc = upload(ops, &vec![f16::ZERO; max_seq * nkv]);
     let vc = upload(ops, &vec![f16::ZERO; max_seq * nkv]);
-    let mut e = d.encoder();
+    let mut e = d.capture();
     let eps = 1e-5;
     ops.rms_norm(&mut e, &b.x, &b.g1, &xn, rows, k, eps)
         .unwrap();

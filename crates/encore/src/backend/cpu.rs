@@ -9,7 +9,6 @@
 
 use std::alloc::Layout;
 use std::any::Any;
-use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -17,15 +16,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{
-    ArgRec, Backend, BackendKind, BackendSubmission, DispatchRec, Executable, Program, RawMem,
-    Timing, Upload,
-};
+use super::{Backend, BackendSubmission, Executable, Timing};
 use crate::config::Config;
-use crate::encoder::{Access, Launch};
+use crate::cpu_args::CpuArgs;
 use crate::error::{Error, Result};
 use crate::kernel::{CpuFn, KernelDef};
 use crate::parallel::{self, WorkerPool};
+use crate::program::{DispatchRec, Program};
+use crate::record::{BackendKind, Capabilities, RawMem, Upload};
 
 const ALIGN: usize = 64;
 
@@ -33,118 +31,6 @@ const ALIGN: usize = 64;
 pub fn describe() -> String {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!("{} host CPU, {threads} threads", std::env::consts::ARCH)
-}
-
-/// The arguments of one CPU kernel invocation.
-///
-/// Buffers come out as plain slices. Each argument may be taken once as
-/// mutable (and only if the dispatch declared it written) or any number of
-/// times as shared; the encoder has already rejected dispatches whose written
-/// argument overlaps another of their arguments, and the hazard tracker keeps
-/// conflicting dispatches out of one concurrent group, so the slices never alias.
-pub struct CpuArgs<'a> {
-    args: &'a [ArgRec],
-    bytes: &'a [u8],
-    launch: Launch,
-    taken_mut: Cell<u64>,
-    taken_shared: Cell<u64>,
-}
-
-impl<'a> CpuArgs<'a> {
-    /// The number of arguments.
-    pub fn len(&self) -> usize {
-        self.args.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.args.is_empty()
-    }
-
-    /// The dispatch's launch geometry.
-    pub fn launch(&self) -> &Launch {
-        &self.launch
-    }
-
-    fn buffer(&self, i: usize) -> std::result::Result<(RawMem, usize, usize, Access), String> {
-        match self.args.get(i) {
-            Some(&ArgRec::Buffer {
-                mem,
-                offset,
-                len,
-                access,
-                ..
-            }) => Ok((mem, offset, len, access)),
-            Some(ArgRec::Bytes { .. }) => {
-                Err(format!("argument {i} is inline bytes, not a buffer"))
-            }
-            None => Err(format!("argument {i} missing ({} given)", self.args.len())),
-        }
-    }
-
-    /// Argument `i` as a shared slice of `T`.
-    pub fn read<T: bytemuck::Pod>(&self, i: usize) -> std::result::Result<&'a [T], String> {
-        let (mem, offset, len, _) = self.buffer(i)?;
-        let bit = 1u64.checked_shl(i as u32).unwrap_or(0);
-        if self.taken_mut.get() & bit != 0 {
-            return Err(format!("argument {i} is already borrowed mutably"));
-        }
-        self.taken_shared.set(self.taken_shared.get() | bit);
-        // SAFETY: `mem + offset .. + len` lies inside a live allocation that
-        // the submission retains for as long as the program runs; no dispatch
-        // running concurrently writes these bytes (hazard tracking), and this
-        // dispatch's mutable borrows never overlap it (checked above and at encode).
-        let bytes =
-            unsafe { std::slice::from_raw_parts((mem as usize + offset) as *const u8, len) };
-        bytemuck::try_cast_slice(bytes).map_err(|e| format!("argument {i}: {e}"))
-    }
-
-    /// Argument `i` as a mutable slice of `T`; it must be declared written.
-    #[allow(clippy::mut_from_ref)]
-    pub fn write<T: bytemuck::Pod>(&self, i: usize) -> std::result::Result<&'a mut [T], String> {
-        let (mem, offset, len, access) = self.buffer(i)?;
-        if !access.writes() {
-            return Err(format!("argument {i} is declared read-only"));
-        }
-        if i >= 64 {
-            return Err(format!("argument {i}: at most 64 arguments can be written"));
-        }
-        let bit = 1u64 << i;
-        if (self.taken_mut.get() | self.taken_shared.get()) & bit != 0 {
-            return Err(format!("argument {i} is already borrowed"));
-        }
-        self.taken_mut.set(self.taken_mut.get() | bit);
-        // SAFETY: as in `read`; additionally this is the only borrow of
-        // argument `i` (tracked above) and no other argument of the dispatch
-        // overlaps a written one (checked at encode).
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut((mem as usize + offset) as *mut u8, len) };
-        bytemuck::try_cast_slice_mut(bytes).map_err(|e| format!("argument {i}: {e}"))
-    }
-
-    /// Argument `i` as inline bytes.
-    pub fn bytes(&self, i: usize) -> std::result::Result<&'a [u8], String> {
-        match self.args.get(i) {
-            Some(&ArgRec::Bytes { start, len }) => self
-                .bytes
-                .get(start as usize..start as usize + len as usize)
-                .ok_or_else(|| format!("argument {i}: inline bytes out of range")),
-            Some(_) => Err(format!("argument {i} is a buffer, not inline bytes")),
-            None => Err(format!("argument {i} missing ({} given)", self.args.len())),
-        }
-    }
-
-    /// Argument `i` as an inline value of type `T`.
-    pub fn scalar<T: bytemuck::Pod>(&self, i: usize) -> std::result::Result<T, String> {
-        let b = self.bytes(i)?;
-        if b.len() != std::mem::size_of::<T>() {
-            return Err(format!(
-                "argument {i}: {} inline bytes, expected {}",
-                b.len(),
-                std::mem::size_of::<T>()
-            ));
-        }
-        Ok(bytemuck::pod_read_unaligned(b))
-    }
 }
 
 struct Job {
@@ -370,13 +256,7 @@ fn run_dispatch(program: &Program, d: &DispatchRec) -> Result<(), Failure> {
     let Some(body) = d.kernel.artifact().downcast_ref::<CpuFn>() else {
         return Err(fail("not a CPU kernel".into()));
     };
-    let args = CpuArgs {
-        args: program.args_of(d),
-        bytes: &program.bytes,
-        launch: d.launch,
-        taken_mut: Cell::new(0),
-        taken_shared: Cell::new(0),
-    };
+    let args = CpuArgs::new(program.args_of(d), &program.bytes);
     match catch_unwind(AssertUnwindSafe(|| body(&args))) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(message)) => Err(fail(message)),
@@ -421,6 +301,21 @@ fn submit(
 impl Backend for CpuBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Cpu
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // Kernels are Rust functions: nothing to compile per shape.
+            specialization: false,
+            early_launch: false,
+            // A replay boundary costs nothing measurable here, and a longer
+            // program only takes longer to instantiate.
+            steps_per_replay: 2,
+            // A fused body runs the products it fuses one after another,
+            // where unfused they run side by side in one concurrent group.
+            fusion_pays: false,
+            exact_by_default: true,
+        }
     }
 
     fn name(&self) -> &str {
@@ -491,9 +386,9 @@ impl Backend for CpuBackend {
     fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>> {
         match def.cpu_impl() {
             Some(f) => Ok(Arc::new(f.clone())),
-            None => Err(Error::NoImplementation {
-                kernel: def.name().to_string(),
-                backend: "cpu".into(),
+            None => Err(Error::Unsupported {
+                op: def.name().to_string(),
+                backend: BackendKind::Cpu,
             }),
         }
     }

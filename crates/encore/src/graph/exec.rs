@@ -6,13 +6,15 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::passes::{self, FusionPattern, Options};
-use super::{Graph, GraphShape, GraphStats, Keep, Node, NodeArg, Params};
-use crate::backend::{ArgRec, DispatchRec, Executable, Program, Upload};
+use super::{Graph, GraphShape, GraphStats, Node, NodeArg, Params};
+use crate::backend::Executable;
 use crate::counters::Counters;
 use crate::device::Device;
-use crate::encoder::Retained;
 use crate::error::{Error, Result};
-use crate::submission::{InFlight, Submission};
+use crate::program::{DispatchRec, Program};
+use crate::record::{ArgRec, Upload};
+use crate::retain::{InFlight, Keep, Retained};
+use crate::submission::Submission;
 use crate::Label;
 
 struct ExecInner {
@@ -81,9 +83,7 @@ impl GraphExec {
         };
         let schedule = passes::schedule(&nodes, options.schedule);
         let mut nodes: Vec<Node> = schedule.order.iter().map(|&i| nodes[i].clone()).collect();
-        // Only backends that compile source have anything to specialize (the
-        // CPU's kernels are Rust functions).
-        let specialized = if options.specialize && device.kind() == crate::BackendKind::Cuda {
+        let specialized = if options.specialize && device.capabilities().specialization {
             specialize(&device, &mut nodes)?
         } else {
             0
@@ -97,12 +97,11 @@ impl GraphExec {
                     node.label
                 )));
             }
-            let start = program.args.len() as u32;
+            let (start, bytes_start) = (program.args.len() as u32, program.bytes.len());
             for arg in &node.args {
                 program.args.push(match arg {
                     NodeArg::Buffer(b, access) => ArgRec::Buffer {
                         mem: b.alloc.mem,
-                        alloc: b.alloc.id,
                         offset: b.offset,
                         len: b.len,
                         access: *access,
@@ -117,10 +116,19 @@ impl GraphExec {
                     }
                 });
             }
+            let value = program.bytes.get(bytes_start..).unwrap_or(&[]);
+            let launch = device
+                .backend()
+                .launch(&node.kernel, value)
+                .map_err(|reason| Error::InvalidDispatch {
+                    kernel: node.kernel.name().to_string(),
+                    label: node.label.to_string(),
+                    reason,
+                })?;
             program.dispatches.push(DispatchRec {
                 kernel: node.kernel.clone(),
                 args: start..program.args.len() as u32,
-                launch: node.launch,
+                launch,
                 label: node.label.clone(),
             });
         }
@@ -296,7 +304,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::{Arg, Config, Kernel, KernelDef, Launch};
+    use crate::{Arg, Config, CudaKernel, Kernel, KernelDef, Launch};
 
     /// Nodes of one shape share one variant, other shapes get their own, and
     /// kernels that are not specializable keep theirs. (On the CPU the
@@ -310,20 +318,26 @@ mod tests {
             a.write::<u32>(0)?[0] = v;
             Ok(())
         };
-        let source = "extern \"C\" __global__ void k(unsigned int* y, unsigned int v) { encore_fix_value(v); }";
+        let source = || {
+            CudaKernel::fixed(
+                "/* k(y, v) calls encore_fix_value(v) */",
+                "k",
+                Launch::new(1, 1),
+            )
+        };
         let special = device
             .load_kernel(
                 &KernelDef::new("k")
                     .cpu("k v1", body)
-                    .cuda(source, "k")
+                    .cuda(source())
                     .specializable(),
             )
             .unwrap();
         let plain = device
-            .load_kernel(&KernelDef::new("p").cpu("p v1", body).cuda(source, "p"))
+            .load_kernel(&KernelDef::new("p").cpu("p v1", body).cuda(source()))
             .unwrap();
         let out = device.alloc(4 * 5).unwrap();
-        let mut enc = device.encoder();
+        let mut enc = device.capture();
         for (i, (kernel, value)) in [
             (&special, 7u32),
             (&special, 9),
@@ -335,13 +349,8 @@ mod tests {
         .enumerate()
         {
             let y = out.view(4 * i, 4).unwrap();
-            enc.dispatch(
-                kernel,
-                &[Arg::write(&y), Arg::value(&value)],
-                Launch::new(1, 1),
-                "n",
-            )
-            .unwrap();
+            enc.dispatch(kernel, &[Arg::write(&y), Arg::value(&value)], "n")
+                .unwrap();
         }
         let (mut nodes, _, _) = enc.finish_graph().unwrap().into_parts();
         let compiles = device.counters().kernel_compiles;

@@ -1,8 +1,9 @@
 //! Graphs: recorded dispatch sequences that are optimized once and replayed.
 //!
-//! An [`Encoder`](crate::Encoder) records a graph exactly as it records eager
-//! work; [`Encoder::finish_graph`](crate::Encoder::finish_graph) turns the
-//! recording into a [`Graph`] whose nodes own their kernels and buffers.
+//! An encoder from [`Device::capture`](crate::Device::capture) records a
+//! graph with the same calls that record eager work, as nodes that own their
+//! kernels and buffers; [`Encoder::finish_graph`](crate::Encoder::finish_graph)
+//! hands them over as a [`Graph`].
 //! Because every dispatch declares its access (invariant 2), the dependency
 //! edges between nodes follow from byte-range conflicts, and every pass works
 //! on every graph:
@@ -11,7 +12,9 @@
 //! - [`passes::remove_dead`]: removal of nodes whose outputs nothing reads;
 //! - [`passes::schedule`]: whole-graph scheduling into as few concurrent
 //!   groups as the dependencies allow, which is also minimal barrier placement;
-//! - specialization: on CUDA, a node whose kernel is
+//! - specialization: on a backend that compiles kernels from source
+//!   ([`Capabilities::specialization`](crate::Capabilities::specialization)),
+//!   a node whose kernel is
 //!   [`KernelDef::specializable`](crate::KernelDef::specializable) gets the
 //!   variant compiled for its shape (its value argument as constants).
 //!
@@ -27,12 +30,10 @@ pub mod passes;
 pub use exec::{GraphCache, GraphExec};
 pub use params::Params;
 
-use std::sync::Arc;
-
 use crate::buffer::Buffer;
-use crate::encoder::{Access, Launch};
 use crate::hazard::AccessRange;
 use crate::kernel::Kernel;
+use crate::record::Access;
 use crate::Label;
 
 /// One argument of a graph node.
@@ -57,12 +58,13 @@ impl NodeArg {
     }
 }
 
-/// One dispatch of a graph.
+/// One dispatch of a graph. Its launch geometry is not part of it: the
+/// backend computes that from the kernel and the node's value when the
+/// graph is instantiated, for recorded and fused nodes alike.
 #[derive(Clone, Debug)]
 pub struct Node {
     pub kernel: Kernel,
     pub args: Vec<NodeArg>,
-    pub launch: Launch,
     pub label: Label,
 }
 
@@ -237,18 +239,14 @@ impl Graph {
         GraphExec::build(self, patterns, options)
     }
 
-    /// A hash of everything that determines the executable: kernels, launch
-    /// geometry, argument allocations, offsets, lengths and inline bytes.
-    /// Parameter values are not part of it.
+    /// A hash of everything that determines the executable: kernels,
+    /// argument allocations, offsets, lengths and inline bytes (which
+    /// determine the launch geometry). Parameter values are not part of it.
     pub fn signature(&self) -> u64 {
         let mut h = crate::kernel::Fnv::new();
         for n in &self.nodes {
             h.write(n.kernel.name().as_bytes());
             h.write(&n.kernel.key().source_hash.to_le_bytes());
-            for v in n.launch.grid.iter().chain(&n.launch.block) {
-                h.write(&v.to_le_bytes());
-            }
-            h.write(&n.launch.shared_bytes.to_le_bytes());
             for a in &n.args {
                 match a {
                     NodeArg::Buffer(b, access) => {
@@ -278,6 +276,3 @@ impl Graph {
         (self.nodes, self.outputs, self.params)
     }
 }
-
-/// Keeps an executable's owned state alive for in-flight replays.
-pub(crate) type Keep = Arc<dyn std::any::Any + Send + Sync>;

@@ -20,8 +20,10 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUgraphNode, CUresult};
 
 use super::queue::{Params, Pending, Queue};
-use crate::backend::{BackendSubmission, Executable, Program, Upload};
+use crate::backend::{BackendSubmission, Executable};
 use crate::error::{Error, Result};
+use crate::program::Program;
+use crate::record::Upload;
 
 /// An instantiated graph, launched on the device's stream.
 pub(super) struct CudaGraph {

@@ -41,11 +41,12 @@ use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUmodule, CUresult};
 
 use self::driver::Context;
 use self::queue::{CudaKernel, Queue};
-use super::{Backend, BackendKind, BackendSubmission, Executable, Program, RawMem, Upload};
+use super::{Backend, BackendSubmission, Executable};
 use crate::config::Config;
-use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, KernelCache, KernelDef, CUDA_PRELUDE};
+use crate::kernel::{Kernel, KernelCache, KernelDef};
+use crate::program::Program;
+use crate::record::{BackendKind, Capabilities, DeviceInfo, Launch, RawMem, Upload};
 
 /// The number of CUDA GPUs (0 when there is no driver).
 pub(crate) fn device_count() -> usize {
@@ -112,7 +113,7 @@ impl CudaBackend {
     /// Where a kernel's device code persists: `<cache_dir>/kernels/<digest>.cubin`.
     fn cache_path(&self, def: &KernelDef) -> Option<PathBuf> {
         let dir = self.cache_dir.as_ref()?;
-        let key = KernelCache::key_for(self, def)?;
+        let key = KernelCache::key_for(BackendKind::Cuda, self.arch(), self.toolchain(), def)?;
         Some(dir.join("kernels").join(format!("{}.cubin", key.digest())))
     }
 
@@ -158,7 +159,7 @@ impl CudaBackend {
         ctx.check(code, || format!("load kernel {}", def.name()))?;
         let not_found = || Error::Compile {
             kernel: def.name().to_string(),
-            log: format!("entry point `{entry}` not found; declare it `extern \"C\" __global__`"),
+            log: format!("entry point `{entry}` not found; declare the kernel `extern \"C\"`"),
         };
         let mut function: CUfunction = std::ptr::null_mut();
         let code = match CString::new(entry) {
@@ -204,7 +205,12 @@ fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // A name of its own per write: threads of one process (and other
+    // processes) may store the same kernel at once; the renames then race
+    // harmlessly, each leaving a whole file.
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }
@@ -214,8 +220,29 @@ impl Backend for CudaBackend {
         BackendKind::Cuda
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // NVRTC compiles every kernel: a variant per shape costs one compile.
+            specialization: true,
+            early_launch: self.early_launch,
+            // The steps inside one replay start early behind one another,
+            // which the boundary between two replays prevents.
+            steps_per_replay: 4,
+            // Every dispatch costs a launch.
+            fusion_pays: true,
+            exact_by_default: false,
+        }
+    }
+
     fn name(&self) -> &str {
         &self.ctx().name
+    }
+
+    fn launch(&self, kernel: &Kernel, value: &[u8]) -> std::result::Result<Launch, String> {
+        match kernel.def().cuda_impl() {
+            Some(cuda) => cuda.launch(value),
+            None => Err("the kernel has no CUDA implementation".into()),
+        }
     }
 
     fn arch(&self) -> String {
@@ -282,14 +309,11 @@ impl Backend for CudaBackend {
     }
 
     fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>> {
-        let source = def.cuda_impl().ok_or_else(|| Error::NoImplementation {
-            kernel: def.name().to_string(),
-            backend: "cuda".into(),
+        let source = def.cuda_impl().ok_or_else(|| Error::Unsupported {
+            op: def.name().to_string(),
+            backend: BackendKind::Cuda,
         })?;
-        let own = source
-            .source
-            .strip_prefix(CUDA_PRELUDE)
-            .unwrap_or(&source.source);
+        let own = source.own_source();
         if def.is_programmatic() && !own.contains("encore_grid_wait()") {
             return Err(Error::Compile {
                 kernel: def.name().to_string(),

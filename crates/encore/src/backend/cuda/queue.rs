@@ -20,8 +20,10 @@ use parking_lot::Mutex;
 
 use super::driver::Context;
 use super::nvtx;
-use crate::backend::{ArgRec, BackendSubmission, DispatchRec, Program, Timing, Upload};
+use crate::backend::{BackendSubmission, Timing};
 use crate::error::{Error, Result};
+use crate::program::{DispatchRec, Program};
+use crate::record::{ArgRec, Upload};
 
 /// Dynamic shared memory a kernel may use without opting in.
 const DEFAULT_SHARED_LIMIT: u32 = 48 << 10;

@@ -1,0 +1,306 @@
+//! The CPU bodies of the elementwise operations
+//! ([`crate::kernels::elementwise`]), and the math they share with the
+//! fused kernels: `e^x` as [`ggml_expf`], as in llama.cpp's SwiGLU.
+
+use encore::CpuArgs;
+
+use crate::kernels::elementwise::{AddArgs, AddRowsArgs, SiluMulArgs};
+
+/// `e^x` as ggml's AVX2 `ggml_v_expf` computes it, one lane at a time: a
+/// polynomial within about 1.5 ulp of `exp`, with its fused multiply-adds.
+/// llama.cpp's SwiGLU uses it (on every element when the row length is a
+/// multiple of 8), so following it keeps the activations bit-identical.
+#[inline]
+pub fn ggml_expf(x: f32) -> f32 {
+    // ggml's constants (hexadecimal floats in its source).
+    const SHIFT: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+    const C0: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+    const C1: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+    const C2: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+    const C3: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+    const C4: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+    let z = x.mul_add(LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = C0
+        .mul_add(b, C1)
+        .mul_add(u, C2.mul_add(b, C3))
+        .mul_add(u, C4 * b);
+    if n.abs() <= 126.0 {
+        return k.mul_add(j, k);
+    }
+    // Past 2^126 the scale `k` would overflow: split it in two factors.
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// `v / (1 + e^-v)` with [`ggml_expf`], as ggml's `ggml_v_silu`.
+#[inline]
+pub fn silu(v: f32) -> f32 {
+    v / (1.0 + ggml_expf(0.0 - v))
+}
+
+fn silu_mul_rows(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((y, g), u) in y.iter_mut().zip(g).zip(u) {
+        *y = silu(*g) * u;
+    }
+}
+
+/// AVX2 versions of [`ggml_expf`] and [`silu_mul_rows`], eight lanes at a
+/// time: ggml's `ggml_v_expf` and `ggml_v_silu` instruction for instruction,
+/// so every lane is what the scalar code gives.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// [`ggml_expf`](super::ggml_expf) of each lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn expf(x: __m256) -> __m256 {
+        let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
+        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(
+            n,
+            _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
+            _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
+        );
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f80_0000)));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let c = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(
+                    _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                    b,
+                    _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+                ),
+                u,
+                _mm256_fmadd_ps(
+                    _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                    b,
+                    _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+                ),
+            ),
+            u,
+            _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
+        );
+        if _mm256_movemask_ps(c) == 0 {
+            return _mm256_fmadd_ps(j, k, k);
+        }
+        let g = _mm256_and_si256(
+            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+            _mm256_set1_epi32(0x8200_0000u32 as i32),
+        );
+        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        _mm256_or_ps(
+            _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+            _mm256_andnot_ps(
+                d,
+                _mm256_or_ps(
+                    _mm256_and_ps(c, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                    _mm256_andnot_ps(c, _mm256_fmadd_ps(k, j, k)),
+                ),
+            ),
+        )
+    }
+
+    /// [`silu_mul_rows`](super::silu_mul_rows), eight elements at a time and
+    /// the rest one at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu_mul_rows(g: &[f32], u: &[f32], y: &mut [f32]) {
+        let n = y.len().min(g.len()).min(u.len());
+        let body = n - n % 8;
+        let one = _mm256_set1_ps(1.0);
+        for i in (0..body).step_by(8) {
+            // SAFETY: i + 8 <= n for all three slices; accesses are unaligned.
+            unsafe {
+                let x = _mm256_loadu_ps(g.as_ptr().add(i));
+                let e = expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+                let silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+                let r = _mm256_mul_ps(silu, _mm256_loadu_ps(u.as_ptr().add(i)));
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
+            }
+        }
+        super::silu_mul_rows(&g[body..n], &u[body..n], &mut y[body..n]);
+    }
+}
+
+/// `y[i] += x[i]`.
+pub fn add_into(y: &mut [f32], x: &[f32]) {
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
+}
+
+/// `y[i] = silu(g[i]) * u[i]`, in AVX2 where the CPU has it (the results are
+/// the same either way: `mul_add` is always fused).
+pub fn silu_mul_into(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU features were just detected.
+        unsafe { avx2::silu_mul_rows(g, u, y) };
+        return;
+    }
+    silu_mul_rows(g, u, y);
+}
+
+/// The CPU body of `add`.
+pub(crate) fn add(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = AddArgs::from_cpu(a)?;
+    let n = args.n as usize;
+    let (y, x) = (args.y.write::<f32>()?, args.x.read::<f32>()?);
+    super::need("y", y, n)?;
+    super::need("x", x, n)?;
+    add_into(&mut y[..n], &x[..n]);
+    Ok(())
+}
+
+/// The CPU body of `add_rows`.
+pub(crate) fn add_rows(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = AddRowsArgs::from_cpu(a)?;
+    let [rows, n] = args.shape.map(|v| v as usize);
+    let (y, b) = (args.y.write::<f32>()?, args.b.read::<f32>()?);
+    super::need("y", y, rows * n)?;
+    super::need("b", b, n)?;
+    for row in y[..rows * n].chunks_exact_mut(n.max(1)) {
+        row.iter_mut().zip(&b[..n]).for_each(|(y, b)| *y += b);
+    }
+    Ok(())
+}
+
+/// The CPU body of `silu_mul`.
+pub(crate) fn silu_mul(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = SiluMulArgs::from_cpu(a)?;
+    let n = args.n as usize;
+    let (g, u, y) = (
+        args.g.read::<f32>()?,
+        args.u.read::<f32>()?,
+        args.y.write::<f32>()?,
+    );
+    super::need("g", g, n)?;
+    super::need("u", u, n)?;
+    super::need("y", y, n)?;
+    silu_mul_into(&g[..n], &u[..n], &mut y[..n]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vector_and_scalar_silu_mul_agree_bit_for_bit() {
+        let mut seed = 11u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed
+        };
+        // Typical activations, and magnitudes past both of ggml_expf's
+        // special ranges (|n| > 126 and > 192), signed zeros and infinities.
+        let mut g: Vec<f32> = (0..4000)
+            .map(|i| {
+                let r = (next() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0;
+                r * [4.0, 30.0, 100.0, 150.0, 250.0][i % 5]
+            })
+            .collect();
+        g.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            87.0,
+            -87.0,
+            88.8,
+            -88.8,
+            1e-40,
+            -1e-40,
+            3.0,
+        ]);
+        let u: Vec<f32> = (0..g.len())
+            .map(|_| (next() >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0)
+            .collect();
+        let mut scalar = vec![0.0; g.len()];
+        silu_mul_rows(&g, &u, &mut scalar);
+        let mut fast = vec![0.0; g.len()];
+        silu_mul_into(&g, &u, &mut fast);
+        for (i, (a, b)) in fast.iter().zip(&scalar).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "silu({}) * {}: {a} vs {b}",
+                g[i],
+                u[i]
+            );
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_ggml_expf_equals_the_scalar_one() {
+        use std::arch::x86_64::*;
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        // Every 997th float, both signs: all ranges of the exponent, NaNs aside.
+        let xs: Vec<f32> = (0..u32::MAX / 997)
+            .map(|i| f32::from_bits(i * 997))
+            .filter(|x| !x.is_nan())
+            .collect();
+        for c in xs.chunks_exact(8) {
+            let mut got = [0.0f32; 8];
+            // SAFETY: the CPU features were checked above; `c` and `got` hold 8 floats.
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), avx2::expf(_mm256_loadu_ps(c.as_ptr()))) };
+            for (x, g) in c.iter().zip(got) {
+                let want = ggml_expf(*x);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "e^{x}: {g} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ggml_expf_matches_ggml_bit_for_bit() {
+        // Results of ggml's AVX2 `ggml_v_expf` (through `ggml_vec_soft_max_f32`).
+        for (x, bits) in [
+            (0.0f32, 0x3f80_0000u32),
+            (1.0, 0x402d_f855),
+            (-1.0, 0x3ebc_5ab2),
+            (0.5, 0x3fd3_094c),
+            (-0.5, 0x3f1b_4597),
+            (10.0, 0x46ac_14f0),
+            (-10.0, 0x383e_6bce),
+            (80.0, 0x792a_bbcf),
+            (88.7, 0x7f7a_37fc),
+            (89.0, 0x7f80_0000),
+            (-87.5, 0x006c_b2bb),
+            (-90.0, 0x0008_ec28),
+            (-100.0, 0x0000_001b),
+            (-104.0, 0),
+            (-150.0, 0),
+            (f32::NEG_INFINITY, 0),
+        ] {
+            assert_eq!(ggml_expf(x).to_bits(), bits, "e^{x}");
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The CPU bodies of `rope` and `rope_store` ([`crate::kernels::rope`]).
+
+use encore::CpuArgs;
+use half::slice::HalfFloatSliceExt;
+
+use crate::kernels::rope::{theta_scale, RopeArgs, RopeStoreArgs};
+
+/// Rotates one head vector at position `pos`. Angles advance by repeated
+/// multiplication in f32, as ggml computes them, and each rotated value is a
+/// fused multiply-add over the other, rounded product (`fma(a, c, -(b s))`,
+/// `fma(a, s, b c)`), as GCC compiles ggml's rope, so results match llama.cpp.
+pub fn rope_head(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU feature was just detected.
+        unsafe { rope_head_fma(x, pos, rope_dim, base, neox) };
+        return;
+    }
+    rope_head_with(x, pos, rope_dim, base, neox);
+}
+
+/// [`rope_head`] compiled with FMA, so `mul_add` is one instruction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn rope_head_fma(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
+    rope_head_with(x, pos, rope_dim, base, neox);
+}
+
+#[inline(always)]
+fn rope_head_with(x: &mut [f32], pos: u32, rope_dim: usize, base: f32, neox: bool) {
+    let theta_scale = theta_scale(base, rope_dim);
+    let mut theta = pos as f32;
+    let half = rope_dim / 2;
+    for i in 0..half {
+        let (s, c) = theta.sin_cos();
+        let (ia, ib) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        let (a, b) = (x[ia], x[ib]);
+        x[ia] = a.mul_add(c, -(b * s));
+        x[ib] = a.mul_add(s, b * c);
+        theta *= theta_scale;
+    }
+}
+
+/// Checks a rotation's sizes: `rope_dim` even and within the head.
+fn check_dims(head_dim: usize, rope_dim: usize) -> Result<(), String> {
+    if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
+        return Err(format!(
+            "rope_dim {rope_dim} must be even and at most head_dim {head_dim}"
+        ));
+    }
+    Ok(())
+}
+
+/// The CPU body of `rope`.
+pub(crate) fn rope(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = RopeArgs::from_cpu(a)?;
+    let s = args.shape;
+    let pos = args.pos.param()?;
+    let (hd, rd) = (s.head_dim as usize, s.rope_dim as usize);
+    check_dims(hd, rd)?;
+    let x = args.x.write::<f32>()?;
+    let n = s.rows as usize * s.heads as usize * hd;
+    super::need("x", x, n)?;
+    for (r, row) in x[..n].chunks_exact_mut(s.heads as usize * hd).enumerate() {
+        for head in row.chunks_exact_mut(hd) {
+            rope_head(head, pos + r as u32, rd, s.base, s.neox != 0);
+        }
+    }
+    Ok(())
+}
+
+/// The CPU body of `rope_store`.
+pub(crate) fn rope_store(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = RopeStoreArgs::from_cpu(a)?;
+    let rs = args.shape;
+    let s = rs.rope;
+    let pos = args.pos.param()? as usize;
+    let (hd, rd) = (s.head_dim as usize, s.rope_dim as usize);
+    check_dims(hd, rd)?;
+    let (rows, dim) = (s.rows as usize, s.heads as usize * hd);
+    if pos + rows > rs.max_seq as usize {
+        return Err(format!(
+            "position {} past the cache of {}",
+            pos + rows,
+            rs.max_seq
+        ));
+    }
+    let x = args.x.read::<f32>()?;
+    let cache = args.cache.write::<half::f16>()?;
+    super::need("x", x, rows * dim)?;
+    super::need("cache", cache, (pos + rows) * dim)?;
+    let mut row = vec![0f32; dim];
+    for r in 0..rows {
+        row.copy_from_slice(&x[r * dim..(r + 1) * dim]);
+        for head in row.chunks_exact_mut(hd.max(1)) {
+            rope_head(head, (pos + r) as u32, rd, s.base, s.neox != 0);
+        }
+        cache[(pos + r) * dim..(pos + r + 1) * dim].convert_from_f32_slice(&row);
+    }
+    Ok(())
+}

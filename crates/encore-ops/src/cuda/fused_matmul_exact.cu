@@ -1,0 +1,24 @@
+// `fused_matmul`, exact version (`encore::Config::exact`): with quantized
+// weights, the CPU's results bit for bit.
+//
+// Arguments: `x: f32[rows, k]` (read), `g: f32[k]` (read; empty without
+// norm), `w0, w1, w2` (read, GGUF blocks; empty when unused), `y0, y1, y2:
+// f32[rows, n_i]` (write, read-write for accumulate; empty when unused),
+// `FusedShape s` (value: rows, k, each weight's columns and ggml type, the
+// weights in use, the epilogue, whether to norm, eps).
+//
+// With `xn = norm ? rms_norm(x) * g : x` and `p_i[r, j] = Σ_c w_i[j, c] xn[r, c]`:
+// EPILOGUE_STORE `y_i = p_i` for each weight (Q, K and V); EPILOGUE_ACCUMULATE
+// `y_0 += p_0` (a projection into the residual); EPILOGUE_SWIGLU
+// `y_0 = silu(p_0) * p_1` (gate and up).
+//
+// Each warp normalizes the input it reads as `rms_norm` does, then
+// multiplies as the exact `matmul` does (quant_dots_exact.cuh); the kernel
+// is fused_matmul.cu's. MM_THREADS and MM_COLS (cuda/geometry.rs) and the
+// EPILOGUE_* values (kernels/fused.rs) come from Rust, prepended to this
+// source.
+
+#include "gguf.cuh"
+#include "matmul_dots.cuh"
+#include "quant_dots_exact.cuh"
+#include "fused_matmul.cuh"

@@ -1,0 +1,365 @@
+//! How each CUDA kernel is launched: threads a block, the grid, dynamic
+//! shared memory. The constants a kernel's source needs as well reach it as
+//! `#define` lines put before the source (the `*_defines` functions), so
+//! each is written once, here. Only CUDA launches on a grid: the CPU
+//! computes no geometry.
+
+use encore::Launch;
+
+use crate::kernels::attention::AttnShape;
+use crate::kernels::fused::{FusedShape, EPILOGUE_SWIGLU};
+use crate::DType;
+
+/// Threads a block of `rms_norm`.
+pub const RMS_NORM_BLOCK: u32 = 256;
+
+/// `rms_norm` over `rows` rows: a block a row.
+pub fn rms_norm_launch(rows: u32) -> Launch {
+    Launch::new(rows.max(1), RMS_NORM_BLOCK)
+}
+
+/// Warps a block of `matmul` and `fused_matmul`: four a block were faster
+/// for decode-shaped products than two or eight.
+pub const MATMUL_WARPS_PER_BLOCK: u32 = 4;
+
+/// Output columns a warp of `matmul` or `fused_matmul` computes for one
+/// activation row (`MM_COLS` in the source). More columns a warp load the
+/// activations fewer times and make each product faster in a chain of
+/// identical products, but the decode step slower (fewer, longer warps).
+pub const MATMUL_COLUMNS_PER_WARP: u32 = 1;
+
+/// The warps of a product of `rows` activation rows and `n` output columns:
+/// [`MATMUL_COLUMNS_PER_WARP`] columns a warp for one row, else one.
+pub fn matmul_warps(rows: u32, n: u32) -> u32 {
+    if rows == 1 {
+        n.div_ceil(MATMUL_COLUMNS_PER_WARP)
+    } else {
+        n
+    }
+}
+
+/// `matmul` or `fused_matmul` run by `warps` warps, [`MATMUL_WARPS_PER_BLOCK`] a block.
+pub fn matmul_launch(warps: u32) -> Launch {
+    Launch::new(
+        warps.div_ceil(MATMUL_WARPS_PER_BLOCK).max(1),
+        32 * MATMUL_WARPS_PER_BLOCK,
+    )
+}
+
+/// The warps of a `fused_matmul` of `shape`: each weight's columns in
+/// warps of [`matmul_warps`] (the gate's alone in the SwiGLU epilogue, whose
+/// warps compute gate and up together).
+pub fn fused_matmul_warps(shape: &FusedShape) -> u32 {
+    let warps = |n| matmul_warps(shape.rows, n);
+    if shape.epilogue == EPILOGUE_SWIGLU {
+        warps(shape.n[0])
+    } else {
+        shape
+            .n
+            .iter()
+            .take(shape.weights as usize)
+            .map(|&n| warps(n))
+            .sum()
+    }
+}
+
+/// The defines of `matmul` and `fused_matmul`: `MM_THREADS` (threads a
+/// block) and `MM_COLS` ([`MATMUL_COLUMNS_PER_WARP`]).
+pub(crate) fn matmul_defines() -> Vec<(&'static str, String)> {
+    vec![
+        ("MM_THREADS", (32 * MATMUL_WARPS_PER_BLOCK).to_string()),
+        ("MM_COLS", MATMUL_COLUMNS_PER_WARP.to_string()),
+    ]
+}
+
+/// Activation rows a block of `gemm` takes (`GM_BM`).
+pub const GEMM_TILE_ROWS: u32 = 64;
+
+/// Output columns (weight rows) a block of `gemm` takes (`GM_BN`).
+pub const GEMM_TILE_COLUMNS: u32 = 64;
+
+/// 16-bit elements a row of a `gemm` tile in shared memory (`GM_PITCH`): a
+/// GGUF block of 32 and 8 of padding, so that `ldmatrix` reads the tile
+/// without bank conflicts.
+const GEMM_TILE_PITCH: u32 = 40;
+
+/// Threads of a `gemm` warp group, four warps each owning a 32 x 32 corner
+/// of the tile (`GM_THREADS`).
+const GEMM_GROUP_THREADS: u32 = 128;
+
+/// Warp groups a block of `gemm` for weights of `dtype`: each group takes
+/// one GGUF block of 32 positions of every step, so two groups halve the
+/// steps. BF16 and F32 weights, whose tiles take two parts, keep one group
+/// within the 48 KiB of shared memory a launch gets without opting in.
+fn gemm_warp_groups(dtype: DType) -> u32 {
+    match dtype {
+        DType::BF16 | DType::F32 => 1,
+        _ => 2,
+    }
+}
+
+/// Threads a block of `gemm` for weights of `dtype`.
+pub fn gemm_threads(dtype: DType) -> u32 {
+    GEMM_GROUP_THREADS * gemm_warp_groups(dtype)
+}
+
+/// Dynamic shared memory of one `gemm` block for weights of `dtype`: per
+/// stage (two) and warp group, the activation tile (one or two 16-bit
+/// parts), the weight tile (one or two parts), and the per-column scales
+/// and minimums and per-row activation sums. Must match `GemmSmem` in
+/// `gemm.cu`.
+pub fn gemm_shared_bytes(dtype: DType) -> u32 {
+    let (a_parts, b_parts) = match dtype {
+        DType::BF16 => (2, 1),
+        DType::F32 => (2, 2),
+        _ => (1, 1),
+    };
+    let tiles = (a_parts * GEMM_TILE_ROWS + b_parts * GEMM_TILE_COLUMNS) * GEMM_TILE_PITCH * 2;
+    let vectors = (2 * GEMM_TILE_COLUMNS + GEMM_TILE_ROWS) * 4;
+    2 * gemm_warp_groups(dtype) * (tiles + vectors)
+}
+
+/// `gemm` of `rows` activation rows and `n` output columns: a block a tile.
+pub fn gemm_launch(rows: u32, n: u32, dtype: DType) -> Launch {
+    Launch::grid3(
+        [
+            n.div_ceil(GEMM_TILE_COLUMNS).max(1),
+            rows.div_ceil(GEMM_TILE_ROWS),
+            1,
+        ],
+        [gemm_threads(dtype), 1, 1],
+    )
+    .with_shared(gemm_shared_bytes(dtype))
+}
+
+/// The defines of `gemm`: the tile shape and a warp group's threads.
+pub(crate) fn gemm_defines() -> Vec<(&'static str, String)> {
+    vec![
+        ("GM_BM", GEMM_TILE_ROWS.to_string()),
+        ("GM_BN", GEMM_TILE_COLUMNS.to_string()),
+        ("GM_PITCH", GEMM_TILE_PITCH.to_string()),
+        ("GM_THREADS", GEMM_GROUP_THREADS.to_string()),
+    ]
+}
+
+/// Threads a block of `rope` and `rope_store`.
+pub const ROPE_BLOCK: u32 = 128;
+
+/// `rope` or `rope_store` over `pairs` element pairs: a thread a pair.
+pub fn rope_launch(pairs: u32) -> Launch {
+    Launch::cover(pairs, ROPE_BLOCK)
+}
+
+/// Threads a block of `kv_store`.
+pub const KV_STORE_BLOCK: u32 = 256;
+
+/// `kv_store` of `elements` values: a thread a value.
+pub fn kv_store_launch(elements: u32) -> Launch {
+    Launch::cover(elements, KV_STORE_BLOCK)
+}
+
+/// Threads a block of `attention` (`ATT_THREADS`).
+pub const ATTENTION_THREADS: u32 = 256;
+
+/// Positions whose scores `attention` keeps in shared memory (32 KiB,
+/// which with the kernel's 10 KiB of fixed shared memory stays under the
+/// 48 KiB a block gets without opting in); longer contexts recompute scores.
+const ATTENTION_CACHED_SCORES: u32 = 8192;
+
+/// Dynamic shared memory of an `attention` block over a cache of `max_seq`.
+pub fn attention_shared_bytes(max_seq: u32) -> u32 {
+    max_seq.min(ATTENTION_CACHED_SCORES) * 4
+}
+
+/// `attention` for `shape`: a block per (head, query row).
+pub fn attention_launch(shape: &AttnShape) -> Launch {
+    Launch::grid3(
+        [shape.heads.max(1), shape.rows.max(1), 1],
+        [ATTENTION_THREADS, 1, 1],
+    )
+    .with_shared(attention_shared_bytes(shape.max_seq))
+}
+
+/// The defines of `attention`.
+pub(crate) fn attention_defines() -> Vec<(&'static str, String)> {
+    vec![("ATT_THREADS", ATTENTION_THREADS.to_string())]
+}
+
+/// Threads a block of `attention_exact` (`EXA_THREADS`).
+pub const ATTENTION_EXACT_THREADS: u32 = 256;
+
+/// `attention_exact` for `shape`: a block per (head, query row), no dynamic
+/// shared memory.
+pub fn attention_exact_launch(shape: &AttnShape) -> Launch {
+    Launch::grid3(
+        [shape.heads.max(1), shape.rows.max(1), 1],
+        [ATTENTION_EXACT_THREADS, 1, 1],
+    )
+}
+
+/// The defines of `attention_exact` that are launch geometry.
+pub(crate) fn attention_exact_defines() -> Vec<(&'static str, String)> {
+    vec![("EXA_THREADS", ATTENTION_EXACT_THREADS.to_string())]
+}
+
+/// Blocks (splits of the positions, one thread-block cluster) per query
+/// head of `attention_step` (`STEP_SPLITS`).
+pub const ATTENTION_STEP_SPLITS: u32 = 8;
+
+/// Threads a block of `attention_step` (`STEP_THREADS`). Eight warps
+/// rather than four halve each warp's serial share of the V rows, which
+/// long contexts feel most.
+pub const ATTENTION_STEP_THREADS: u32 = 256;
+
+/// `attention_step` over `heads` query heads: a cluster of
+/// [`ATTENTION_STEP_SPLITS`] blocks a head.
+pub fn attention_step_launch(heads: u32) -> Launch {
+    Launch::grid3(
+        [heads.max(1), ATTENTION_STEP_SPLITS, 1],
+        [ATTENTION_STEP_THREADS, 1, 1],
+    )
+}
+
+/// The defines of `attention_step` that are launch geometry.
+pub(crate) fn attention_step_defines() -> Vec<(&'static str, String)> {
+    vec![
+        ("STEP_THREADS", ATTENTION_STEP_THREADS.to_string()),
+        ("STEP_SPLITS", ATTENTION_STEP_SPLITS.to_string()),
+    ]
+}
+
+/// Query rows a block of `attention_prefill` takes, 16 a warp (`FA_ROWS`).
+pub const PREFILL_QUERY_ROWS: u32 = 64;
+
+/// Cache positions a K and V tile of `attention_prefill` (`FA_KV`).
+pub const PREFILL_KV_TILE: u32 = 64;
+
+/// Threads a block of `attention_prefill` (`FA_THREADS`).
+pub const PREFILL_THREADS: u32 = 128;
+
+/// Dynamic shared memory of one `attention_prefill` block for heads of
+/// `head_dim`: a K tile (which first holds the queries) and a V tile of
+/// [`PREFILL_KV_TILE`] rows of `head_dim + 8` halves.
+pub fn prefill_attention_shared_bytes(head_dim: u32) -> u32 {
+    2 * PREFILL_KV_TILE * (head_dim + 8) * 2
+}
+
+/// `attention_prefill` for `shape`: a block per head and
+/// [`PREFILL_QUERY_ROWS`] query rows.
+pub fn prefill_attention_launch(shape: &AttnShape) -> Launch {
+    Launch::grid3(
+        [shape.heads, shape.rows.div_ceil(PREFILL_QUERY_ROWS), 1],
+        [PREFILL_THREADS, 1, 1],
+    )
+    .with_shared(prefill_attention_shared_bytes(shape.head_dim))
+}
+
+/// The defines of `attention_prefill`.
+pub(crate) fn prefill_attention_defines() -> Vec<(&'static str, String)> {
+    vec![
+        ("FA_ROWS", PREFILL_QUERY_ROWS.to_string()),
+        ("FA_KV", PREFILL_KV_TILE.to_string()),
+        ("FA_THREADS", PREFILL_THREADS.to_string()),
+    ]
+}
+
+/// Threads a block of `add`, `add_rows` and `silu_mul`, which cover their
+/// elements with a grid-stride loop.
+pub const ELEMENTWISE_BLOCK: u32 = 256;
+
+/// `add`, `add_rows` or `silu_mul` over `n` elements: a thread an element.
+pub fn elementwise_launch(n: u32) -> Launch {
+    Launch::cover(n, ELEMENTWISE_BLOCK)
+}
+
+/// Threads a block of `embed`.
+pub const EMBED_BLOCK: u32 = 256;
+
+/// `embed` of `rows` tokens: a block a token.
+pub fn embed_launch(rows: u32) -> Launch {
+    Launch::new(rows.max(1), EMBED_BLOCK)
+}
+
+/// Threads a block of `argmax`.
+pub const ARGMAX_BLOCK: u32 = 256;
+
+/// Values a thread of `argmax` takes (`4 * ARGMAX_LOADS` in the source).
+pub const ARGMAX_PER_THREAD: u32 = 16;
+
+/// `argmax` over `n` values.
+pub fn argmax_launch(n: u32) -> Launch {
+    Launch::new(
+        n.div_ceil(ARGMAX_BLOCK * ARGMAX_PER_THREAD).max(1),
+        ARGMAX_BLOCK,
+    )
+}
+
+/// The defines of `argmax`: `ARGMAX_LOADS`, four values a load.
+pub(crate) fn argmax_defines() -> Vec<(&'static str, String)> {
+    vec![("ARGMAX_LOADS", (ARGMAX_PER_THREAD / 4).to_string())]
+}
+
+/// `advance`: one warp, of which one thread works.
+pub fn advance_launch() -> Launch {
+    Launch::new(1, 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every define the Rust side prepends is written nowhere in the CUDA
+    /// files, so the constant has one value.
+    #[test]
+    fn prepended_defines_are_defined_only_here() {
+        let defines = [
+            matmul_defines(),
+            gemm_defines(),
+            attention_defines(),
+            attention_exact_defines(),
+            attention_step_defines(),
+            prefill_attention_defines(),
+            argmax_defines(),
+        ]
+        .concat();
+        let sets = [crate::KernelSet::Default, crate::KernelSet::Exact];
+        let defs: Vec<_> = sets.into_iter().flat_map(|s| s.defs().all()).collect();
+        for (name, value) in defines {
+            let line = format!("#define {name} {value}\n");
+            let users: Vec<_> = defs
+                .iter()
+                .filter_map(|d| d.cuda_impl())
+                .filter(|c| c.source.contains(&line))
+                .collect();
+            assert!(!users.is_empty(), "no kernel takes {name}");
+            for cuda in users {
+                assert_eq!(
+                    cuda.source.matches(&format!("#define {name} ")).count(),
+                    1,
+                    "{name} in {}",
+                    cuda.entry
+                );
+            }
+        }
+    }
+
+    /// The launches agree with the kernels on the work a thread and a warp take.
+    #[test]
+    fn launches_cover_the_work() {
+        assert_eq!(matmul_launch(9).block[0], 32 * MATMUL_WARPS_PER_BLOCK);
+        assert_eq!(matmul_warps(1, 9), 9u32.div_ceil(MATMUL_COLUMNS_PER_WARP));
+        assert_eq!(matmul_warps(3, 9), 9);
+        assert_eq!(
+            matmul_launch(9).grid[0],
+            9u32.div_ceil(MATMUL_WARPS_PER_BLOCK)
+        );
+        for n in [1u32, 4096, 4097, 49152, 100_003] {
+            let launch = argmax_launch(n);
+            assert!(
+                launch.grid[0] * launch.block[0] * ARGMAX_PER_THREAD >= n,
+                "n {n}"
+            );
+            assert_eq!(launch.block[0], ARGMAX_BLOCK);
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The CUDA backend of the kernels: one `.cu` file per kernel entry point
+//! and `.cuh` headers for what several kernels share, all in this folder;
+//! [`geometry`], which says how each kernel is launched; and one function
+//! per kernel that puts the two together as the kernel's
+//! [`CudaKernel`] implementation, its launch computed from the dispatch's
+//! value (the op's shape).
+//!
+//! The runtime hands NVRTC one string and no headers (its content is the
+//! kernel's address), so `source` puts the headers' text in place of their
+//! `#include "name.cuh"` lines before a source goes to the runtime; some
+//! sources also get `#define` lines for constants the Rust side owns
+//! (`source_with`). Each kernel file opens with its arguments and its math.
+
+pub mod geometry;
+
+use encore::{CudaKernel, Launch};
+
+use crate::kernels::attention::{AttnShape, KvShape};
+use crate::kernels::attention_step::{
+    AttnStepShape, STEP_K_NEW, STEP_ROPE_K, STEP_ROPE_Q, STEP_V_NEW,
+};
+use crate::kernels::embed::EmbedShape;
+use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
+use crate::kernels::matmul::MatmulShape;
+use crate::kernels::norm::NormShape;
+use crate::kernels::rope::{RopeShape, RopeStoreShape};
+use crate::DType;
+
+pub(crate) fn rms_norm() -> CudaKernel {
+    CudaKernel::new(source("rms_norm.cu"), "rms_norm", |s: &NormShape| {
+        geometry::rms_norm_launch(s.rows)
+    })
+}
+
+/// `matmul`, its quantized products the exact ones with `exact`.
+pub(crate) fn matmul(exact: bool) -> CudaKernel {
+    let file = if exact {
+        "matmul_exact.cu"
+    } else {
+        "matmul.cu"
+    };
+    CudaKernel::new(
+        source_with(file, &geometry::matmul_defines()),
+        "matmul",
+        |s: &MatmulShape| geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)),
+    )
+}
+
+pub(crate) fn gemm() -> CudaKernel {
+    CudaKernel::new(
+        source_with("gemm.cu", &geometry::gemm_defines()),
+        "gemm",
+        // A weight type the kernel does not know gets no grid, which the
+        // driver refuses with a typed launch error.
+        |s: &MatmulShape| match DType::from_ggml_id(s.dtype) {
+            Some(dtype) => geometry::gemm_launch(s.rows, s.n, dtype),
+            None => Launch::NONE,
+        },
+    )
+}
+
+/// `fused_matmul`, its quantized products the exact ones with `exact`.
+pub(crate) fn fused_matmul(exact: bool) -> CudaKernel {
+    let mut defines = geometry::matmul_defines();
+    defines.extend([
+        ("EPILOGUE_STORE", format!("{EPILOGUE_STORE}u")),
+        ("EPILOGUE_ACCUMULATE", format!("{EPILOGUE_ACCUMULATE}u")),
+        ("EPILOGUE_SWIGLU", format!("{EPILOGUE_SWIGLU}u")),
+    ]);
+    let file = if exact {
+        "fused_matmul_exact.cu"
+    } else {
+        "fused_matmul.cu"
+    };
+    CudaKernel::new(
+        source_with(file, &defines),
+        "fused_matmul",
+        |s: &FusedShape| geometry::matmul_launch(geometry::fused_matmul_warps(s)),
+    )
+}
+
+pub(crate) fn rope() -> CudaKernel {
+    CudaKernel::new(source("rope.cu"), "rope", |s: &RopeShape| {
+        geometry::rope_launch(
+            s.rows
+                .saturating_mul(s.heads)
+                .saturating_mul(s.rope_dim / 2),
+        )
+    })
+}
+
+pub(crate) fn rope_store() -> CudaKernel {
+    CudaKernel::new(
+        source("rope_store.cu"),
+        "rope_store",
+        |s: &RopeStoreShape| {
+            let r = &s.rope;
+            geometry::rope_launch(
+                r.rows
+                    .saturating_mul(r.heads)
+                    .saturating_mul(r.head_dim / 2),
+            )
+        },
+    )
+}
+
+pub(crate) fn kv_store() -> CudaKernel {
+    CudaKernel::new(source("kv_store.cu"), "kv_store", |s: &KvShape| {
+        geometry::kv_store_launch(s.rows.saturating_mul(s.kv_dim))
+    })
+}
+
+pub(crate) fn attention() -> CudaKernel {
+    CudaKernel::new(
+        source_with("attention.cu", &geometry::attention_defines()),
+        "attention",
+        geometry::attention_launch,
+    )
+}
+
+pub(crate) fn attention_exact() -> CudaKernel {
+    use crate::cpu::kernels::attention::{FA_TILE_KV, FA_TILE_Q};
+    // The source takes both of the CPU's tile sizes as defines, but its
+    // code assumes 64.
+    const _: () = assert!(FA_TILE_Q == 64 && FA_TILE_KV == 64);
+    let mut defines = geometry::attention_exact_defines();
+    defines.push(("EXA_TILE_Q", FA_TILE_Q.to_string()));
+    defines.push(("EXA_TILE_KV", FA_TILE_KV.to_string()));
+    CudaKernel::new(
+        source_with("attention_exact.cu", &defines),
+        "attention_exact",
+        geometry::attention_exact_launch,
+    )
+}
+
+pub(crate) fn prefill_attention() -> CudaKernel {
+    CudaKernel::new(
+        source_with(
+            "prefill_attention.cu",
+            &geometry::prefill_attention_defines(),
+        ),
+        "attention_prefill",
+        |s: &AttnShape| geometry::prefill_attention_launch(s),
+    )
+}
+
+pub(crate) fn attention_step() -> CudaKernel {
+    let mut defines = vec![
+        ("STEP_ROPE_Q", format!("{STEP_ROPE_Q}u")),
+        ("STEP_K_NEW", format!("{STEP_K_NEW}u")),
+        ("STEP_ROPE_K", format!("{STEP_ROPE_K}u")),
+        ("STEP_V_NEW", format!("{STEP_V_NEW}u")),
+    ];
+    defines.extend(geometry::attention_step_defines());
+    CudaKernel::new(
+        source_with("attention_step.cu", &defines),
+        "attention_step",
+        |s: &AttnStepShape| geometry::attention_step_launch(s.attn.heads),
+    )
+}
+
+pub(crate) fn add() -> CudaKernel {
+    CudaKernel::new(source("add.cu"), "add", |n: &u32| {
+        geometry::elementwise_launch(*n)
+    })
+}
+
+pub(crate) fn add_rows() -> CudaKernel {
+    CudaKernel::new(source("add_rows.cu"), "add_rows", |[rows, n]: &[u32; 2]| {
+        geometry::elementwise_launch(rows.saturating_mul(*n))
+    })
+}
+
+pub(crate) fn silu_mul() -> CudaKernel {
+    CudaKernel::new(source("silu_mul.cu"), "silu_mul", |n: &u32| {
+        geometry::elementwise_launch(*n)
+    })
+}
+
+pub(crate) fn embed() -> CudaKernel {
+    CudaKernel::new(source("embed.cu"), "embed", |s: &EmbedShape| {
+        geometry::embed_launch(s.rows)
+    })
+}
+
+pub(crate) fn argmax() -> CudaKernel {
+    CudaKernel::new(
+        source_with("argmax.cu", &geometry::argmax_defines()),
+        "argmax",
+        |n: &u32| geometry::argmax_launch(*n),
+    )
+}
+
+pub(crate) fn advance() -> CudaKernel {
+    CudaKernel::new(source("advance.cu"), "advance", |_cap: &u32| {
+        geometry::advance_launch()
+    })
+}
+
+/// Every CUDA file of this folder, by name.
+const FILES: &[(&str, &str)] = &[
+    // Headers.
+    ("gguf.cuh", include_str!("gguf.cuh")),
+    ("matmul_shape.cuh", include_str!("matmul_shape.cuh")),
+    ("matmul_dots.cuh", include_str!("matmul_dots.cuh")),
+    ("quant_dots_fast.cuh", include_str!("quant_dots_fast.cuh")),
+    ("quant_dots_exact.cuh", include_str!("quant_dots_exact.cuh")),
+    ("matmul.cuh", include_str!("matmul.cuh")),
+    ("fused_matmul.cuh", include_str!("fused_matmul.cuh")),
+    ("mma.cuh", include_str!("mma.cuh")),
+    ("rope_common.cuh", include_str!("rope_common.cuh")),
+    ("attention_common.cuh", include_str!("attention_common.cuh")),
+    // Kernels.
+    ("rms_norm.cu", include_str!("rms_norm.cu")),
+    ("matmul.cu", include_str!("matmul.cu")),
+    ("matmul_exact.cu", include_str!("matmul_exact.cu")),
+    ("fused_matmul.cu", include_str!("fused_matmul.cu")),
+    (
+        "fused_matmul_exact.cu",
+        include_str!("fused_matmul_exact.cu"),
+    ),
+    ("gemm.cu", include_str!("gemm.cu")),
+    ("rope.cu", include_str!("rope.cu")),
+    ("rope_store.cu", include_str!("rope_store.cu")),
+    ("kv_store.cu", include_str!("kv_store.cu")),
+    ("attention.cu", include_str!("attention.cu")),
+    ("attention_exact.cu", include_str!("attention_exact.cu")),
+    ("attention_step.cu", include_str!("attention_step.cu")),
+    ("prefill_attention.cu", include_str!("prefill_attention.cu")),
+    ("add.cu", include_str!("add.cu")),
+    ("add_rows.cu", include_str!("add_rows.cu")),
+    ("silu_mul.cu", include_str!("silu_mul.cu")),
+    ("embed.cu", include_str!("embed.cu")),
+    ("argmax.cu", include_str!("argmax.cu")),
+    ("advance.cu", include_str!("advance.cu")),
+];
+
+/// The text of `file` (a name in this folder) with every `#include
+/// "name.cuh"` line replaced by that header's text, itself expanded, each
+/// header at most once (as `#pragma once` would). A file or header that
+/// does not exist becomes an `#error` line, which NVRTC reports by name.
+pub(crate) fn source(file: &str) -> String {
+    let mut out = String::new();
+    let mut included = Vec::new();
+    expand(file, &mut included, &mut out);
+    out
+}
+
+/// [`source`] after one `#define NAME VALUE` line for each of `defines`:
+/// constants the Rust side owns (launch geometry, flag bits), so that each
+/// is written once.
+pub(crate) fn source_with(file: &str, defines: &[(&str, String)]) -> String {
+    let mut out: String = defines
+        .iter()
+        .map(|(name, value)| format!("#define {name} {value}\n"))
+        .collect();
+    out.push_str(&source(file));
+    out
+}
+
+/// Appends `file`'s text to `out`, its includes expanded; `included` holds
+/// the headers already in `out`.
+fn expand(file: &str, included: &mut Vec<&'static str>, out: &mut String) {
+    match FILES.iter().find(|(name, _)| *name == file) {
+        Some(&(_, text)) => expand_text(text, included, out),
+        None => out.push_str(&format!("#error \"no CUDA file {file}\"\n")),
+    }
+}
+
+/// Appends `text` to `out`, its includes expanded (see [`expand`]).
+fn expand_text(text: &'static str, included: &mut Vec<&'static str>, out: &mut String) {
+    for line in text.lines() {
+        match included_name(line) {
+            Some(header) if included.contains(&header) => {}
+            Some(header) => {
+                included.push(header);
+                expand(header, included, out);
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+}
+
+/// The file a line `#include "name"` names.
+fn included_name(line: &str) -> Option<&str> {
+    line.trim()
+        .strip_prefix("#include")?
+        .trim()
+        .strip_prefix('"')?
+        .strip_suffix('"')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every CUDA source of every kernel, default and exact, is complete:
+    /// no include is left unresolved, no file was missing.
+    #[test]
+    fn every_kernel_source_has_its_includes_resolved() {
+        let sets = [crate::KernelSet::Default, crate::KernelSet::Exact];
+        for def in sets.into_iter().flat_map(|s| s.defs().all()) {
+            let Some(cuda) = def.cuda_impl() else {
+                panic!("{} has no CUDA source", def.name());
+            };
+            for line in cuda.source.lines() {
+                assert!(
+                    !line.trim_start().starts_with("#include") && !line.contains("#error"),
+                    "{}: {line}",
+                    def.name()
+                );
+            }
+        }
+    }
+
+    /// A header comes once however often it is included, and an unknown
+    /// one becomes an `#error` line instead of a panic.
+    #[test]
+    fn headers_expand_once_and_unknown_ones_become_errors() {
+        let mut out = String::new();
+        let text = "#include \"gguf.cuh\"\n  #include \"gguf.cuh\"\n#include \"missing.cuh\"\n";
+        expand_text(text, &mut Vec::new(), &mut out);
+        assert_eq!(out.matches("float f16_to_f32(").count(), 1);
+        assert!(out.ends_with("#error \"no CUDA file missing.cuh\"\n"));
+        assert_eq!(source("no_such.cu"), "#error \"no CUDA file no_such.cu\"\n");
+        let fused = source("fused_matmul.cu");
+        assert_eq!(fused.matches("float f16_to_f32(").count(), 1);
+    }
+
+    /// The table lists every `.cu` and `.cuh` file of this folder.
+    #[test]
+    fn the_table_holds_every_file_of_the_folder() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/cuda");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".cu") || n.ends_with(".cuh"))
+            .collect();
+        on_disk.sort();
+        let mut listed: Vec<String> = FILES.iter().map(|(n, _)| n.to_string()).collect();
+        listed.sort();
+        assert_eq!(on_disk, listed);
+    }
+}

@@ -1,0 +1,379 @@
+// The quantized products of the default version of `matmul` and
+// `fused_matmul` (see matmul_dots.cuh for what each version defines): weights
+// dequantized in registers and multiplied with f32 activations, the lanes'
+// partial sums meeting in a warp reduction; within the activation
+// quantization error of the CPU's results, not bit for bit. With `NORM`,
+// each activation is multiplied by the norm weight `g` as it is loaded and
+// its square joins `sq`, so a caller can scale the finished sums by
+// `1 / rms` (RMSNorm folded into the product: the scale is the same for
+// every element of a row).
+//
+// Lane layout: in Q8_0, Q4_0 and Q4_1 four lanes share a 32-weight block,
+// each taking 8 weights (Q4: bytes `4s..4s+4` of `qs`, i.e. weights
+// `4s..4s+4` and `16+4s..16+4s+4`), so a warp step covers 8 consecutive
+// blocks; float weights take 8 consecutive elements a lane, 256 a step.
+// Every element of a row is touched by exactly one lane. Each lane loads the
+// weights of `MM_STEPS` steps into registers before using any, so that many
+// loads are in flight (the products are bound by memory latency at decode
+// sizes). GGUF blocks are 18, 20 or 34 bytes, so quantized weights are read
+// as the widest words their alignment allows (32-bit for Q4_1, 16-bit for
+// Q4_0 and Q8_0), coalesced across the warp; float weights and activations
+// are read 16 bytes at a time when aligned (float rows also need a length
+// that is a multiple of 8), else one element at a time.
+//
+// Per block: Q8_0 `d Σ q x`; Q4_0 `d (Σ n x - 8 Σ x)`; Q4_1 `d Σ n x + m Σ x`.
+
+#include "matmul_dots.cuh"
+
+// Steps of 8 blocks a pass of dot_cols_quant (SmolLM2's longest rows, 1536, take one pass).
+#define DOT_STEPS 6
+// Several activation rows go through dot_row in tiles.
+#define MM_QUANT_BY_COLUMN 0
+
+// Q4_0 (18-byte blocks, HAS_MIN false) and Q4_1 (20-byte blocks, HAS_MIN true).
+template <bool HAS_MIN, bool VEC, bool NORM, int TILE>
+__device__ void dot_q4(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                       const float* __restrict__ g, unsigned int k, unsigned int rows, unsigned int lane,
+                       float* acc, float* sq) {
+    const unsigned int bytes = HAS_MIN ? 20 : 18;
+    const unsigned int nb = k / 32, sub = lane & 3;
+    for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
+        // Scale words (d, or d and m) and 8 codes of each step.
+        unsigned int head[MM_STEPS], codes[MM_STEPS];
+#pragma unroll
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            head[u] = 0u;
+            codes[u] = 0u;
+            if (b < nb) {
+                const unsigned char* blk = row + (size_t)b * bytes;
+                if (HAS_MIN) {
+                    head[u] = *reinterpret_cast<const unsigned int*>(blk);
+                    codes[u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
+                } else {
+                    const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+                    head[u] = h[0];
+                    codes[u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            if (b >= nb) break;
+            const float d = f16_to_f32((f16_bits)(head[u] & 0xffffu));
+            const float m = HAS_MIN ? f16_to_f32((f16_bits)(head[u] >> 16)) : 0.f;
+            float lo[4], hi[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                lo[i] = (float)((codes[u] >> (8 * i)) & 15u);
+                hi[i] = (float)((codes[u] >> (8 * i + 4)) & 15u);
+            }
+            const unsigned int e = b * 32 + 4 * sub;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                if (t < rows) {
+                    const float* xb = x + (size_t)t * k + e;
+                    float xl[4], xh[4];
+                    load_x4<VEC, NORM>(xb, g + e, xl, sq[t]);
+                    load_x4<VEC, NORM>(xb + 16, g + e + 16, xh, sq[t]);
+                    float nx = 0.f, sx = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        nx = fmaf(lo[i], xl[i], nx);
+                        nx = fmaf(hi[i], xh[i], nx);
+                        sx += xl[i] + xh[i];
+                    }
+                    acc[t] += HAS_MIN ? fmaf(d, nx, m * sx) : d * fmaf(-8.f, sx, nx);
+                }
+            }
+        }
+    }
+}
+
+// Q8_0: 34-byte blocks, `d` then 32 signed codes.
+template <bool VEC, bool NORM, int TILE>
+__device__ void dot_q8_0(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                         const float* __restrict__ g, unsigned int k, unsigned int rows, unsigned int lane,
+                         float* acc, float* sq) {
+    const unsigned int nb = k / 32, sub = lane & 3;
+    for (unsigned int b0 = lane >> 2; b0 < nb; b0 += 8 * MM_STEPS) {
+        // The scale and 8 codes (four 16-bit words) of each step.
+        unsigned short head[MM_STEPS], codes[MM_STEPS][4];
+#pragma unroll
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            head[u] = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) codes[u][i] = 0;
+            if (b < nb) {
+                const unsigned short* h = reinterpret_cast<const unsigned short*>(row + (size_t)b * 34);
+                head[u] = h[0];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) codes[u][i] = h[1 + 4 * sub + i];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MM_STEPS; ++u) {
+            const unsigned int b = b0 + 8 * u;
+            if (b >= nb) break;
+            const float d = f16_to_f32(head[u]);
+            float wq[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                wq[2 * i] = (float)(signed char)(codes[u][i] & 0xffu);
+                wq[2 * i + 1] = (float)(signed char)(codes[u][i] >> 8);
+            }
+            const unsigned int e = b * 32 + 8 * sub;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                if (t < rows) {
+                    const float* xb = x + (size_t)t * k + e;
+                    float xv[8];
+                    load_x4<VEC, NORM>(xb, g + e, xv, sq[t]);
+                    load_x4<VEC, NORM>(xb + 4, g + e + 4, xv + 4, sq[t]);
+                    float dot = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) dot = fmaf(wq[i], xv[i], dot);
+                    acc[t] = fmaf(d, dot, acc[t]);
+                }
+            }
+        }
+    }
+}
+
+// A weight row of any type against a tile of activation rows (per-lane
+// partial sums; see dot_row_float for `x16` and `vec_float`).
+template <bool NORM, int TILE>
+__device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char* __restrict__ row,
+                                        const float* __restrict__ x, const float* __restrict__ g,
+                                        unsigned int k, unsigned int rows, unsigned int lane, bool x16,
+                                        bool vec_float, float* acc, float* sq) {
+    switch (dtype) {
+        case GGML_Q4_1:
+            if (x16) dot_q4<true, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_q4<true, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            break;
+        case GGML_Q4_0:
+            if (x16) dot_q4<false, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_q4<false, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            break;
+        case GGML_Q8_0:
+            if (x16) dot_q8_0<true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            else dot_q8_0<false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
+            break;
+        default:
+            dot_row_float<NORM, TILE>(dtype, row, x, g, k, rows, lane, x16, vec_float, acc, sq);
+            break;
+    }
+}
+
+// The weight words of one pass of dot_cols_quant over N rows: each row's
+// scale word and codes for every step (Q8_0: 8 codes in lo and hi; Q4: 8
+// nibbles in lo), and with a norm folded in, the lane's norm weights of
+// each step.
+template <int N>
+struct QuantPass {
+    unsigned int head[N][DOT_STEPS], lo[N][DOT_STEPS], hi[N][DOT_STEPS];
+    float g[DOT_STEPS][8];
+};
+
+// The first and the fifth of the 8 activations a lane takes in block `b`
+// (Q8_0: 8 consecutive; Q4: 4 and the 4 that sit 16 further).
+template <unsigned int TYPE>
+__device__ __forceinline__ void quant_lane_elements(unsigned int b, unsigned int lane, unsigned int& e,
+                                                    unsigned int& e2) {
+    e = b * 32 + (TYPE == GGML_Q8_0 ? 8 * (lane & 3) : 4 * (lane & 3));
+    e2 = e + (TYPE == GGML_Q8_0 ? 4 : 16);
+}
+
+// Loads the norm weights of the pass from block `base` on (the elements
+// the lane's activations multiply).
+template <unsigned int TYPE, bool VEC, int N>
+__device__ __forceinline__ void norm_pass_load(const float* __restrict__ g, unsigned int nb, unsigned int base,
+                                               unsigned int lane, QuantPass<N>& w) {
+#pragma unroll
+    for (int u = 0; u < DOT_STEPS; ++u) {
+        if (base + 8 * u >= nb) break;
+        const unsigned int b = base + 8 * u + (lane >> 2);
+        unsigned int e, e2;
+        quant_lane_elements<TYPE>(b < nb ? b : nb - 1, lane, e, e2);
+        load4<VEC>(g + e, w.g[u]);
+        load4<VEC>(g + e2, w.g[u] + 4);
+    }
+}
+
+// Loads the weight words of the pass from block `base` on, from addresses
+// clamped into the row (a lane past the row end reads its last block).
+template <unsigned int TYPE, int N>
+__device__ __forceinline__ void quant_pass_load(const unsigned char* const* rows, unsigned int nb, unsigned int base,
+                                                unsigned int lane, QuantPass<N>& w) {
+    const unsigned int bytes = TYPE == GGML_Q4_1 ? 20u : TYPE == GGML_Q4_0 ? 18u : 34u;
+    const unsigned int sub = lane & 3;
+#pragma unroll
+    for (int u = 0; u < DOT_STEPS; ++u) {
+        if (base + 8 * u >= nb) break;
+        const unsigned int b = base + 8 * u + (lane >> 2);
+        const unsigned int bc = b < nb ? b : nb - 1;
+#pragma unroll
+        for (int c = 0; c < N; ++c) {
+            const unsigned char* blk = rows[c] + (size_t)bc * bytes;
+            const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+            w.hi[c][u] = 0u;
+            if (TYPE == GGML_Q4_1) {
+                w.head[c][u] = *reinterpret_cast<const unsigned int*>(blk);
+                w.lo[c][u] = *reinterpret_cast<const unsigned int*>(blk + 4 + 4 * sub);
+            } else if (TYPE == GGML_Q4_0) {
+                w.head[c][u] = h[0];
+                w.lo[c][u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
+            } else {
+                w.head[c][u] = h[0];
+                w.lo[c][u] = (unsigned int)h[1 + 4 * sub] | ((unsigned int)h[2 + 4 * sub] << 16);
+                w.hi[c][u] = (unsigned int)h[3 + 4 * sub] | ((unsigned int)h[4 + 4 * sub] << 16);
+            }
+        }
+    }
+}
+
+// The first pass's weight words of N rows of type `dtype`, and with a norm
+// weight `g` (not null) its elements for that pass (nothing for float
+// weights, which dot_cols reads itself). Weights are read-only, so a kernel
+// calls this before encore_grid_wait(): the loads then overlap the previous
+// kernel instead of following the wait.
+template <unsigned int TYPE, int N>
+__device__ __forceinline__ void quant_pass_first_of(const unsigned char* const* rows, const float* __restrict__ g,
+                                                    unsigned int k, unsigned int lane, QuantPass<N>& w) {
+    quant_pass_load<TYPE, N>(rows, k / 32, 0, lane, w);
+    if (g == nullptr) return;
+    if (((size_t)g & 15u) == 0) norm_pass_load<TYPE, true, N>(g, k / 32, 0, lane, w);
+    else norm_pass_load<TYPE, false, N>(g, k / 32, 0, lane, w);
+}
+
+template <int N>
+__device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsigned char* const* rows,
+                                                 const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                                 QuantPass<N>& w) {
+    switch (dtype) {
+        case GGML_Q4_1: quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w); return;
+        case GGML_Q4_0: quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w); return;
+        case GGML_Q8_0: quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w); return;
+        default: return;
+    }
+}
+
+// Q4_0, Q4_1 and Q8_0: per-lane partial dot products of N weight rows
+// (`rows[c]`) with one activation row, whose elements each lane loads once
+// for all N rows (and, with NORM, multiplies by `g` and squares into `sq`).
+// Lane layout and arithmetic as in dot_q4 and dot_q8_0.
+//
+// A pass covers DOT_STEPS steps of 8 blocks. Every load of a pass (weights,
+// activations, norm weights) is issued before any of them is used, from
+// addresses clamped into the row, so that one memory round trip serves the
+// whole pass: a load behind a branch, or behind arithmetic on an earlier
+// load, would wait for that load first. A lane whose block lies past the
+// row end (the last step of a row whose blocks are not a multiple of 8)
+// loads the last block again and adds nothing. Whether a step exists at all
+// is the same for every lane, and a constant once the kernel is specialized
+// for its shape, so the loops unroll to exactly the steps a row has. The
+// first pass's weights come from `first` when the caller loaded them
+// already (quant_pass_first), else from memory here.
+template <unsigned int TYPE, bool VEC, bool NORM, int N>
+__device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows, const float* __restrict__ x,
+                                               const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                               float* acc, float& sq, const QuantPass<N>* first) {
+    const unsigned int nb = k / 32;
+    for (unsigned int base = 0; base < nb; base += 8 * DOT_STEPS) {
+        QuantPass<N> w;
+        if (first != nullptr && base == 0) {
+            w = *first;
+        } else {
+            quant_pass_load<TYPE, N>(rows, nb, base, lane, w);
+            if (NORM) norm_pass_load<TYPE, VEC, N>(g, nb, base, lane, w);
+        }
+        // The lane's 8 activations of each step.
+        float xv[DOT_STEPS][8];
+        bool live[DOT_STEPS];
+#pragma unroll
+        for (int u = 0; u < DOT_STEPS; ++u) {
+            if (base + 8 * u >= nb) break;
+            const unsigned int b = base + 8 * u + (lane >> 2);
+            live[u] = b < nb;
+            unsigned int e, e2;
+            quant_lane_elements<TYPE>(live[u] ? b : nb - 1, lane, e, e2);
+            load4<VEC>(x + e, xv[u]);
+            load4<VEC>(x + e2, xv[u] + 4);
+        }
+#pragma unroll
+        for (int u = 0; u < DOT_STEPS; ++u) {
+            if (base + 8 * u >= nb) break;
+            // A block past the row end adds nothing (a select, not a branch:
+            // the compiler would move this step's loads behind a branch).
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[u][i] = live[u] ? xv[u][i] : 0.f;
+            if (NORM) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    sq = fmaf(xv[u][i], xv[u][i], sq);
+                    xv[u][i] *= w.g[u][i];
+                }
+            }
+            float sx = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sx += xv[u][i] + xv[u][4 + i];
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                const float d = f16_to_f32((f16_bits)(w.head[c][u] & 0xffffu));
+                if (TYPE == GGML_Q8_0) {
+                    float dot = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const unsigned int word = i < 4 ? w.lo[c][u] : w.hi[c][u];
+                        dot = fmaf((float)(signed char)((word >> (8 * (i & 3))) & 0xffu), xv[u][i], dot);
+                    }
+                    acc[c] = live[u] ? fmaf(d, dot, acc[c]) : acc[c];
+                } else {
+                    float nx = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        nx = fmaf((float)((w.lo[c][u] >> (8 * i)) & 15u), xv[u][i], nx);
+                        nx = fmaf((float)((w.lo[c][u] >> (8 * i + 4)) & 15u), xv[u][4 + i], nx);
+                    }
+                    const float part = TYPE == GGML_Q4_1 ? fmaf(d, nx, f16_to_f32((f16_bits)(w.head[c][u] >> 16)) * sx)
+                                                         : d * fmaf(-8.f, sx, nx);
+                    acc[c] = live[u] ? acc[c] + part : acc[c];
+                }
+            }
+        }
+    }
+}
+
+// N weight rows of type `dtype` against one activation row (decode), with
+// NORM the norm folded in: the finished dot products in `out` on every
+// lane. The quantized types load the activations once for all rows.
+template <bool NORM, int N>
+__device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char* const* rows,
+                                         const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
+                                         float eps, unsigned int lane, bool x16, bool vec_float, float* out,
+                                         const QuantPass<N>* first) {
+    float sq = 0.f;
+#pragma unroll
+    for (int c = 0; c < N; ++c) out[c] = 0.f;
+    switch (dtype) {
+        case GGML_Q4_1:
+            if (x16) dot_cols_quant<GGML_Q4_1, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            else dot_cols_quant<GGML_Q4_1, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            break;
+        case GGML_Q4_0:
+            if (x16) dot_cols_quant<GGML_Q4_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            else dot_cols_quant<GGML_Q4_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            break;
+        case GGML_Q8_0:
+            if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            break;
+        default:
+            dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out);
+            return;
+    }
+    dot_cols_finish<NORM, N>(out, sq, k, eps);
+}
