@@ -1,11 +1,57 @@
 //! The kernels an LLM needs, for every Encore backend.
 //!
-//! [`Ops`] loads every kernel on a device and encodes each operation with
-//! the exact byte ranges it reads and writes; [`kernels`] holds one file per
-//! operation with its math and its implementations; [`cpu`] holds the fast
-//! CPU math (quantized dot products) the CPU implementations call;
-//! [`cuda`] holds the CUDA kernels' sources and how each is launched;
-//! [`fusion`] holds the rules that fuse recorded dispatches of a graph.
+//! ```
+//! use encore::{Config, Device};
+//! use encore_ops::{KernelSet, Ops};
+//!
+//! let device = Device::open("cpu", &Config::default())?;
+//! let ops = Ops::new(&device, KernelSet::Default)?;
+//! let (x, y) = (device.buffer_from(&[1.0f32, 2.0, 3.0])?, device.buffer_from(&[0.5f32; 3])?);
+//! let mut enc = device.encoder();
+//! ops.add(&mut enc, &x, &y, 3)?; // x += y
+//! enc.commit_and_wait()?;
+//! assert_eq!(x.download::<f32>()?, [1.5, 2.5, 3.5]);
+//! # Ok::<(), encore::Error>(())
+//! ```
+//!
+//! # Layout: a folder per backend
+//!
+//! - [`kernels`]: one file per operation, backend-neutral: its math, its
+//!   shape (the `#[repr(C)]` value every implementation reads), its argument
+//!   layout ([`op_args!`]) and its definition, the table of its
+//!   implementations.
+//! - [`cpu`]: the CPU backend: the fast CPU math (quantized dot products)
+//!   and, in [`cpu::kernels`], one CPU body per operation.
+//! - [`cuda`]: the CUDA backend: `.cu` kernels and `.cuh` headers, and
+//!   [`cuda::geometry`], how each kernel is launched.
+//! - [`Ops`] loads a [`KernelSet`] on a device and encodes each operation
+//!   with the exact byte ranges it reads and writes; [`fusion`] holds the
+//!   rules that fuse recorded dispatches of a graph.
+//!
+//! # Adding a backend
+//!
+//! Once the runtime has the backend (see the `encore` crate's docs):
+//!
+//! 1. Add a folder beside `cpu/` and `cuda/`, say `wgsl/`, with one kernel
+//!    source per entry point and a `mod.rs` that turns each into the
+//!    runtime's implementation for that backend: the source, its entry
+//!    point and its launch geometry as a function of the op's shape (see
+//!    `cuda/mod.rs` and `cuda/geometry.rs` for the pattern).
+//! 2. In each `kernels/<op>.rs`, add the implementation to the op's
+//!    definition, beside `.cpu(...)` and `.cuda(...)`. An op you have not
+//!    written yet needs nothing: [`Ops`] reports
+//!    [`encore::Error::Unsupported`] when it is dispatched on the new
+//!    backend, so the backend comes up one op at a time.
+//! 3. The kernel reads its arguments in the order of the op's layout type
+//!    (`NormArgs`, `MatmulArgs`, ...), which lists every buffer with its
+//!    access, then the shape.
+//! 4. What the backend declares in its `encore::Capabilities` (fusion pays,
+//!    steps per replay) decides which fusion rules and replay lengths
+//!    [`Ops`] uses there; variants (the tensor-core gemm, the tiled prefill
+//!    attention) are used wherever a device has them.
+//! 5. Tests: `tests/cuda_ops.rs` opens `Ops` on the CPU and on CUDA and
+//!    compares every op on random inputs with stated tolerances; a new
+//!    backend's suite does the same with its device name.
 
 pub mod args;
 pub mod cpu;

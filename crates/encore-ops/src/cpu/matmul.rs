@@ -11,8 +11,8 @@
 //!
 //! Decoding streams the weights from memory, and one weight row at a time
 //! keeps each thread's reads in one sequential stream: with two rows at a
-//! time (two streams), products with long rows (FFN down, 1536 columns) ran
-//! at 16 GB/s instead of 23 on a 2-core Zen 3. Each row's dot product is
+//! time (two streams), products with long rows (FFN down) read memory more
+//! slowly (`BENCHMARKS.md`, approaches not kept). Each row's dot product is
 //! summed the same way whatever the tile, so results do not depend on it.
 //!
 //! The tasks run on the worker pool installed on the calling thread
