@@ -70,16 +70,7 @@ rounds=${ENCORE_AB_ROUNDS:-3}
                     fi
                 done
                 (( agree )) && same=$((same + 1))
-            done <<'PROMPTS'
-The capital of France is
-Once upon a time
-def fibonacci(n):
-The quick brown fox
-In 1969, the first
-Water boils at
-My favorite food is
-The meaning of life is
-PROMPTS
+            done <scripts/greedy-prompts.txt
             echo "greedy text on $device, every build against $1: $same of $total prompts identical over 32 tokens"
         done
     fi

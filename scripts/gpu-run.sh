@@ -196,16 +196,7 @@ if [[ -x .gpu/bin/encore ]] && compgen -G ".gpu-model/part-*" >/dev/null && want
                     echo "  cpu:  ${cpu:0:200}"
                     echo "  cuda: ${gpu:0:200}"
                 fi
-            done <<'PROMPTS'
-The capital of France is
-Once upon a time
-def fibonacci(n):
-The quick brown fox
-In 1969, the first
-Water boils at
-My favorite food is
-The meaning of life is
-PROMPTS
+            done <scripts/greedy-prompts.txt
             echo "greedy CPU vs CUDA ($mode kernels) on the real model: $same of $total identical over 32 tokens"
         done
         ENCORE_TEST_MODEL=$model within 300 .gpu/tests/cuda_engine --ignored real_model_on_cuda \

@@ -300,3 +300,25 @@ impl Engine {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_read_the_kernel_set_and_graphs_from_the_environment() -> Result<()> {
+        let default = EngineOptions::from_vars(|_| None)?;
+        assert_eq!(default, EngineOptions::default());
+        assert!(default.graphs && default.kernels == KernelSet::Default);
+        let set = EngineOptions::from_vars(|name| match name {
+            "ENCORE_EXACT" => Some("1".into()),
+            "ENCORE_GRAPHS" => Some("off".into()),
+            _ => None,
+        })?;
+        assert_eq!(set.kernels, KernelSet::Exact);
+        assert!(!set.graphs);
+        let bad = EngineOptions::from_vars(|name| (name == "ENCORE_EXACT").then(|| "maybe".into()));
+        assert!(bad.is_err_and(|e| e.to_string().contains("ENCORE_EXACT")));
+        Ok(())
+    }
+}

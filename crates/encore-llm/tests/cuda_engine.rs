@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use encore::{Config, Device, KernelDef};
+use encore::{Config, Device};
 use encore_llm::gguf::GgufFile;
 use encore_llm::sampler::greedy;
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
@@ -82,29 +82,8 @@ fn warm_kernel_cache() {
             ..Config::default()
         };
         let device = Device::open("cuda", &config).unwrap_or_else(|e| panic!("device cuda: {e}"));
-        let same = |a: &KernelDef, b: &KernelDef| {
-            a.name() == b.name()
-                && a.options() == b.options()
-                && a.cuda_impl().map(|c| (&c.source, &c.entry))
-                    == b.cuda_impl().map(|c| (&c.source, &c.entry))
-        };
-        let mut defs = KernelSet::Default.defs().all();
-        for def in KernelSet::Exact.defs().all() {
-            if !defs.iter().any(|d| same(d, &def)) {
-                defs.push(def);
-            }
-        }
-        defs.retain(|d| d.cuda_impl().is_some());
-        std::thread::scope(|s| {
-            for def in &defs {
-                let device = &device;
-                s.spawn(move || {
-                    device
-                        .load_kernel(def)
-                        .unwrap_or_else(|e| panic!("kernel {}: {e}", def.name()))
-                });
-            }
-        });
+        encore_ops::kernels::load_all(&device, &[KernelSet::Default, KernelSet::Exact])
+            .unwrap_or_else(|e| panic!("warming the kernel cache: {e}"));
     });
 }
 

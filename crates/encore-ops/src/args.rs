@@ -162,3 +162,77 @@ macro_rules! op_args {
         }
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use encore::{Access, Device, NodeArg};
+
+    use crate::kernels::fused::{FusedArgs, FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE};
+    use crate::kernels::norm::{NormArgs, NormShape};
+
+    #[test]
+    fn a_layout_round_trips_through_a_graph_node_and_refuses_other_shapes() -> encore::Result<()> {
+        let device = Device::cpu()?;
+        let kernel = device.load_kernel(&crate::kernels::norm::def())?;
+        let (x, w, y) = (device.alloc(64)?, device.alloc(16)?, device.alloc(64)?);
+        let shape = NormShape {
+            rows: 4,
+            dim: 4,
+            eps: 1e-5,
+        };
+        let args = NormArgs {
+            x: x.clone(),
+            w: w.clone(),
+            y: y.clone(),
+            shape,
+        };
+        let node = args.into_node(&kernel, "norm");
+        let accesses: Vec<Access> = node
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                NodeArg::Buffer(_, access) => Some(*access),
+                NodeArg::Bytes(_) => None,
+            })
+            .collect();
+        assert_eq!(accesses, [Access::Read, Access::Read, Access::Write]);
+        let back = NormArgs::from_node(&node).ok_or(encore::Error::Graph("no layout".into()))?;
+        assert_eq!(back.y.allocation_id(), y.allocation_id());
+        assert_eq!((back.shape.rows, back.shape.dim), (4, 4));
+        // One argument short, or a value of another size: not this layout.
+        let mut short = node.clone();
+        short.args.remove(0);
+        assert!(NormArgs::from_node(&short).is_none());
+        let mut wrong = node;
+        wrong.args.pop();
+        wrong.args.push(NodeArg::Bytes(vec![0; 4]));
+        assert!(NormArgs::from_node(&wrong).is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn an_access_may_depend_on_the_value() -> encore::Result<()> {
+        let device = Device::cpu()?;
+        let b = device.alloc(4)?;
+        let mut args = FusedArgs {
+            x: b.clone(),
+            g: b.clone(),
+            w0: b.clone(),
+            w1: b.clone(),
+            w2: b.clone(),
+            y0: b.clone(),
+            y1: b.clone(),
+            y2: b,
+            shape: bytemuck::Zeroable::zeroed(),
+        };
+        let outputs = |a: &FusedArgs| a.accesses()[5..].to_vec();
+        args.shape = FusedShape {
+            epilogue: EPILOGUE_STORE,
+            ..args.shape
+        };
+        assert_eq!(outputs(&args), [Access::Write; 3]);
+        args.shape.epilogue = EPILOGUE_ACCUMULATE;
+        assert_eq!(outputs(&args), [Access::ReadWrite; 3]);
+        Ok(())
+    }
+}

@@ -479,3 +479,46 @@ impl Ops {
         enc.dispatch(self.advance.get(&self.device)?, &args.args(), "advance")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel the device's backend does not implement leaves its slot
+    /// empty when the ops are loaded and fails only when it is dispatched,
+    /// with the op and the backend named.
+    #[test]
+    fn an_unimplemented_kernel_is_unsupported_at_dispatch_not_at_load() -> Result<()> {
+        let device = Device::cpu()?;
+        let cuda_only = crate::kernels::gemm::def();
+        let slot = Slot::load(&device, cuda_only)?;
+        assert!(slot.kernel.is_none());
+        match slot.get(&device) {
+            Err(Error::Unsupported { op, backend }) => {
+                assert_eq!((op.as_str(), backend), ("gemm", encore::BackendKind::Cpu));
+            }
+            other => return Err(Error::Graph(format!("expected Unsupported, got {other:?}"))),
+        }
+        // The general kernel serves the CPU for every row count.
+        let ops = Ops::new(&device, KernelSet::Default)?;
+        assert!(ops.gemm.kernel.is_none() && ops.attention_prefill.kernel.is_none());
+        assert!(ops.matmul.kernel.is_some() && ops.attention_step.kernel.is_some());
+        Ok(())
+    }
+
+    /// Fusion rules follow the backend's capabilities: none on the CPU,
+    /// where fusion does not pay, every one when asked for all.
+    #[test]
+    fn fusion_rules_follow_capabilities() -> Result<()> {
+        let ops = Ops::new(&Device::cpu()?, KernelSet::Default)?;
+        assert!(!ops.device().capabilities().fusion_pays);
+        assert!(ops.fusion_patterns().is_empty());
+        let all = ops.all_fusion_patterns().len();
+        let exact = Ops::new(&Device::cpu()?, KernelSet::Exact)?;
+        assert!(
+            all > exact.all_fusion_patterns().len(),
+            "exact leaves out attention_step"
+        );
+        Ok(())
+    }
+}

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use encore::{Buffer, Config, Device, Encoder, GraphStats, Kernel, KernelDef, Result};
+use encore::{Buffer, Config, Device, Encoder, GraphStats, Kernel, Result};
 use encore_ops::kernels::attention::{AttnArgs, AttnShape};
 use encore_ops::kernels::attention_exact;
 use encore_ops::kernels::gemm::GEMM_MIN_ROWS;
@@ -47,24 +47,8 @@ fn warm_kernel_cache() {
             ..Config::default()
         };
         let device = Device::open("cuda", &config).unwrap_or_else(|e| panic!("device cuda: {e}"));
-        let same = |a: &KernelDef, b: &KernelDef| {
-            a.name() == b.name()
-                && a.options() == b.options()
-                && a.cuda_impl().map(|c| (&c.source, &c.entry))
-                    == b.cuda_impl().map(|c| (&c.source, &c.entry))
-        };
-        let mut defs = KernelSet::Default.defs().all();
-        for def in KernelSet::Exact.defs().all() {
-            if !defs.iter().any(|d| same(d, &def)) {
-                defs.push(def);
-            }
-        }
-        defs.retain(|d| d.cuda_impl().is_some());
-        in_parallel(&defs, |def| {
-            device
-                .load_kernel(def)
-                .unwrap_or_else(|e| panic!("kernel {}: {e}", def.name()))
-        });
+        encore_ops::kernels::load_all(&device, &[KernelSet::Default, KernelSet::Exact])
+            .unwrap_or_else(|e| panic!("warming the kernel cache: {e}"));
     });
 }
 

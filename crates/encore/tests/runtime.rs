@@ -482,3 +482,22 @@ proptest! {
                         serial.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 }
+
+#[test]
+fn auto_opens_the_configured_device() {
+    let config = Config {
+        device: "cpu".into(),
+        ..Config::default()
+    };
+    assert_eq!(Device::open("auto", &config).unwrap().name(), "cpu");
+    let config = Config {
+        device: "nonsense".into(),
+        ..Config::default()
+    };
+    assert!(matches!(
+        Device::open("auto", &config),
+        Err(Error::UnknownDevice(name)) if name == "nonsense"
+    ));
+    // A device named explicitly is opened whatever `auto` would resolve to.
+    assert_eq!(Device::open("cpu", &config).unwrap().name(), "cpu");
+}

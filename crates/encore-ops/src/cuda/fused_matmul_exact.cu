@@ -1,4 +1,4 @@
-// `fused_matmul`, exact version (`encore::Config::exact`): with quantized
+// `fused_matmul`, exact version (`encore_ops::KernelSet::Exact`): with quantized
 // weights, the CPU's results bit for bit.
 //
 // Arguments: `x: f32[rows, k]` (read), `g: f32[k]` (read; empty without

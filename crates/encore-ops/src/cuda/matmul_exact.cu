@@ -1,4 +1,4 @@
-// `matmul`, exact version (`encore::Config::exact`): the CPU's results bit
+// `matmul`, exact version (`encore_ops::KernelSet::Exact`): the CPU's results bit
 // for bit.
 //
 // Arguments: `w: dtype[n, k]` (read, raw GGUF blocks), `x: f32[rows, k]`

@@ -94,6 +94,58 @@ impl KernelSet {
     }
 }
 
+/// Loads every kernel of `sets` that `device`'s backend implements, each
+/// distinct one once and all at the same time, so that a backend that
+/// compiles kernels (NVRTC compiles on one core) fills its kernel cache in
+/// the time of the slowest compile instead of the sum of all: a warm-up for
+/// processes that open several devices or kernel sets. Returns how many
+/// distinct kernels were loaded.
+pub fn load_all(device: &encore::Device, sets: &[KernelSet]) -> encore::Result<usize> {
+    let backend = device.kind();
+    let mut defs: Vec<KernelDef> = Vec::new();
+    for def in sets.iter().flat_map(|s| s.defs().all()) {
+        let key = |d: &KernelDef| {
+            (
+                d.name().to_string(),
+                d.options().to_vec(),
+                content(d, backend),
+            )
+        };
+        if def.implementation_for(backend).is_some() && !defs.iter().any(|d| key(d) == key(&def)) {
+            defs.push(def);
+        }
+    }
+    std::thread::scope(|s| {
+        let loads: Vec<_> = defs
+            .iter()
+            .map(|def| s.spawn(move || device.load_kernel(def).map(drop)))
+            .collect();
+        for load in loads {
+            load.join()
+                .unwrap_or_else(|p| Err(encore::Error::Graph(panic_message(&p))))?;
+        }
+        Ok(defs.len())
+    })
+}
+
+/// What defines `def` on `backend`, for telling two definitions apart.
+fn content(def: &KernelDef, backend: encore::BackendKind) -> Option<String> {
+    match def.implementation_for(backend)? {
+        encore::Implementation::Cpu(c) => Some(c.definition.clone()),
+        encore::Implementation::Cuda(c) => Some(format!("{}\0{}", c.source, c.entry)),
+    }
+}
+
+/// The text of a panic payload (a thread that loaded a kernel panicked).
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    format!("loading a kernel panicked: {text}")
+}
+
 impl KernelDefs {
     /// Every definition, in slot order.
     pub fn all(self) -> Vec<KernelDef> {
@@ -178,5 +230,19 @@ mod tests {
             };
             assert_eq!(backends, expected, "{}", def.name());
         }
+    }
+
+    /// The warm-up loads each distinct kernel once: the CPU bodies the two
+    /// sets share count once, the exact attention and products once more.
+    #[test]
+    fn load_all_loads_each_distinct_kernel_once() -> encore::Result<()> {
+        let device = encore::Device::cpu()?;
+        let default = load_all(&device, &[KernelSet::Default])?;
+        let both = load_all(&device, &[KernelSet::Default, KernelSet::Exact])?;
+        // On the CPU: every kernel but the CUDA-only gemm and prefill.
+        assert_eq!(default, KernelSet::Default.defs().all().len() - 2);
+        // The exact set adds its attention (another name, the CPU's body).
+        assert_eq!(both, default + 1);
+        Ok(())
     }
 }
