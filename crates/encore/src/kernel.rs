@@ -66,6 +66,19 @@ impl CudaKernel {
         entry: impl Into<String>,
         geometry: impl Fn(&T) -> Launch + Send + Sync + 'static,
     ) -> CudaKernel {
+        CudaKernel::checked(source, entry, move |v: &T| Ok(geometry(v)))
+    }
+
+    /// Like [`CudaKernel::new`], for a kernel that cannot launch every
+    /// value: `geometry` says why it refuses one (a weight type it has no
+    /// code for, say), and the dispatch fails with
+    /// [`crate::Error::InvalidDispatch`] carrying that reason instead of
+    /// running.
+    pub fn checked<T: bytemuck::Pod>(
+        source: impl Into<String>,
+        entry: impl Into<String>,
+        geometry: impl Fn(&T) -> std::result::Result<Launch, String> + Send + Sync + 'static,
+    ) -> CudaKernel {
         CudaKernel {
             source: format!("{CUDA_PRELUDE}{}", source.into()),
             entry: entry.into(),
@@ -77,7 +90,7 @@ impl CudaKernel {
                         value.len()
                     )
                 })?;
-                Ok(geometry(&v))
+                geometry(&v)
             }),
         }
     }
@@ -643,5 +656,11 @@ mod tests {
         let k = CudaKernel::new("", "k", |n: &u32| Launch::cover(*n, 128));
         assert_eq!(k.launch(&1000u32.to_le_bytes()), Ok(Launch::new(8, 128)));
         assert!(k.launch(&[1, 2]).is_err());
+        let even = CudaKernel::checked("", "k", |n: &u32| match n % 2 {
+            0 => Ok(Launch::new(1, 32)),
+            _ => Err(format!("{n} is odd")),
+        });
+        assert_eq!(even.launch(&2u32.to_le_bytes()), Ok(Launch::new(1, 32)));
+        assert_eq!(even.launch(&3u32.to_le_bytes()), Err("3 is odd".into()));
     }
 }

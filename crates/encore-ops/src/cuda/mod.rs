@@ -13,7 +13,7 @@
 
 pub mod geometry;
 
-use encore::{CudaKernel, Launch};
+use encore::CudaKernel;
 
 use crate::kernels::attention::{AttnShape, KvShape};
 use crate::kernels::attention_step::{
@@ -47,14 +47,12 @@ pub(crate) fn matmul(exact: bool) -> CudaKernel {
 }
 
 pub(crate) fn gemm() -> CudaKernel {
-    CudaKernel::new(
+    CudaKernel::checked(
         source_with("gemm.cu", &geometry::gemm_defines()),
         "gemm",
-        // A weight type the kernel does not know gets no grid, which the
-        // driver refuses with a typed launch error.
         |s: &MatmulShape| match DType::from_ggml_id(s.dtype) {
-            Some(dtype) => geometry::gemm_launch(s.rows, s.n, dtype),
-            None => Launch::NONE,
+            Some(dtype) => Ok(geometry::gemm_launch(s.rows, s.n, dtype)),
+            None => Err(format!("gemm has no code for ggml type {}", s.dtype)),
         },
     )
 }
