@@ -1,8 +1,17 @@
 //! `encore`: generate text, benchmark and list devices.
+//!
+//! Every input is checked before it is used: counts against the model's
+//! context and sane bounds, sampling settings by
+//! [`SamplerConfig::validate`], each failure one `error:` line naming the
+//! flag and its range. Output goes through [`Out`], which checks every
+//! write: a closed pipe ends the command quietly with status 0 (as `head`
+//! expects of what it reads, and as ripgrep does), any other failure to
+//! write is an error.
 
 mod report;
 
-use std::io::Write;
+use std::fmt;
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -10,6 +19,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use encore::{Config, Device, ProfileMode};
 use encore_llm::fetch::{self, Progress};
+use encore_llm::sampler::{SamplerError, SamplerField};
 use encore_llm::{Engine, EngineOptions, GenerateOptions, SamplerConfig};
 use encore_ops::KernelSet;
 
@@ -72,26 +82,26 @@ struct GenerateArgs {
     model: ModelArgs,
     #[command(flatten)]
     profile: ProfileArgs,
-    /// Most tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    /// Most tokens to generate, at most the model's context length.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, value_parser = count, allow_negative_numbers = true)]
     n: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    /// Sampling temperature, finite and >= 0; 0 is greedy.
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
     /// Keep the K most likely tokens (0 disables).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, value_parser = count, allow_negative_numbers = true)]
     top_k: usize,
-    /// Keep the most likely tokens up to this cumulative probability (1 disables).
-    #[arg(long, default_value_t = 0.95)]
+    /// Keep the most likely tokens up to this cumulative probability, in (0, 1] (1 disables).
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
-    /// Drop tokens less likely than this fraction of the best one (0 disables).
-    #[arg(long, default_value_t = 0.05)]
+    /// Drop tokens less likely than this fraction of the best one, in [0, 1] (0 disables).
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     min_p: f32,
-    /// Penalty for recently generated tokens (1 disables).
-    #[arg(long, default_value_t = 1.0)]
+    /// Penalty for recently generated tokens, finite and > 0 (1 disables).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// Random seed.
-    #[arg(long, default_value_t = 0x5eed)]
+    #[arg(long, default_value_t = 0x5eed, allow_negative_numbers = true)]
     seed: u64,
     /// Use the prompt as is, without the model's chat template.
     #[arg(long)]
@@ -106,39 +116,54 @@ struct BenchArgs {
     model: ModelArgs,
     #[command(flatten)]
     profile: ProfileArgs,
-    /// Prompt length for the prefill measurement.
-    #[arg(long, default_value_t = 128)]
+    /// Prompt length for the prefill measurement, at least 1; with
+    /// --gen-tokens at most the model's context length.
+    #[arg(long, default_value_t = 128, value_parser = count, allow_negative_numbers = true)]
     prompt_tokens: usize,
-    /// Tokens generated for the decode measurement.
-    #[arg(long, default_value_t = 64)]
+    /// Tokens generated for the decode measurement, at least 1.
+    #[arg(long, default_value_t = 64, value_parser = count, allow_negative_numbers = true)]
     gen_tokens: usize,
-    /// Repeats; the median is reported.
-    #[arg(long, default_value_t = 5)]
+    /// Repeats, 1 to 1000; the median is reported.
+    #[arg(long, default_value_t = 5, value_parser = count, allow_negative_numbers = true)]
     repeats: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
+/// Most repeats `bench` runs: a median of more tells nothing new.
+const MAX_REPEATS: usize = 1000;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(&e),
+    };
+    exit(match cli.command {
         Command::Generate(a) => generate(a),
         Command::Bench(a) => bench(a),
-        Command::Devices => {
-            for d in encore::list_devices() {
-                println!("{:<8} {}", d.name, d.description);
-            }
-            Ok(())
-        }
-    };
+        Command::Devices => devices(),
+    })
+}
+
+/// The exit status of a command's result, after reporting its error.
+fn exit(result: CliResult) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Stdout(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
-            let _ = std::io::stdout().flush();
-            eprintln!("error: {}", one_line(&e));
+            to_stderr(&format!("error: {}\n", one_line(&e.to_string())));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints clap's help, version or usage error; help and version go to
+/// stdout and are checked like any other output.
+fn clap_exit(e: &clap::Error) -> ExitCode {
+    match e.print() {
+        Err(err) if !e.use_stderr() => exit(Err(CliError::Stdout(err))),
+        _ => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
     }
 }
 
@@ -146,7 +171,100 @@ fn one_line(e: &str) -> String {
     e.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-type CliResult = Result<(), String>;
+/// Why a command failed.
+#[derive(Debug)]
+enum CliError {
+    /// Anything but writing the output, said in one line.
+    Message(String),
+    /// Writing to stdout failed; a closed pipe ends the command quietly.
+    Stdout(io::Error),
+}
+
+impl From<String> for CliError {
+    fn from(message: String) -> CliError {
+        CliError::Message(message)
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Message(m) => f.write_str(m),
+            CliError::Stdout(e) => write!(f, "writing to stdout: {e}"),
+        }
+    }
+}
+
+type CliResult = Result<(), CliError>;
+
+/// Standard output with every write checked and flushed at once, so that a
+/// command stops at the first write that fails (a closed pipe, a full disk)
+/// and says so, where `println!` would panic or a buffered write would fail
+/// unseen at exit.
+struct Out(io::StdoutLock<'static>);
+
+impl Out {
+    fn new() -> Out {
+        Out(io::stdout().lock())
+    }
+
+    fn write(&mut self, text: &str) -> CliResult {
+        self.0
+            .write_all(text.as_bytes())
+            .and_then(|()| self.0.flush())
+            .map_err(CliError::Stdout)
+    }
+
+    fn line(&mut self, text: &str) -> CliResult {
+        self.write(&format!("{text}\n"))
+    }
+}
+
+/// Writes diagnostics to stderr. A failure is ignored: there is nowhere
+/// left to report it, and the exit status still tells whether the command
+/// worked.
+fn to_stderr(text: &str) {
+    let _ = io::stderr().write_all(text.as_bytes());
+}
+
+/// An error unless `value`, given to `flag`, lies in `min..=max`; `why`
+/// says where a bound comes from.
+fn in_range(flag: &str, value: usize, min: usize, max: usize, why: &str) -> CliResult {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    Err(format!("{flag} {value}: expected {min} to {max}{why}").into())
+}
+
+/// Parses a count flag, saying what a count is (clap's own message for
+/// `-5` reads "invalid digit found in string").
+fn count(s: &str) -> Result<usize, String> {
+    s.parse()
+        .map_err(|_| format!("expected a whole number from 0 to {}", usize::MAX))
+}
+
+/// The flag that sets a sampling field.
+fn sampler_flag(field: SamplerField) -> &'static str {
+    match field {
+        SamplerField::Temperature => "--temperature",
+        SamplerField::TopP => "--top-p",
+        SamplerField::MinP => "--min-p",
+        SamplerField::RepeatPenalty => "--repeat-penalty",
+    }
+}
+
+fn sampler_error(e: SamplerError) -> CliError {
+    let flag = sampler_flag(e.field);
+    CliError::Message(format!("{flag} {}: expected {}", e.value, e.field.range()))
+}
+
+fn devices() -> CliResult {
+    let mut out = Out::new();
+    for d in encore::list_devices() {
+        out.line(&format!("{:<8} {}", d.name, d.description))?;
+    }
+    Ok(())
+}
 
 fn model_path(arg: &Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(p) = arg {
@@ -154,7 +272,7 @@ fn model_path(arg: &Option<PathBuf>) -> Result<PathBuf, String> {
     }
     let mut bar: Option<indicatif::ProgressBar> = None;
     let path = fetch::default_model(|p| match p {
-        Progress::Step(s) => eprintln!("encore: {s}"),
+        Progress::Step(s) => to_stderr(&format!("encore: {s}\n")),
         Progress::Bytes { done, total } => {
             let b = bar.get_or_insert_with(|| {
                 let b = indicatif::ProgressBar::new(total);
@@ -216,27 +334,21 @@ fn with_device(
 ) -> CliResult {
     let device = open(model, profile)?;
     let result = command(&device);
-    let _ = std::io::stdout().flush();
     let _ = device.synchronize();
     let mode = device.config().profile;
     if mode > ProfileMode::Off {
-        eprint!("{}", report::profile(&device, mode));
+        to_stderr(&report::profile(&device, mode));
     }
     let saved = match (&profile.trace, device.trace()) {
         (Some(path), Some(trace)) => trace
             .save(path)
-            .map_err(|e| format!("trace not written: {e}")),
+            .map_err(|e| CliError::Message(format!("trace not written: {e}"))),
         _ => Ok(()),
     };
     result.and(saved)
 }
 
 fn generate(a: GenerateArgs) -> CliResult {
-    with_device(&a.model, &a.profile, |device| generate_on(&a, device))
-}
-
-fn generate_on(a: &GenerateArgs, device: &Device) -> CliResult {
-    let engine = load(&a.model, device)?;
     let options = GenerateOptions {
         max_tokens: a.n,
         sampler: SamplerConfig {
@@ -250,20 +362,37 @@ fn generate_on(a: &GenerateArgs, device: &Device) -> CliResult {
         },
         raw: a.raw,
     };
-    let mut stdout = std::io::stdout().lock();
-    let generation = engine
-        .generate(&a.prompt, &options, |piece| {
-            stdout.write_all(piece.as_bytes()).is_ok() && stdout.flush().is_ok()
-        })
-        .map_err(|e| e.to_string())?;
-    let _ = writeln!(stdout);
-    eprintln!(
-        "encore: prefill {} tokens at {:.1} tok/s, decode {} tokens at {:.1} tok/s",
+    options.sampler.validate().map_err(sampler_error)?;
+    with_device(&a.model, &a.profile, |device| {
+        generate_on(&a, &options, device)
+    })
+}
+
+fn generate_on(a: &GenerateArgs, options: &GenerateOptions, device: &Device) -> CliResult {
+    let engine = load(&a.model, device)?;
+    let context = engine.model().config.context_length;
+    in_range("-n/--n-predict", a.n, 0, context, " (the model's context)")?;
+    let mut out = Out::new();
+    // The first failed write stops the generation and is reported.
+    let mut failed = None;
+    let generation = engine.generate(&a.prompt, options, |piece| {
+        if failed.is_none() {
+            failed = out.write(piece).err();
+        }
+        failed.is_none()
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let generation = generation.map_err(|e| e.to_string())?;
+    out.write("\n")?;
+    to_stderr(&format!(
+        "encore: prefill {} tokens at {:.1} tok/s, decode {} tokens at {:.1} tok/s\n",
         generation.prompt_tokens,
         generation.prefill_tokens_per_second(),
         generation.tokens.len(),
         generation.decode_tokens_per_second(),
-    );
+    ));
     Ok(())
 }
 
@@ -273,12 +402,34 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn bench(a: BenchArgs) -> CliResult {
+    in_range("--repeats", a.repeats, 1, MAX_REPEATS, "")?;
     with_device(&a.model, &a.profile, |device| bench_on(&a, device))
 }
 
 fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
     let engine = load(&a.model, device)?;
     let e = |e: encore_llm::LlmError| e.to_string();
+    // The prompt and the generated tokens share the model's context, and
+    // each measurement needs a token (so the sum below cannot overflow).
+    let context = engine.model().config.context_length;
+    in_range(
+        "--prompt-tokens",
+        a.prompt_tokens,
+        1,
+        context.saturating_sub(1),
+        " (the model's context less one generated token)",
+    )?;
+    in_range(
+        "--gen-tokens",
+        a.gen_tokens,
+        1,
+        context - a.prompt_tokens,
+        &format!(
+            " (the model's context of {context} less --prompt-tokens {})",
+            a.prompt_tokens
+        ),
+    )?;
+    let positions = (a.prompt_tokens + a.gen_tokens + 1).min(context);
     let vocab = engine.model().config.vocab as u32;
     // A deterministic prompt of ordinary token ids.
     let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
@@ -288,13 +439,11 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
     let mut decode = Vec::new();
     let mut step_device = Vec::new();
     let mut graph = None;
-    for _ in 0..a.repeats.max(1) + 1 {
-        let mut s = engine
-            .session(a.prompt_tokens + a.gen_tokens + 1)
-            .map_err(e)?;
+    for _ in 0..=a.repeats {
+        let mut s = engine.session(positions).map_err(e)?;
         let t = Instant::now();
         s.prefill(&prompt).map_err(e)?;
-        prefill.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        prefill.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64().max(1e-9));
         // Greedy decoding as `encore generate` runs it: steps fed by the
         // device-side argmax, queued a batch at a time.
         let token = prompt.last().copied().unwrap_or(0);
@@ -302,23 +451,23 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
         // warm runs capture theirs).
         s.prepare_greedy().map_err(e)?;
         let t = Instant::now();
-        s.decode_greedy(token, a.gen_tokens, encore_llm::GREEDY_BATCH, |_| Ok(true))
+        let decoded = s
+            .decode_greedy(token, a.gen_tokens, encore_llm::GREEDY_BATCH, |_| Ok(true))
             .map_err(e)?;
-        decode.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        decode.push(decoded as f64 / t.elapsed().as_secs_f64().max(1e-9));
         step_device.extend(s.step_times().iter().map(|t| t.as_secs_f64() * 1e6));
         graph = s.graph_stats();
     }
-    // The first repeat warms caches and records the decode graph.
-    prefill.remove(0);
-    decode.remove(0);
-    let (p, d) = (median(prefill), median(decode));
+    // The first run warms caches and records the decode graph.
+    let measured = |v: Vec<f64>| median(v.into_iter().skip(1).collect());
+    let (p, d) = (measured(prefill), measured(decode));
     // Device time of one step against the wall time of one token: the
     // difference is what the host adds (launch, readback, sampling).
     let step_us = (!step_device.is_empty()).then(|| median(step_device));
+    let mut out = Out::new();
     if a.json {
-        println!(
-            "{}",
-            serde_json::json!({
+        out.line(
+            &serde_json::json!({
                 "model": a.model.model.as_ref().map_or("default".to_string(), |m| m.display().to_string()),
                 "device": device.name(),
                 "threads": device.config().cpu_threads(),
@@ -337,9 +486,10 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
                     "specialized": g.specialized,
                 })),
             })
-        );
+            .to_string(),
+        )?;
     } else {
-        println!(
+        out.line(&format!(
             "device {}  prefill pp{} {:.1} tok/s  decode tg{} {:.1} tok/s (median of {})",
             device.name(),
             a.prompt_tokens,
@@ -347,21 +497,21 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
             a.gen_tokens,
             d,
             a.repeats
-        );
+        ))?;
         if let Some(us) = step_us {
-            println!(
+            out.line(&format!(
                 "decode step: {us:.1} µs on the device of {:.1} µs per token (median)",
                 1e6 / d
-            );
+            ))?;
         }
         if let Some(g) = &graph {
-            println!(
+            out.line(&format!(
                 "decode graph per token: recorded {}; after passes {} ({} fused, {} specialized)",
                 shape_text(&g.before),
                 shape_text(&g.after),
                 g.fused,
                 g.specialized
-            );
+            ))?;
         }
     }
     Ok(())

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use encore::Device;
 
-use crate::chat::{ChatTemplate, Message};
+use crate::chat::{ChatPart, ChatTemplate, Message};
 use crate::error::{LlmError, Result};
 use crate::gguf::GgufFile;
 use crate::model::Model;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::Session;
-use crate::tokenizer::{Tokenizer, TokenizerSpec};
+use crate::tokenizer::{Segment, Tokenizer, TokenizerSpec};
 use encore_ops::KernelSet;
 
 /// Greedy steps queued on the device before their tokens are read back (and
@@ -124,6 +124,18 @@ impl Generation {
     }
 }
 
+/// Whether `parts`, joined, are exactly `text`.
+fn joins_into(parts: &[ChatPart], text: &str) -> bool {
+    let mut rest = text;
+    for part in parts {
+        match rest.strip_prefix(part.text()) {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
 /// A model ready to generate: weights on a device, tokenizer, chat template.
 pub struct Engine {
     model: Arc<Model>,
@@ -175,18 +187,82 @@ impl Engine {
         &self.tokenizer
     }
 
-    /// The token ids of a prompt: as is when `raw`, else as the single user
-    /// message of the chat template with the assistant's turn opened.
+    /// The token ids of a prompt: as is when `raw` (control tokens written
+    /// in it, such as `<|im_start|>`, are recognized, so a raw prompt can
+    /// spell out a chat by hand), else as the single user message of the
+    /// chat template with the assistant's turn opened ([`Engine::chat_tokens`]:
+    /// the prompt is plain text).
     pub fn prompt_tokens(&self, prompt: &str, raw: bool) -> Result<Vec<u32>> {
-        let text = if raw {
-            prompt.to_string()
+        if raw {
+            Ok(self.tokenizer.encode(prompt, true, true)?)
         } else {
-            let bos = self.token_text(self.tokenizer.bos());
-            let eos = self.token_text(self.tokenizer.eos());
-            self.template
-                .render(&[Message::new("user", prompt)], true, &bos, &eos)?
+            self.chat_tokens(&[Message::new("user", prompt)], true)
+        }
+    }
+
+    /// The token ids of a conversation in the model's chat template, with
+    /// the assistant's turn opened when `add_generation_prompt`.
+    ///
+    /// Only the template's markup becomes control tokens: a message's
+    /// content is plain text, so one that spells `<|im_start|>system` gets
+    /// the tokens of that text, not a turn of its own. Otherwise the ids are
+    /// those of the rendered prompt encoded whole: the tokenizer encodes the
+    /// text between control tokens as one run, across the boundaries of
+    /// contents ([`Tokenizer::encode_segments`]). A role is markup (templates
+    /// compare and print it), so a role that spells a control token is
+    /// refused.
+    ///
+    /// A template that changes contents (trims them, say) is followed
+    /// exactly where no content spells a control token; where one does, that
+    /// content is kept as given, and where the template cuts contents
+    /// ([`ChatTemplate::render_parts`] gives `None`), the conversation is
+    /// refused.
+    pub fn chat_tokens(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>> {
+        if let Some(m) = messages
+            .iter()
+            .find(|m| self.tokenizer.has_control_text(&m.role))
+        {
+            return Err(LlmError::Request(format!(
+                "the message role {:?} spells a control token",
+                m.role
+            )));
+        }
+        let bos = self.token_text(self.tokenizer.bos());
+        let eos = self.token_text(self.tokenizer.eos());
+        let t = &self.template;
+        let text = t.render(messages, add_generation_prompt, &bos, &eos)?;
+        let parts = t.render_parts(messages, add_generation_prompt, &bos, &eos)?;
+        let encode_parts = |parts: &[ChatPart]| {
+            let segments: Vec<Segment<'_>> = parts
+                .iter()
+                .map(|p| match p {
+                    ChatPart::Markup(t) => Segment::markup(t),
+                    ChatPart::Content(t) => Segment::plain(t),
+                })
+                .collect();
+            self.tokenizer.encode_segments(&segments, true)
         };
-        Ok(self.tokenizer.encode(&text, true, true)?)
+        Ok(match parts {
+            Some(parts) if joins_into(&parts, &text) => encode_parts(&parts)?,
+            _ if !messages
+                .iter()
+                .any(|m| self.tokenizer.has_control_text(&m.content)) =>
+            {
+                self.tokenizer.encode(&text, true, true)?
+            }
+            Some(parts) => encode_parts(&parts)?,
+            None => {
+                return Err(LlmError::Request(
+                    "a message spells a control token, and the chat template rewrites \
+                     message contents too much to keep them apart from its markup"
+                        .into(),
+                ))
+            }
+        })
     }
 
     fn token_text(&self, id: Option<u32>) -> String {
@@ -209,6 +285,7 @@ impl Engine {
         options: &GenerateOptions,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
+        options.sampler.validate()?;
         let device = &self.model.device;
         let _span = device.trace_span("generate");
         let prompt_ids = {
@@ -222,7 +299,10 @@ impl Engine {
                 prompt_ids.len()
             )));
         }
-        let max_seq = (prompt_ids.len() + options.max_tokens).min(limit);
+        let max_seq = prompt_ids
+            .len()
+            .saturating_add(options.max_tokens)
+            .min(limit);
         let mut session = self.session(max_seq)?;
         let mut sampler = Sampler::new(options.sampler.clone());
         let greedy_on_device = options.sampler.is_plain_greedy();
@@ -278,11 +358,7 @@ impl Engine {
             }
             session.step(next)?;
             let _span = device.trace_span("sampling");
-            next = if greedy_on_device {
-                session.argmax()?
-            } else {
-                sampler.sample(&session.logits()?, &history)
-            };
+            next = sampler.sample(&session.logits()?, &history);
         }
         let decode_time = t1.elapsed();
         let rest = stream.finish();

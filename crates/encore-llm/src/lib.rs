@@ -26,5 +26,5 @@ pub use config::ModelConfig;
 pub use engine::{Engine, EngineOptions, GenerateOptions, Generation, GREEDY_BATCH};
 pub use error::{LlmError, Result};
 pub use model::Model;
-pub use sampler::{Sampler, SamplerConfig};
-pub use session::Session;
+pub use sampler::{Sampler, SamplerConfig, SamplerError, SamplerField};
+pub use session::{Pass, Session};

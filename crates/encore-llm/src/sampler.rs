@@ -4,20 +4,29 @@
 //! top-k, top-p, min-p, temperature, and a draw from the remaining
 //! distribution. Temperature 0 means greedy (argmax of the penalized logits).
 
-/// Sampling settings.
+/// Sampling settings. [`SamplerConfig::validate`] checks the ranges stated
+/// on each field; whatever fills this from outside (command-line flags, a
+/// request's JSON) should call it before sampling.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
+    /// Divides the logits before the draw: finite and >= 0; 0 is greedy.
     pub temperature: f32,
-    /// 0 disables.
+    /// Keep the `top_k` most likely tokens: any value; 0 (or one at least
+    /// the vocabulary) keeps them all.
     pub top_k: usize,
-    /// 1.0 disables.
+    /// Keep the most likely tokens up to this cumulative probability: in
+    /// (0, 1]; 1 disables.
     pub top_p: f32,
-    /// 0.0 disables.
+    /// Drop tokens less likely than this fraction of the most likely one:
+    /// in [0, 1]; 0 disables.
     pub min_p: f32,
-    /// 1.0 disables.
+    /// Divides the positive logits (multiplies the negative ones) of
+    /// recently seen tokens: finite and > 0; 1 disables, below 1 favours
+    /// repeats.
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at.
+    /// How many recent tokens the repeat penalty looks at: any value.
     pub repeat_last_n: usize,
+    /// Seed of the random draws: any value.
     pub seed: u64,
 }
 
@@ -36,11 +45,78 @@ impl Default for SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// Checks every field against the range its documentation states;
+    /// the error names the first field outside it.
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        let checks = [
+            (SamplerField::Temperature, self.temperature),
+            (SamplerField::TopP, self.top_p),
+            (SamplerField::MinP, self.min_p),
+            (SamplerField::RepeatPenalty, self.repeat_penalty),
+        ];
+        match checks
+            .into_iter()
+            .find(|&(field, value)| !field.accepts(value))
+        {
+            Some((field, value)) => Err(SamplerError { field, value }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether the choice is the argmax of the logits (no penalty, no randomness),
     /// so a device-side argmax can stand in for host sampling.
     pub fn is_plain_greedy(&self) -> bool {
         self.temperature <= 0.0 && self.repeat_penalty == 1.0
     }
+}
+
+/// The fields of [`SamplerConfig`] with a range to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplerField {
+    Temperature,
+    TopP,
+    MinP,
+    RepeatPenalty,
+}
+
+impl SamplerField {
+    /// The field's name in [`SamplerConfig`].
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplerField::Temperature => "temperature",
+            SamplerField::TopP => "top_p",
+            SamplerField::MinP => "min_p",
+            SamplerField::RepeatPenalty => "repeat_penalty",
+        }
+    }
+
+    /// The values the field accepts, in words.
+    pub fn range(self) -> &'static str {
+        match self {
+            SamplerField::Temperature => "a finite number >= 0 (0 is greedy)",
+            SamplerField::TopP => "a number in (0, 1] (1 disables)",
+            SamplerField::MinP => "a number in [0, 1] (0 disables)",
+            SamplerField::RepeatPenalty => "a finite number > 0 (1 disables)",
+        }
+    }
+
+    /// Whether `value` is in the field's range (NaN never is).
+    fn accepts(self, v: f32) -> bool {
+        match self {
+            SamplerField::Temperature => v.is_finite() && v >= 0.0,
+            SamplerField::TopP => v > 0.0 && v <= 1.0,
+            SamplerField::MinP => (0.0..=1.0).contains(&v),
+            SamplerField::RepeatPenalty => v.is_finite() && v > 0.0,
+        }
+    }
+}
+
+/// A sampling setting outside its range.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("{} = {value}: expected {}", .field.name(), .field.range())]
+pub struct SamplerError {
+    pub field: SamplerField,
+    pub value: f32,
 }
 
 /// A sampler with its random state.
@@ -162,6 +238,68 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.5, -1.0, 0.5, 2.9]
+    }
+
+    #[test]
+    fn validate_accepts_the_defaults_and_the_range_ends() {
+        assert_eq!(SamplerConfig::default().validate(), Ok(()));
+        let ends = SamplerConfig {
+            temperature: 0.0,
+            top_k: usize::MAX,
+            top_p: 1.0,
+            min_p: 1.0,
+            repeat_penalty: f32::MIN_POSITIVE,
+            repeat_last_n: usize::MAX,
+            seed: u64::MAX,
+        };
+        assert_eq!(ends.validate(), Ok(()));
+        let other_ends = SamplerConfig {
+            temperature: f32::MAX,
+            top_p: f32::MIN_POSITIVE,
+            min_p: 0.0,
+            repeat_penalty: f32::MAX,
+            ..ends
+        };
+        assert_eq!(other_ends.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_names_the_field_out_of_range() {
+        let set = |field, value| {
+            let mut c = SamplerConfig::default();
+            match field {
+                SamplerField::Temperature => c.temperature = value,
+                SamplerField::TopP => c.top_p = value,
+                SamplerField::MinP => c.min_p = value,
+                SamplerField::RepeatPenalty => c.repeat_penalty = value,
+            }
+            c
+        };
+        let bad: [(SamplerField, &[f32]); 4] = [
+            (
+                SamplerField::Temperature,
+                &[f32::NAN, f32::INFINITY, -0.1, f32::NEG_INFINITY],
+            ),
+            (
+                SamplerField::TopP,
+                &[f32::NAN, 0.0, -1.0, 1.01, f32::INFINITY],
+            ),
+            (SamplerField::MinP, &[f32::NAN, -0.01, 1.5, f32::INFINITY]),
+            (
+                SamplerField::RepeatPenalty,
+                &[f32::NAN, 0.0, -1.0, f32::INFINITY],
+            ),
+        ];
+        for (field, values) in bad {
+            for &value in values {
+                let e = set(field, value).validate().unwrap_err();
+                assert_eq!(e.field, field, "{value}");
+                assert!(value.is_nan() && e.value.is_nan() || e.value == value);
+                let text = e.to_string();
+                assert!(text.contains(field.name()), "{text}");
+                assert!(text.contains(field.range()), "{text}");
+            }
+        }
     }
 
     #[test]

@@ -12,6 +12,19 @@
 //! moves on, on the device, so a batch of steps is queued back to back (no
 //! host round trip between them) and their tokens come back to the host in
 //! one read per batch.
+//!
+//! Logits that hold a NaN or an infinity (corrupt weights) are an error,
+//! [`LlmError::NonFinite`], wherever the host reads them: after the prefill,
+//! in [`Session::logits`] (which sampling reads after each step), and in
+//! greedy decoding, whose logits never leave the device otherwise. There,
+//! the last step of each batch writes its logits to one of two buffers, in
+//! turn, and the host checks them while the next batch, writing the other,
+//! runs: one read of the logits per batch, overlapped with the device's
+//! work. A corrupt weight spoils every later step (through the KV cache, or
+//! directly when it is in the output head), so a batch's last step finds
+//! it; the steps of a failing batch are then run again one by one to find
+//! the first that failed. A NaN that appears in one step and never again
+//! (an overflow in the last layer, say) can go unseen inside a batch.
 
 use std::sync::Arc;
 
@@ -20,6 +33,41 @@ use encore::{Buffer, GraphCache, GraphExec, Params};
 use crate::error::{LlmError, Result};
 use crate::model::{Activations, LayerCache, Model};
 
+/// Which forward pass produced logits that were not finite
+/// ([`LlmError::NonFinite`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// The prompt's batched pass ([`Session::prefill`]).
+    Prefill,
+    /// One decode step ([`Session::step`], [`Session::decode_greedy`]).
+    Decode,
+}
+
+impl std::fmt::Display for Pass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Pass::Prefill => "prefill",
+            Pass::Decode => "decode step",
+        })
+    }
+}
+
+/// Whether every value is finite. Written as a reduction without an early
+/// exit so that it vectorizes: a pass over the logits costs about as much
+/// as copying them.
+fn all_finite(x: &[f32]) -> bool {
+    x.iter().fold(true, |ok, v| ok & v.is_finite())
+}
+
+/// `Ok` when `logits` are all finite, else [`LlmError::NonFinite`].
+fn check_finite(logits: &[f32], pass: Pass, position: usize) -> Result<()> {
+    if all_finite(logits) {
+        Ok(())
+    } else {
+        Err(LlmError::NonFinite { pass, position })
+    }
+}
+
 /// One conversation's state on the device.
 pub struct Session {
     model: Arc<Model>,
@@ -27,16 +75,23 @@ pub struct Session {
     max_seq: usize,
     pos: usize,
     params: Params,
-    decode: Activations,
+    /// The decode step's activations; greedy batches alternate between the
+    /// two, so that the host can read one batch's last logits while the
+    /// next batch writes the other's. Single steps use the first.
+    decode: [Activations; 2],
+    /// Which of `decode` holds the logits [`Session::logits`] reads, and
+    /// the position of the step that wrote them.
+    logits_at: (usize, usize),
     argmax_out: Buffer,
     /// Tokens chosen on the device by greedy steps, by the position of the
     /// step that chose them.
     history: Buffer,
     graphs: GraphCache,
     step: Option<GraphExec>,
-    /// The self-feeding greedy step, once recorded: one run a replay, and
-    /// [`encore_ops::Ops::steps_per_replay`] runs a replay.
-    greedy: [Option<GraphExec>; 2],
+    /// The self-feeding greedy step on each of `decode`, once recorded:
+    /// one run a replay, and [`encore_ops::Ops::steps_per_replay`] runs a
+    /// replay.
+    greedy: [[Option<GraphExec>; 2]; 2],
     use_graphs: bool,
     last_step_time: Option<std::time::Duration>,
     step_times: Vec<std::time::Duration>,
@@ -55,7 +110,7 @@ impl Session {
         let device = model.device.clone();
         let cache = model.new_cache(max_seq)?;
         let params = Params::new(&device, &["pos", "token"])?;
-        let decode = Activations::new(&model, 1)?;
+        let decode = [Activations::new(&model, 1)?, Activations::new(&model, 1)?];
         let argmax_out = model.ops.argmax_buffer()?;
         let history = device.alloc(max_seq * 4)?;
         let use_graphs = graphs;
@@ -67,11 +122,12 @@ impl Session {
             pos: 0,
             params,
             decode,
+            logits_at: (0, 0),
             argmax_out,
             history,
             graphs,
             step: None,
-            greedy: [None, None],
+            greedy: [[None, None], [None, None]],
             use_graphs,
             last_step_time: None,
             step_times: Vec::new(),
@@ -118,7 +174,8 @@ impl Session {
     }
 
     /// Runs the prompt through the model in one batched pass and returns the
-    /// logits after its last token.
+    /// logits after its last token: [`LlmError::NonFinite`] when they are
+    /// not all finite (the position then stays where it was).
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(LlmError::Request("empty prompt".into()));
@@ -137,17 +194,19 @@ impl Session {
         self.model
             .encode_forward(&mut enc, &acts, &token_buf, &pos, &self.cache, self.max_seq)?;
         enc.commit_and_wait()?;
+        let logits = acts.logits.download()?;
+        check_finite(&logits, Pass::Prefill, self.pos + tokens.len() - 1)?;
         self.pos += tokens.len();
-        Ok(acts.logits.download()?)
+        Ok(logits)
     }
 
     fn record_step(&mut self) -> Result<GraphExec> {
         let device = self.model.device.clone();
         let mut enc = device.capture();
-        self.encode_step(&mut enc)?;
+        self.encode_step(&mut enc, 0)?;
         let mut graph = enc.finish_graph()?;
         graph.set_params(&self.params);
-        graph.mark_output(&self.decode.logits);
+        graph.mark_output(&self.decode[0].logits);
         graph.mark_output(&self.argmax_out);
         for lc in &self.cache {
             graph.mark_output(&lc.k);
@@ -157,17 +216,17 @@ impl Session {
     }
 
     /// The self-feeding greedy step (the forward pass, the argmax and
-    /// [`encore_ops::Ops::advance`]), recorded and instantiated on first
-    /// use, with `runs` steps a replay (1 or the device's
-    /// [`encore_ops::Ops::steps_per_replay`]).
-    fn greedy_graph(&mut self, runs: usize) -> Result<GraphExec> {
+    /// [`encore_ops::Ops::advance`]) on activations `acts` (0 or 1),
+    /// recorded and instantiated on first use, with `runs` steps a replay
+    /// (1 or the device's [`encore_ops::Ops::steps_per_replay`]).
+    fn greedy_graph(&mut self, acts: usize, runs: usize) -> Result<GraphExec> {
         let slot = usize::from(runs > 1);
-        if let Some(e) = &self.greedy[slot] {
+        if let Some(e) = &self.greedy[acts][slot] {
             return Ok(e.clone());
         }
         let device = self.model.device.clone();
         let mut enc = device.capture();
-        self.encode_step(&mut enc)?;
+        self.encode_step(&mut enc, acts)?;
         let (token, pos) = (self.params.slot("token")?, self.params.slot("pos")?);
         self.model
             .ops
@@ -175,7 +234,7 @@ impl Session {
         let mut graph = enc.finish_graph()?;
         graph.set_params(&self.params);
         graph.set_runs_per_replay(runs);
-        graph.mark_output(&self.decode.logits);
+        graph.mark_output(&self.decode[acts].logits);
         graph.mark_output(self.params.buffer());
         graph.mark_output(&self.history);
         for lc in &self.cache {
@@ -183,15 +242,17 @@ impl Session {
             graph.mark_output(&lc.v);
         }
         let exec = self.graphs.get_or_instantiate(&graph)?;
-        self.greedy[slot] = Some(exec.clone());
+        self.greedy[acts][slot] = Some(exec.clone());
         Ok(exec)
     }
 
-    /// Records and instantiates the graph [`Session::decode_greedy`] uses,
-    /// so that its first call does not pay for it.
+    /// Records and instantiates the graphs [`Session::decode_greedy`] uses,
+    /// so that its first call does not pay for them.
     pub fn prepare_greedy(&mut self) -> Result<()> {
         if self.use_graphs {
-            self.greedy_graph(self.model.ops.steps_per_replay())?;
+            for acts in 0..2 {
+                self.greedy_graph(acts, self.model.ops.steps_per_replay())?;
+            }
         }
         Ok(())
     }
@@ -208,6 +269,12 @@ impl Session {
     /// overwrite (and [`Session::logits`] then holds the last queued step's
     /// logits). Without graphs, each step runs eagerly and its argmax is
     /// read back at once.
+    ///
+    /// A step whose logits are not finite ends the decode with
+    /// [`LlmError::NonFinite`] at its position, after the tokens of the
+    /// steps before it were delivered; the position is then the failing
+    /// step's. With graphs, the last step of each batch is checked (see the
+    /// module's documentation); without, every step.
     pub fn decode_greedy(
         &mut self,
         token: u32,
@@ -223,6 +290,13 @@ impl Session {
             for done in 0..max {
                 self.step(token)?;
                 self.step_times.extend(self.last_step_time);
+                if !all_finite(&self.decode[0].logits.download()?) {
+                    self.pos -= 1;
+                    return Err(LlmError::NonFinite {
+                        pass: Pass::Decode,
+                        position: self.pos,
+                    });
+                }
                 token = self.argmax()?;
                 if !on_token(token)? {
                     return Ok(done + 1);
@@ -238,20 +312,27 @@ impl Session {
         let start = self.pos;
         let batch = batch.max(1);
         let mut tokens = vec![0u32; batch];
+        let mut logits = vec![0f32; self.model.config.vocab];
         let mut done = 0;
+        // The input of the current batch's first step.
+        let mut input = token;
         // The next batch is queued before this one's tokens are read, so
-        // that the device never waits for the host between batches.
-        let mut current = self.queue_greedy(start, token, 0, batch.min(max))?;
+        // that the device never waits for the host between batches; it
+        // writes its logits to the other activations.
+        let mut acts = 0;
+        let mut current = self.queue_greedy(start, token, 0, batch.min(max), acts)?;
         while done < max {
             let n = batch.min(max - done);
             let next = if done + n < max {
-                Some(self.queue_greedy(start, token, done + n, batch.min(max - done - n))?)
+                let n_next = batch.min(max - done - n);
+                Some(self.queue_greedy(start, token, done + n, n_next, 1 - acts)?)
             } else {
                 None
             };
             let read = self.history.view((start + done) * 4, n * 4)?;
             if let Some((last, _)) = current.last() {
                 read.download_after(last, &mut tokens[..n])?;
+                self.decode[acts].logits.download_after(last, &mut logits)?;
             }
             for (s, runs) in &current {
                 s.wait()?;
@@ -261,16 +342,51 @@ impl Session {
                     self.step_times.extend(std::iter::repeat_n(per_step, *runs));
                 }
             }
-            for (i, &t) in tokens[..n].iter().enumerate() {
+            // Where the batch's last step is not finite, only the steps
+            // before the first that is deliver their tokens.
+            let good = if all_finite(&logits) {
+                n
+            } else {
+                for (s, _) in next.iter().flatten() {
+                    s.wait()?;
+                }
+                self.first_non_finite(start + done, input, &tokens[..n])?
+            };
+            for (i, &t) in tokens[..good].iter().enumerate() {
                 self.pos = start + done + i + 1;
                 if !on_token(t)? {
                     return Ok(done + i + 1);
                 }
             }
+            if good < n {
+                self.pos = start + done + good;
+                return Err(LlmError::NonFinite {
+                    pass: Pass::Decode,
+                    position: self.pos,
+                });
+            }
             done += n;
+            input = tokens[n - 1];
+            acts = 1 - acts;
             current = next.unwrap_or_default();
         }
         Ok(done)
+    }
+
+    /// Runs the greedy steps of a batch again one at a time, the first at
+    /// position `start` from `input`, the others from `tokens` (the batch's
+    /// results), and returns the index of the first whose logits are not
+    /// finite (the last, should none be on this run).
+    fn first_non_finite(&mut self, start: usize, input: u32, tokens: &[u32]) -> Result<usize> {
+        let inputs = std::iter::once(input).chain(tokens.iter().copied());
+        for (i, token) in inputs.take(tokens.len()).enumerate() {
+            self.pos = start + i;
+            self.step(token)?;
+            if !all_finite(&self.decode[0].logits.download()?) {
+                return Ok(i);
+            }
+        }
+        Ok(tokens.len().saturating_sub(1))
     }
 
     /// Queues `n` self-feeding greedy steps, the first of them step `done`
@@ -283,6 +399,7 @@ impl Session {
         token: u32,
         done: usize,
         n: usize,
+        acts: usize,
     ) -> Result<Vec<(encore::Submission, usize)>> {
         let mut queued = Vec::new();
         let mut steps = 0;
@@ -293,7 +410,7 @@ impl Session {
             } else {
                 1
             };
-            let exec = self.greedy_graph(runs)?;
+            let exec = self.greedy_graph(acts, runs)?;
             // The first step starts from the host's token and position;
             // the others from what the step before them left.
             let values = [("pos", start as u32), ("token", token)];
@@ -301,28 +418,31 @@ impl Session {
             queued.push((exec.replay(if first { &values[..] } else { &[] })?, runs));
             steps += runs;
         }
+        if n > 0 {
+            self.logits_at = (acts, start + done + n - 1);
+        }
         Ok(queued)
     }
 
-    /// Encodes one decode step: the forward pass of the token in the
-    /// `token` parameter at position `pos`, then the device-side argmax.
-    fn encode_step(&self, enc: &mut encore::Encoder) -> Result<()> {
+    /// Encodes one decode step on activations `acts` (0 or 1): the forward
+    /// pass of the token in the `token` parameter at position `pos`, then
+    /// the device-side argmax.
+    fn encode_step(&self, enc: &mut encore::Encoder, acts: usize) -> Result<()> {
         let token = self.params.slot("token")?;
         let pos = self.params.slot("pos")?;
+        let a = &self.decode[acts];
         self.model
-            .encode_forward(enc, &self.decode, &token, &pos, &self.cache, self.max_seq)?;
-        self.model.ops.argmax(
-            enc,
-            &self.decode.logits,
-            &self.argmax_out,
-            self.model.config.vocab,
-        )?;
+            .encode_forward(enc, a, &token, &pos, &self.cache, self.max_seq)?;
+        self.model
+            .ops
+            .argmax(enc, &a.logits, &self.argmax_out, self.model.config.vocab)?;
         Ok(())
     }
 
     /// Runs one decode step for `token` at the current position. The logits
-    /// stay on the device; read them with [`Session::logits`] or take the
-    /// device-side argmax with [`Session::argmax`].
+    /// stay on the device; read them with [`Session::logits`] (which checks
+    /// that they are finite) or take the device-side argmax with
+    /// [`Session::argmax`] (which does not).
     pub fn step(&mut self, token: u32) -> Result<()> {
         self.check_room(1)?;
         self.check_tokens(&[token])?;
@@ -351,10 +471,11 @@ impl Session {
             let device = self.model.device.clone();
             let mut enc = device.encoder();
             enc.set_label("decode");
-            self.encode_step(&mut enc)?;
+            self.encode_step(&mut enc, 0)?;
             let submission = enc.commit_and_wait()?;
             self.last_step_time = submission.elapsed();
         }
+        self.logits_at = (0, self.pos);
         self.pos += 1;
         Ok(())
     }
@@ -371,9 +492,13 @@ impl Session {
         &self.step_times
     }
 
-    /// The logits of the last decode step.
+    /// The logits of the last decode step: [`LlmError::NonFinite`] when
+    /// they are not all finite.
     pub fn logits(&self) -> Result<Vec<f32>> {
-        Ok(self.decode.logits.download()?)
+        let (acts, position) = self.logits_at;
+        let logits = self.decode[acts].logits.download()?;
+        check_finite(&logits, Pass::Decode, position)?;
+        Ok(logits)
     }
 
     /// The device-side argmax of the last decode step's logits.

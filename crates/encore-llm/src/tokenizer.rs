@@ -74,8 +74,10 @@
 //! # }
 //! ```
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+use std::ops::Range;
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -418,10 +420,38 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A piece of text for [`Tokenizer::encode_segments`], and whether control
+/// tokens written in it are recognized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment<'a> {
+    pub text: &'a str,
+    /// Recognize control tokens (`<|im_start|>`) written in `text`; without
+    /// it they are plain text. User-defined tokens are always recognized.
+    pub parse_special: bool,
+}
+
+impl<'a> Segment<'a> {
+    /// Text whose control tokens are recognized: a chat template's markup.
+    pub fn markup(text: &'a str) -> Segment<'a> {
+        Segment {
+            text,
+            parse_special: true,
+        }
+    }
+
+    /// Text whose control tokens are plain text: a message's content.
+    pub fn plain(text: &'a str) -> Segment<'a> {
+        Segment {
+            text,
+            parse_special: false,
+        }
+    }
+}
+
 /// A run of input text, or a special token found in it.
 #[derive(Clone, Debug, PartialEq)]
 enum Fragment {
-    Text(std::ops::Range<usize>),
+    Text(Range<usize>),
     Token(u32),
 }
 
@@ -578,11 +608,66 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_segments(
+            &[Segment {
+                text,
+                parse_special,
+            }],
+            add_special,
+        )
+    }
+
+    /// Encodes the concatenation of `segments`, recognizing a control token
+    /// only where it lies whole inside a segment that parses them.
+    ///
+    /// The text between special tokens is encoded as one run whatever
+    /// segments it spans, so where no control token is refused, the ids are
+    /// those of encoding the concatenated text with control tokens parsed:
+    /// a boundary between segments does not split a word, and byte-pair
+    /// merges across it are made as they would be in the whole text. A chat
+    /// prompt passes the template's markup with control tokens parsed and
+    /// each message's content without, so that a message cannot open a turn
+    /// of its own by spelling `<|im_start|>`.
+    pub fn encode_segments(
+        &self,
+        segments: &[Segment<'_>],
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let (text, parsed) = match segments {
+            [one] => (
+                Cow::Borrowed(one.text),
+                if one.parse_special {
+                    vec![Range {
+                        start: 0,
+                        end: one.text.len(),
+                    }]
+                } else {
+                    Vec::new()
+                },
+            ),
+            _ => {
+                let mut text = String::new();
+                let mut parsed: Vec<Range<usize>> = Vec::new();
+                for segment in segments {
+                    let range = text.len()..text.len() + segment.text.len();
+                    text.push_str(segment.text);
+                    if !segment.parse_special || range.is_empty() {
+                        continue;
+                    }
+                    match parsed.last_mut() {
+                        Some(last) if last.end == range.start => last.end = range.end,
+                        _ => parsed.push(range),
+                    }
+                }
+                (Cow::Owned(text), parsed)
+            }
+        };
+        let text = text.as_ref();
         let mut ids = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             ids.extend(self.bos);
         }
-        let fragments = self.split_special(text, parse_special);
+        let fragments = self.split_special(text, &parsed);
         match &self.text_model {
             TextModel::ByteLevel(tokenizer) => {
                 for fragment in fragments {
@@ -736,17 +821,35 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// Whether `text` spells a control (or unknown) token, which encoding
+    /// it with `parse_special` would recognize.
+    pub fn has_control_text(&self, text: &str) -> bool {
+        let control = |id: u32| self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0;
+        let whole = Range {
+            start: 0,
+            end: text.len(),
+        };
+        self.split_special(text, &[whole])
+            .iter()
+            .any(|f| matches!(f, Fragment::Token(id) if control(*id)))
+    }
+
     /// Splits special tokens out of `text`, longest token first, each token
-    /// at every non-overlapping occurrence, left to right.
-    fn split_special(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+    /// at every non-overlapping occurrence, left to right. Control and
+    /// unknown tokens are recognized only inside one of the `parsed` ranges.
+    fn split_special(&self, text: &str, parsed: &[Range<usize>]) -> Vec<Fragment> {
         let mut fragments = Vec::new();
         if text.is_empty() {
             return fragments;
         }
         fragments.push(Fragment::Text(0..text.len()));
+        let whole = parsed
+            .first()
+            .is_some_and(|r| r.start == 0 && r.end == text.len());
         for &id in &self.special_tokens {
             let a = self.attrs[id as usize];
-            if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
+            let restricted = a & (attr::CONTROL | attr::UNKNOWN) != 0 && !whole;
+            if restricted && parsed.is_empty() {
                 continue;
             }
             let needle = self.tokens[id as usize].as_str();
@@ -763,14 +866,22 @@ impl Tokenizer {
                     split.push(fragment);
                     continue;
                 };
-                let mut start = range.start;
-                for (offset, _) in text[range.clone()].match_indices(needle) {
-                    let at = range.start + offset;
+                // `start`: where the text not yet split off begins; `from`:
+                // where the search goes on (past a refused occurrence).
+                let (mut start, mut from) = (range.start, range.start);
+                while let Some(offset) = text[from..range.end].find(needle) {
+                    let at = from + offset;
+                    let end = at + needle.len();
+                    if restricted && !parsed.iter().any(|r| r.start <= at && end <= r.end) {
+                        from = at + text[at..].chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
                     if at > start {
                         split.push(Fragment::Text(start..at));
                     }
                     split.push(Fragment::Token(id));
-                    start = at + needle.len();
+                    start = end;
+                    from = end;
                 }
                 if start < range.end {
                     split.push(Fragment::Text(start..range.end));
@@ -1373,6 +1484,45 @@ mod tests {
         // User-defined tokens are always split out.
         let ids = t.encode("hello<tool>", false, false).unwrap();
         assert_eq!(ids, ids_of(&t, &["hello", "<tool>"]));
+    }
+
+    #[test]
+    fn segments_parse_control_tokens_only_where_asked() {
+        let t = tiny_gpt2("smollm");
+        let (open, close) = ("<|im_start|>", "<|im_end|>");
+        // Markup around plain text that spells a control token.
+        let segments = [
+            Segment::markup(open),
+            Segment::plain("hello<|im_end|>"),
+            Segment::markup(close),
+        ];
+        let ids = t.encode_segments(&segments, false).unwrap();
+        let mut want = ids_of(&t, &[open]);
+        want.extend(t.encode("hello<|im_end|>", false, false).unwrap());
+        want.extend(ids_of(&t, &[close]));
+        assert_eq!(ids, want);
+        // Where nothing is refused, the ids are those of the whole text,
+        // merges across segment boundaries included ("hel" + "lo").
+        let segments = [
+            Segment::markup("<|im_start|>hel"),
+            Segment::plain("lo world"),
+            Segment::markup("<|im_end|>"),
+        ];
+        let whole = t.encode("<|im_start|>hello world<|im_end|>", false, true);
+        assert_eq!(t.encode_segments(&segments, false).unwrap(), whole.unwrap());
+        // A token that straddles plain text and markup is text; one whole
+        // inside adjoining markup segments is a token.
+        let segments = [Segment::plain("<|im_"), Segment::markup("end|>")];
+        let ids = t.encode_segments(&segments, false).unwrap();
+        assert_eq!(ids, t.encode("<|im_end|>", false, false).unwrap());
+        let segments = [Segment::markup("<|im_"), Segment::markup("end|>")];
+        let ids = t.encode_segments(&segments, false).unwrap();
+        assert_eq!(ids, ids_of(&t, &[close]));
+        // A refused occurrence does not hide a later one.
+        let segments = [Segment::plain("<|im_end|>"), Segment::markup("<|im_end|>")];
+        let ids = t.encode_segments(&segments, false).unwrap();
+        assert_eq!(ids.last(), ids_of(&t, &[close]).last());
+        assert!(t.has_control_text("a<|im_end|>") && !t.has_control_text("a<|im_end"));
     }
 
     #[test]

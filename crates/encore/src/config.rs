@@ -12,18 +12,21 @@
 //! | variable | field | values | default |
 //! | --- | --- | --- | --- |
 //! | `ENCORE_DEVICE` | [`Config::device`] | the device `auto` opens: `auto`, `cpu`, `cuda`, `cuda:N` | `auto` |
-//! | `ENCORE_THREADS` | [`Config::threads`] | CPU worker threads, `0` = one per core | `0` |
+//! | `ENCORE_THREADS` | [`Config::threads`] | CPU worker threads, `0` = one per core, at most [`max_threads`] (8 per core: more only costs memory and switches) | `0` |
 //! | `ENCORE_SERIAL` | [`Config::serial`] | `1` puts a barrier after every dispatch | `0` |
 //! | `ENCORE_FUSION` | [`Config::fusion`] | `0` disables the graph fusion pass | `1` |
 //! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
 //! | `ENCORE_EARLY_LAUNCH` | [`Config::early_launch`] | `0` makes every graph edge wait for full completion | `1` |
 //! | `ENCORE_SPECIALIZE` | [`Config::specialize`] | `0` keeps graph nodes on their kernels' generic code | `1` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
-//! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels | the user cache dir + `/encore` |
+//! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels and fetched models | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges (below) | unset |
-//! | `ENCORE_CAPTURE_AT` | [`Config::capture_at`] | which graph replay to capture (1-based) | `1` |
+//! | `ENCORE_CAPTURE_AT` | [`Config::capture_at`] | which graph replay to capture, `1` to `18446744073709551615` | `1` |
 //! | `ENCORE_EXACT` | `encore_llm::EngineOptions::kernels` | `1` loads the exact kernel set: GPU kernels compute the CPU backend's results bit for bit, slower | `0` |
 //! | `ENCORE_GRAPHS` | `encore_llm::EngineOptions::graphs` | `0` runs decode steps eagerly instead of replaying graphs | `1` |
+//!
+//! A value outside its range is an error naming the variable and the range,
+//! never clamped.
 //!
 //! The one-shot capture writes the chosen graph replay (a decode step) as a
 //! Chrome trace. On CUDA that replay also runs inside a CUDA profiler range
@@ -81,7 +84,8 @@ pub struct Config {
     /// The device [`crate::Device::open`] opens for `auto`: `auto` (CUDA
     /// when there is a GPU, else the CPU), `cpu`, `cuda`, `cuda:N`.
     pub device: String,
-    /// CPU worker threads; 0 means one per available core.
+    /// CPU worker threads; 0 means one per available core. At most
+    /// [`max_threads`] when read from the environment.
     pub threads: usize,
     /// Put a barrier after every dispatch (debugging hazards).
     pub serial: bool,
@@ -146,7 +150,9 @@ impl Config {
             c.device = v;
         }
         if let Some(v) = get("ENCORE_THREADS") {
-            c.threads = parse_num("ENCORE_THREADS", &v)? as usize;
+            let max = max_threads();
+            c.threads =
+                usize::try_from(parse_num("ENCORE_THREADS", &v, 0, max as u64)?).unwrap_or(max);
         }
         for (var, field) in [
             ("ENCORE_SERIAL", &mut c.serial),
@@ -173,7 +179,7 @@ impl Config {
             c.capture = if v.is_empty() { None } else { Some(v.into()) };
         }
         if let Some(v) = get("ENCORE_CAPTURE_AT") {
-            c.capture_at = parse_num("ENCORE_CAPTURE_AT", &v)?.max(1);
+            c.capture_at = parse_num("ENCORE_CAPTURE_AT", &v, 1, u64::MAX)?;
         }
         Ok(c)
     }
@@ -186,6 +192,16 @@ impl Config {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         }
     }
+}
+
+/// The most CPU worker threads a configuration may ask for: 8 per available
+/// core. Oversubscribing the cores further only adds memory (every worker
+/// has its stack and scratch) and context switches; a count far beyond it
+/// (`ENCORE_THREADS=100000`) would exhaust memory rather than fail cleanly.
+pub fn max_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_mul(8)
 }
 
 /// The boolean environment variable `var` read through `get` (`1`, `true`,
@@ -207,12 +223,17 @@ fn parse_bool(var: &'static str, v: &str) -> Result<bool> {
     }
 }
 
-fn parse_num(var: &'static str, v: &str) -> Result<u64> {
-    v.trim().parse().map_err(|_| Error::Config {
-        var,
-        value: v.into(),
-        reason: "expected a non-negative integer".into(),
-    })
+/// The integer variable `var` of value `v`, which must lie in `min..=max`.
+fn parse_num(var: &'static str, v: &str, min: u64, max: u64) -> Result<u64> {
+    v.trim()
+        .parse()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| Error::Config {
+            var,
+            value: v.into(),
+            reason: format!("expected an integer from {min} to {max}"),
+        })
 }
 
 #[cfg(test)]
@@ -244,5 +265,44 @@ mod tests {
         let e = Config::from_vars(|k| (k == "ENCORE_SERIAL").then(|| "maybe".into())).unwrap_err();
         assert!(e.to_string().contains("ENCORE_SERIAL"), "{e}");
         assert!(Config::from_vars(|k| (k == "ENCORE_PROFILE").then(|| "x".into())).is_err());
+    }
+
+    fn one_var(var: &'static str, value: &str) -> Result<Config> {
+        Config::from_vars(|k| (k == var).then(|| value.to_string()))
+    }
+
+    #[test]
+    fn counts_out_of_range_name_the_variable_and_the_range() {
+        let max = max_threads();
+        assert_eq!(
+            one_var("ENCORE_THREADS", &max.to_string()).unwrap().threads,
+            max
+        );
+        assert_eq!(one_var("ENCORE_THREADS", "0").unwrap().threads, 0);
+        let range = format!("from 0 to {max}");
+        let too_many = (max + 1).to_string();
+        for v in [
+            too_many.as_str(),
+            "100000",
+            "18446744073709551616",
+            "-1",
+            "2.5",
+            "many",
+        ] {
+            let e = one_var("ENCORE_THREADS", v).unwrap_err().to_string();
+            assert!(
+                e.contains("ENCORE_THREADS") && e.contains(&range),
+                "{v}: {e}"
+            );
+        }
+        let at = one_var("ENCORE_CAPTURE_AT", "18446744073709551615").unwrap();
+        assert_eq!(at.capture_at, u64::MAX);
+        for v in ["0", "18446744073709551616", "-3", ""] {
+            let e = one_var("ENCORE_CAPTURE_AT", v).unwrap_err().to_string();
+            assert!(
+                e.contains("ENCORE_CAPTURE_AT") && e.contains("from 1 to"),
+                "{v}: {e}"
+            );
+        }
     }
 }
