@@ -109,6 +109,8 @@ fn random_tensor(rng: &mut Rng, dtype: DType, n: usize, scale: f32) -> Vec<u8> {
             out.extend(f16_bytes(-7.5 * d + rng.uniform(-0.1, 0.1) * scale));
             (0..16).for_each(|_| out.push(rng.next() as u8));
         }),
+        // Types the synthetic models do not use: zero weights.
+        _ => out.resize(dtype.bytes_for(n).unwrap_or(0), 0),
     }
     out
 }

@@ -3,7 +3,10 @@
 //!
 //! `matvec/*` and `prefill128/*` time one product, with the weight bytes read
 //! per call as throughput (GB/s). Their weights stay in cache between
-//! iterations, so they show the kernels' speed rather than memory's.
+//! iterations, so they show the kernels' speed rather than memory's. Every
+//! quantized type has the FFN-down product (1536 inputs, a whole number of
+//! the super-block types' 256), one row and 128; `matvec4096/*` is a product
+//! too large for the caches (4096 x 4096), bound by memory.
 //!
 //! `smollm2/*` runs every matrix product of one token (decode) or of 128
 //! tokens (prefill, with the head on the last token only), each layer with its
@@ -15,7 +18,9 @@
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use encore_ops::cpu::{matmul_quantized, matmul_with_scratch, QuantizedActivations};
+use encore_ops::cpu::{
+    matmul_quantized, matmul_with_scratch, ActivationFormat, QuantizedActivations,
+};
 use encore_ops::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -26,16 +31,42 @@ const LAYERS: usize = 30;
 const VOCAB: usize = 49152;
 const PREFILL: usize = 128;
 
+/// The quantized types, in the order their products are listed.
+const QUANTIZED: [DType; 12] = [
+    DType::Q4_1,
+    DType::Q4_0,
+    DType::Q8_0,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::IQ4_NL,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::IQ4_XS,
+];
+
+/// Where a block of `dtype` keeps its f16 scales.
+fn f16_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        _ => &[0],
+    }
+}
+
 /// Random `rows x cols` weights of a quantized `dtype` with finite scales.
 fn weights(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
-    let blocks = rows * cols / 32;
+    let blocks = rows * cols / dtype.block_len();
     let mut bytes = vec![0u8; blocks * dtype.block_bytes()];
     rng.fill(bytes.as_mut_slice());
-    let scales = if dtype == DType::Q4_1 { 2 } else { 1 };
     for block in bytes.chunks_mut(dtype.block_bytes()) {
-        for s in 0..scales {
+        for &at in f16_fields(dtype) {
             let v = half::f16::from_f32(rng.gen_range(-0.05..0.05));
-            block[2 * s..2 * s + 2].copy_from_slice(&v.to_le_bytes());
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
         }
     }
     bytes
@@ -55,19 +86,27 @@ struct Product {
 }
 
 fn single_products(c: &mut Criterion) {
-    let products = [
+    let mut products = vec![
         (DType::Q4_1, FFN, HIDDEN, 1),
-        (DType::Q4_1, HIDDEN, FFN, 1),
         (DType::Q4_1, HIDDEN, HIDDEN, 1),
         (DType::Q4_1, KV, HIDDEN, 1),
         (DType::Q8_0, VOCAB, HIDDEN, 1),
         (DType::Q4_1, FFN, HIDDEN, PREFILL),
-        (DType::Q4_1, HIDDEN, FFN, PREFILL),
-    ]
-    .map(|(dtype, rows, cols, m)| Product {
+    ];
+    for dtype in QUANTIZED {
+        products.extend([(dtype, HIDDEN, FFN, 1), (dtype, HIDDEN, FFN, PREFILL)]);
+    }
+    for dtype in QUANTIZED {
+        products.push((dtype, 4096, 4096, 1));
+    }
+    let products = products.into_iter().map(|(dtype, rows, cols, m)| Product {
         name: format!(
             "{}/{dtype}_{cols}x{rows}",
-            if m == 1 { "matvec" } else { "prefill128" }
+            match (m, rows) {
+                (1, 4096) => "matvec4096",
+                (1, _) => "matvec",
+                _ => "prefill128",
+            }
         ),
         dtype,
         rows,
@@ -189,12 +228,12 @@ fn forward(model: &Model, work: &mut Work) {
     } = work;
     let run = |r: Result<(), encore_ops::cpu::QuantError>| assert!(r.is_ok(), "{r:?}");
     for l in &model.layers {
-        run(xq.quantize(x, HIDDEN));
+        run(xq.quantize(ActivationFormat::Q8, x, HIDDEN));
         run(matmul_quantized(q4, &l.q, HIDDEN, xq, q));
         run(matmul_quantized(q4, &l.k, KV, xq, k));
         run(matmul_quantized(q4, &l.v, KV, xq, v));
         run(matmul_with_scratch(q4, &l.o, HIDDEN, HIDDEN, q, o, xq));
-        run(xq.quantize(x, HIDDEN));
+        run(xq.quantize(ActivationFormat::Q8, x, HIDDEN));
         run(matmul_quantized(q4, &l.gate, FFN, xq, gate));
         run(matmul_quantized(q4, &l.up, FFN, xq, up));
         run(matmul_with_scratch(q4, &l.down, HIDDEN, FFN, h, o, xq));

@@ -10,13 +10,33 @@
 //! | Q8_0 | 32 | 34 | `d: f16`, `qs: [i8; 32]`; w = d * q |
 //! | Q4_0 | 32 | 18 | `d: f16`, `qs: [u8; 16]`; w = d * (nibble - 8) |
 //! | Q4_1 | 32 | 20 | `d: f16`, `m: f16`, `qs: [u8; 16]`; w = d * nibble + m |
+//! | Q5_0 | 32 | 22 | `d: f16`, `qh: [u8; 4]`, `qs: [u8; 16]`; w = d * (q - 16) |
+//! | Q5_1 | 32 | 24 | `d: f16`, `m: f16`, `qh: [u8; 4]`, `qs: [u8; 16]`; w = d * q + m |
+//! | IQ4_NL | 32 | 18 | `d: f16`, `qs: [u8; 16]`; w = d * IQ4(nibble) |
+//! | Q2_K | 256 | 84 | `scales: [u8; 16]`, `qs: [u8; 64]`, `d: f16`, `dmin: f16`; w = d * sc * q - dmin * m |
+//! | Q3_K | 256 | 110 | `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]`, `d: f16`; w = d * (sc - 32) * (q - (h ? 0 : 4)) |
+//! | Q4_K | 256 | 144 | `d: f16`, `dmin: f16`, `scales: [u8; 12]`, `qs: [u8; 128]`; w = d * sc * q - dmin * m |
+//! | Q5_K | 256 | 176 | `d: f16`, `dmin: f16`, `scales: [u8; 12]`, `qh: [u8; 32]`, `qs: [u8; 128]`; w = d * sc * q - dmin * m |
+//! | Q6_K | 256 | 210 | `ql: [u8; 128]`, `qh: [u8; 64]`, `scales: [i8; 16]`, `d: f16`; w = d * sc * (q - 32) |
+//! | IQ4_XS | 256 | 136 | `d: f16`, `scales_h: u16`, `scales_l: [u8; 4]`, `qs: [u8; 128]`; w = d * (sc - 32) * IQ4(nibble) |
 //!
-//! In Q4_0 and Q4_1, byte `j` of `qs` holds weight `j` in its low nibble and
-//! weight `j + 16` in its high nibble.
+//! In the blocks of 32, byte `j` of `qs` holds weight `j` in its low nibble
+//! and weight `j + 16` in its high nibble; Q5's fifth bit of weight `i` is
+//! bit `i` of `qh` (a little-endian u32). IQ4 is the table of 16 non-linear
+//! levels (`-127 ..= 113`, [`crate::cpu::IQ4_LEVELS`]) that IQ4_NL and IQ4_XS share.
+//!
+//! The K-quants (`_K`) and IQ4_XS are super-blocks of 256 weights in
+//! sub-blocks of 16 or 32, each with its own integer scale `sc` (and
+//! minimum `m`) of a few bits, themselves scaled by the f16 `d` (and
+//! `dmin`); `cpu/kquant.rs` says where each weight's bits lie. Their rows
+//! are whole super-blocks, so they suit only rows whose length is a multiple
+//! of 256: quantized files store other rows in Q5_0, Q5_1 or Q8_0.
 
 use std::fmt;
 
 /// A tensor element type Encore can store and compute with.
+// ggml's names: `Q4_K` reads better here than `Q4K`.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -25,24 +45,48 @@ pub enum DType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    IQ4_NL,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    IQ4_XS,
 }
 
 impl DType {
-    /// Every supported type.
-    pub const ALL: [DType; 6] = [
+    /// Every type Encore can read and compute with on the CPU. Other
+    /// backends may support fewer (CUDA: [`crate::cuda::WEIGHT_TYPES`]).
+    pub const ALL: [DType; 15] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::IQ4_NL,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_XS,
     ];
 
     /// Weights per block (1 for plain floats).
     pub const fn block_len(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => {
+                32
+            }
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                256
+            }
         }
     }
 
@@ -54,6 +98,15 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::IQ4_NL => 18,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
+            DType::IQ4_XS => 136,
         }
     }
 
@@ -78,7 +131,16 @@ impl DType {
             DType::F16 => 1,
             DType::Q4_0 => 2,
             DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
             DType::Q8_0 => 8,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::BF16 => 30,
         }
     }
@@ -97,6 +159,15 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::IQ4_NL => "IQ4_NL",
+            DType::Q2_K => "Q2_K",
+            DType::Q3_K => "Q3_K",
+            DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
+            DType::Q6_K => "Q6_K",
+            DType::IQ4_XS => "IQ4_XS",
         }
     }
 }
@@ -127,7 +198,9 @@ mod tests {
             assert_eq!(DType::from_ggml_id(t.ggml_id()), Some(t));
             assert_eq!(ggml_type_name(t.ggml_id()), t.name());
         }
-        assert_eq!(DType::from_ggml_id(12), None);
+        // Q8_K is an activation type only; IQ2_XXS is not supported.
+        assert_eq!(DType::from_ggml_id(15), None);
+        assert_eq!(DType::from_ggml_id(16), None);
     }
 
     #[test]
@@ -135,5 +208,8 @@ mod tests {
         assert_eq!(DType::Q4_1.bytes_for(64), Some(40));
         assert_eq!(DType::Q8_0.bytes_for(33), None);
         assert_eq!(DType::F16.bytes_for(3), Some(6));
+        assert_eq!(DType::Q4_K.bytes_for(512), Some(288));
+        assert_eq!(DType::Q6_K.bytes_for(128), None);
+        assert_eq!(DType::Q5_0.bytes_for(64), Some(44));
     }
 }

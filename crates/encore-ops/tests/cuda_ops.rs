@@ -495,6 +495,47 @@ fn assert_bits_equal(what: &str, gpu: &[f32], cpu: &[f32]) {
     }
 }
 
+/// Weight types the CUDA kernels have no code for are refused with a typed
+/// error naming the type, never computed, while the CPU computes them.
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn cuda_refuses_weight_types_it_has_no_code_for() {
+    let mut rng = Rng::new();
+    let (n, k) = (64usize, 256usize);
+    for dtype in DType::ALL {
+        if encore_ops::cuda::WEIGHT_TYPES.contains(&dtype) {
+            continue;
+        }
+        let bytes = random_weights(&mut rng, dtype, n, k);
+        for ops in both() {
+            let w = Weight {
+                buffer: upload(&ops, &bytes),
+                dtype,
+                n,
+                k,
+            };
+            let x = upload(&ops, &rng.vec(k));
+            let y = ops.device().alloc(n * 4).unwrap();
+            let tokens = upload(&ops, &[3u32]);
+            let e = ops.device().alloc(k * 4).unwrap();
+            let mut enc = ops.device().encoder();
+            let result = ops
+                .matmul(&mut enc, &w, &x, &y, 1, "m")
+                .and_then(|()| ops.embed(&mut enc, &w, &tokens, &e, 1))
+                .and_then(|()| enc.commit_and_wait())
+                .map(|_| ());
+            let name = ops.device().name().to_string();
+            match (name.as_str(), result) {
+                ("cpu", result) => assert!(result.is_ok(), "{dtype} on the CPU: {result:?}"),
+                (_, Err(encore::Error::InvalidDispatch { reason, .. })) => {
+                    assert!(reason.contains(dtype.name()), "{dtype}: {reason}")
+                }
+                (_, other) => panic!("{dtype} on {name}: {other:?}"),
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn embed_matches_cpu_bit_for_bit_for_every_table_type() {
@@ -502,7 +543,7 @@ fn embed_matches_cpu_bit_for_bit_for_every_table_type() {
     let mut rng = Rng::new();
     let pair = both();
     let (vocab, dim, rows) = (50usize, 96usize, 9usize);
-    for dtype in DType::ALL {
+    for dtype in encore_ops::cuda::WEIGHT_TYPES {
         let table = random_weights(&mut rng, dtype, vocab, dim);
         let mut tokens: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
         tokens[rows - 1] = tokens[0];
@@ -646,7 +687,7 @@ fn matmul_matches_cpu_for_every_weight_type() {
         (1, 40, 12288, 0),
         (3, 24, 4096, 1),
     ];
-    for dtype in DType::ALL {
+    for dtype in encore_ops::cuda::WEIGHT_TYPES {
         for &(rows, n, k, offset) in &shapes {
             if k % dtype.block_len() != 0 {
                 continue;
@@ -909,7 +950,7 @@ fn gemm_matches_the_exact_product_for_every_weight_type() {
         (65, 130, 36, 1),
         (17, 9, 5, 0),
     ];
-    for dtype in DType::ALL {
+    for dtype in encore_ops::cuda::WEIGHT_TYPES {
         for &(rows, n, k, offset) in &shapes {
             if k % dtype.block_len() != 0 {
                 continue;
@@ -986,7 +1027,7 @@ fn f16_step(v: f32) -> f32 {
 
 /// The weight types and row counts the fused block graph is tested with.
 fn block_cases() -> Vec<(DType, usize)> {
-    DType::ALL
+    encore_ops::cuda::WEIGHT_TYPES
         .into_iter()
         .flat_map(|dtype| [1usize, 3].map(|rows| (dtype, rows)))
         .collect()

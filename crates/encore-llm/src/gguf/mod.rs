@@ -149,7 +149,8 @@ pub enum GgufError {
 
     #[error(
         "tensor `{tensor}` has type {type_name} (ggml type {id}), which Encore does not support \
-         (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+         (supported: {})",
+        supported_types()
     )]
     UnsupportedTensorType {
         tensor: String,
@@ -211,4 +212,11 @@ impl fmt::Display for ShowBytes<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "\"{}\"", self.0.escape_ascii())
     }
+}
+
+/// The names of the tensor types Encore reads, for error messages.
+fn supported_types() -> String {
+    encore_ops::DType::ALL
+        .map(encore_ops::DType::name)
+        .join(", ")
 }

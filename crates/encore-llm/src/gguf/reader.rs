@@ -990,19 +990,54 @@ mod tests {
                 if tensor == "tensor.beta" && reason.contains("block length 32")),
             "{err}"
         );
+
+        // Q4_K rows are whole super-blocks of 256.
+        let mut w = GgufWriter::new();
+        w.add_tensor(
+            "blk.0.ffn_down.weight",
+            &[256, 2],
+            DType::Q4_K,
+            vec![0; 288],
+        )
+        .unwrap();
+        let mut bytes = w.to_bytes();
+        let at = tensor_fields(&bytes, "blk.0.ffn_down.weight").dims;
+        put_u64(&mut bytes, at, 128);
+        put_u64(&mut bytes, at + 8, 4);
+        let err = parse_err(bytes);
+        assert!(
+            matches!(&err, GgufError::BadDimensions { reason, .. } if reason.contains("block length 256")),
+            "{err}"
+        );
     }
 
     #[test]
     fn unsupported_tensor_type_names_tensor_and_type() {
         let mut bytes = sample();
         let type_at = tensor_fields(&bytes, "tensor.beta").ty;
-        put_u32(&mut bytes, type_at, 12);
+        put_u32(&mut bytes, type_at, 16);
         let err = parse_err(bytes.clone());
         assert!(matches!(
             &err,
-            GgufError::UnsupportedTensorType { tensor, type_name: "Q4_K", id: 12 } if tensor == "tensor.beta"
+            GgufError::UnsupportedTensorType { tensor, type_name: "IQ2_XXS", id: 16 } if tensor == "tensor.beta"
         ));
-        assert!(err.to_string().contains("tensor.beta") && err.to_string().contains("Q4_K"));
+        let message = err.to_string();
+        assert!(message.contains("tensor.beta") && message.contains("IQ2_XXS"));
+        assert!(
+            message.contains("Q4_K") && message.contains("IQ4_XS"),
+            "{message}"
+        );
+
+        // Q8_K holds activations, never weights in a file.
+        put_u32(&mut bytes, type_at, 15);
+        assert!(matches!(
+            parse_err(bytes.clone()),
+            GgufError::UnsupportedTensorType {
+                type_name: "Q8_K",
+                id: 15,
+                ..
+            }
+        ));
 
         put_u32(&mut bytes, type_at, 1000);
         assert!(matches!(

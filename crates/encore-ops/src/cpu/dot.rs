@@ -2,37 +2,76 @@
 //! weight rows times `NX` activation rows, so each loaded weight block serves
 //! `NX` activation rows and each activation block `NW` weight rows.
 //!
-//! Quantized weights (Q8_0, Q4_0, Q4_1) meet 8-bit [`ActivationBlock`]s; per
-//! block of 32 the products are summed in integers and scaled once:
+//! Quantized weights in blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL)
+//! meet 8-bit [`ActivationBlock`]s; per block of 32 the products are summed
+//! in integers and scaled once:
 //!
-//! - Q8_0: `d_w * d_x * Σ q_w q_x`
+//! - Q8_0, Q5_0, IQ4_NL: `d_w * d_x * Σ c q_x`, `c` the weight's integer
+//!   value (`q - 16` for Q5_0, the level for IQ4_NL)
 //! - Q4_0: `d_w * d_x * Σ n q_x - 8 d_w * s_x` (since `w = d_w (n - 8)`)
-//! - Q4_1: `d_w * d_x * Σ n q_x + m_w * s_x` (since `w = d_w n + m_w`)
+//! - Q4_1, Q5_1: `d_w * d_x * Σ n q_x + m_w * s_x` (since `w = d_w n + m_w`)
 //!
-//! where `n` are the weight nibbles and `s_x = d_x Σ q_x`. Float weights (F32,
-//! F16, BF16) meet f32 activations.
+//! where `n` are the weight nibbles (five-bit values for Q5_1) and
+//! `s_x = d_x Σ q_x`. Float weights (F32, F16, BF16) meet f32 activations;
+//! the super-block types (K-quants, IQ4_XS) meet Q8_K ones (`kdot.rs`).
 
-use super::quant::{blocks, ActivationBlock, BlockQ4_0, BlockQ4_1, BlockQ8_0, BLOCK};
+use super::kdot::super_rows;
+use super::kquant::{BlockQ8K, SUPER};
+use super::quant::{
+    blocks, f16_le, ActivationBlock, ActivationFormat, BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0,
+    BlockQ5_1, BlockQ8_0, BLOCK,
+};
 use super::simd::Isa;
 use super::QuantError;
 use crate::DType;
 
-/// The dot product of one row of quantized `dtype` weights with activations
-/// quantized by [`quantize_row_q8`](super::quantize_row_q8).
+/// The [`QuantError::ActivationKind`] for `dtype` weights given activations
+/// in `given`, or `None` if they take them.
+fn wrong_activations(dtype: DType, given: Option<ActivationFormat>) -> Option<QuantError> {
+    let wanted = ActivationFormat::of(dtype);
+    (wanted != given).then_some(QuantError::ActivationKind {
+        dtype,
+        expected: wanted.map_or("f32", ActivationFormat::name),
+    })
+}
+
+/// The dot product of one row of quantized `dtype` weights (a type in blocks
+/// of 32, see [`ActivationFormat::Q8`]) with activations quantized by
+/// [`quantize_row_q8`](super::quantize_row_q8).
 ///
 /// # Errors
-/// [`QuantError::ActivationKind`] for float `dtype`s, and
+/// [`QuantError::ActivationKind`] for other `dtype`s, and
 /// [`QuantError::WeightBytes`] unless `w` holds as many blocks as `x`.
 pub fn dot_q8(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> Result<f32, QuantError> {
-    if !dtype.is_quantized() {
-        return Err(QuantError::ActivationKind {
-            dtype,
-            expected: "f32",
-        });
+    if let Some(e) = wrong_activations(dtype, Some(ActivationFormat::Q8)) {
+        return Err(e);
     }
     QuantError::check_weights(dtype, w.len(), 1, x.len() * BLOCK)?;
     let mut dot = 0.0;
     quant_rows::<1, 1>(
+        Isa::detect(),
+        dtype,
+        w,
+        [x],
+        [std::slice::from_mut(&mut dot)],
+    );
+    Ok(dot)
+}
+
+/// The dot product of one row of super-block `dtype` weights (the K-quants
+/// and IQ4_XS, see [`ActivationFormat::Q8K`]) with activations quantized by
+/// [`quantize_row_q8_k`](super::quantize_row_q8_k).
+///
+/// # Errors
+/// [`QuantError::ActivationKind`] for other `dtype`s, and
+/// [`QuantError::WeightBytes`] unless `w` holds as many blocks as `x`.
+pub fn dot_q8_k(dtype: DType, w: &[u8], x: &[BlockQ8K]) -> Result<f32, QuantError> {
+    if let Some(e) = wrong_activations(dtype, Some(ActivationFormat::Q8K)) {
+        return Err(e);
+    }
+    QuantError::check_weights(dtype, w.len(), 1, x.len() * SUPER)?;
+    let mut dot = 0.0;
+    super_rows::<1, 1>(
         Isa::detect(),
         dtype,
         w,
@@ -48,11 +87,8 @@ pub fn dot_q8(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> Result<f32, Quan
 /// [`QuantError::ActivationKind`] for quantized `dtype`s, and
 /// [`QuantError::WeightBytes`] unless `w` holds `x.len()` weights.
 pub fn dot_f32(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
-    if dtype.is_quantized() {
-        return Err(QuantError::ActivationKind {
-            dtype,
-            expected: "quantized (ActivationBlock)",
-        });
+    if let Some(e) = wrong_activations(dtype, None) {
+        return Err(e);
     }
     QuantError::check_weights(dtype, w.len(), 1, x.len())?;
     let mut dot = 0.0;
@@ -66,10 +102,11 @@ pub fn dot_f32(dtype: DType, w: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     Ok(dot)
 }
 
-/// `out[j][r] = (row r of w) · x[j]` for quantized `dtype` weights: `w` holds
-/// `out[j].len()` rows of as many blocks as each `x[j]`, and is walked `NW`
-/// rows at a time. Callers check shapes; on a mismatch (or a float `dtype`)
-/// the scalar code runs, which writes only what both sides have.
+/// `out[j][r] = (row r of w) · x[j]` for `dtype` weights in blocks of 32: `w`
+/// holds `out[j].len()` rows of as many blocks as each `x[j]`, and is walked
+/// `NW` rows at a time. Callers check shapes; on a mismatch (or a `dtype` of
+/// another kind) the scalar code runs, which writes only what both sides
+/// have (zeros for another kind).
 pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
     isa: Isa,
     dtype: DType,
@@ -82,7 +119,7 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
     #[cfg(target_arch = "x86_64")]
     if let Isa::Avx2(_) = isa {
         let rows = out.first().map_or(0, |o| o.len());
-        if dtype.is_quantized()
+        if ActivationFormat::of(dtype) == Some(ActivationFormat::Q8)
             && x.iter().all(|r| r.len() == nb)
             && out.iter().all(|o| o.len() == rows)
             && w.len() == rows * row_bytes
@@ -96,7 +133,12 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
                     DType::Q8_0 => avx2::quant_rows::<{ avx2::Q8_0 }, NW, NX>(w, rows, x, nb, out),
                     DType::Q4_0 => avx2::quant_rows::<{ avx2::Q4_0 }, NW, NX>(w, rows, x, nb, out),
                     DType::Q4_1 => avx2::quant_rows::<{ avx2::Q4_1 }, NW, NX>(w, rows, x, nb, out),
-                    DType::F32 | DType::F16 | DType::BF16 => {}
+                    DType::Q5_0 => avx2::quant_rows::<{ avx2::Q5_0 }, NW, NX>(w, rows, x, nb, out),
+                    DType::Q5_1 => avx2::quant_rows::<{ avx2::Q5_1 }, NW, NX>(w, rows, x, nb, out),
+                    DType::IQ4_NL => {
+                        avx2::quant_rows::<{ avx2::IQ4_NL }, NW, NX>(w, rows, x, nb, out)
+                    }
+                    _ => {}
                 }
             }
             return;
@@ -151,7 +193,7 @@ pub(crate) fn float_rows<const NW: usize, const NX: usize>(
                     DType::BF16 => avx2::float_rows::<{ avx2::BF16 }, NW, NX>(
                         wp, rows, n, xp, simd_len, out_rows,
                     ),
-                    DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {}
+                    _ => {}
                 }
             }
             if simd_len < n {
@@ -177,8 +219,15 @@ pub(crate) fn float_rows<const NW: usize, const NX: usize>(
     }
 }
 
-/// Portable [`quant_rows`] for one pair of rows; 0 for float types.
+/// Portable [`quant_rows`] for one pair of rows; 0 for other types.
 fn dot_q8_scalar(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> f32 {
+    fn code_dot(codes: [i8; 32], a: &ActivationBlock) -> i32 {
+        codes
+            .iter()
+            .zip(&a.qs)
+            .map(|(&c, &q)| i32::from(c) * i32::from(q))
+            .sum()
+    }
     fn nibble_dot(qs: &[u8; 16], a: &ActivationBlock) -> i32 {
         let (lo, hi) = a.qs.split_at(BLOCK / 2);
         qs.iter()
@@ -211,7 +260,22 @@ fn dot_q8_scalar(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> f32 {
             .zip(x)
             .map(|(b, a)| b.scale() * a.d * nibble_dot(&b.qs, a) as f32 + b.min() * a.s)
             .sum(),
-        DType::F32 | DType::F16 | DType::BF16 => 0.0,
+        DType::Q5_0 => blocks::<BlockQ5_0>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, a)| f16_le(b.d) * a.d * code_dot(b.codes(), a) as f32)
+            .sum(),
+        DType::Q5_1 => blocks::<BlockQ5_1>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, a)| f16_le(b.d) * a.d * code_dot(b.codes(), a) as f32 + f16_le(b.m) * a.s)
+            .sum(),
+        DType::IQ4_NL => blocks::<BlockIQ4NL>(w)
+            .iter()
+            .zip(x)
+            .map(|(b, a)| f16_le(b.d) * a.d * code_dot(b.codes(), a) as f32)
+            .sum(),
+        _ => 0.0,
     }
 }
 
@@ -234,7 +298,7 @@ fn dot_f32_scalar(dtype: DType, w: &[u8], x: &[f32]) -> f32 {
             .zip(x)
             .map(|(b, v)| bf16::from_le_bytes(*b).to_f32() * v)
             .sum(),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 0.0,
+        _ => 0.0,
     }
 }
 
@@ -245,12 +309,16 @@ fn dot_f32_scalar(dtype: DType, w: &[u8], x: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::super::kquant::IQ4_LEVELS;
     use super::super::simd::avx2::{hsum, lane1, load_f16, load_f16_pair, nibbles};
     use super::ActivationBlock;
 
     /// Quantized weight formats, as const parameters.
     pub(super) const Q8_0: u8 = 0;
     pub(super) const Q4_0: u8 = 1;
+    pub(super) const Q5_0: u8 = 3;
+    pub(super) const Q5_1: u8 = 4;
+    pub(super) const IQ4_NL: u8 = 5;
     /// How far ahead of the block being multiplied its weights are prefetched:
     /// enough to cover memory latency at a thread's share of the bandwidth
     /// (2 KiB streamed faster than 384 bytes when decoding one weight row at
@@ -317,14 +385,47 @@ mod avx2 {
     const fn block_bytes(kind: u8) -> usize {
         match kind {
             Q8_0 => 34,
-            Q4_0 => 18,
+            Q4_0 | IQ4_NL => 18,
+            Q5_0 => 22,
+            Q5_1 => 24,
             _ => 20,
         }
     }
 
-    /// Per block: the weight bytes as unsigned values for `maddubs` (nibbles,
-    /// or |q| for Q8_0, whose signs move onto the activations), and the scale
-    /// pair `[d_w, m_w]` (`m_w = -8 d_w` for Q4_0, 0 for Q8_0). Multiplied by
+    /// Formats whose weights are signed integers: their signs move onto the
+    /// activations (which stay within ±127) so that `maddubs` sees |c|, and
+    /// they have no offset term.
+    const fn signed(kind: u8) -> bool {
+        matches!(kind, Q8_0 | Q5_0 | IQ4_NL)
+    }
+
+    /// The 32 fifth bits at `qh` (a little-endian u32) as bytes of 0xFF or 0,
+    /// in weight order.
+    ///
+    /// # Safety
+    /// `qh` must point at 4 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fifth_bits(qh: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees 4 readable bytes; read_unaligned has no alignment needs.
+        let bits = unsafe { qh.cast::<i32>().read_unaligned() };
+        // Byte k takes byte k / 8 of the word, then tests bit k % 8 of it.
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits),
+            _mm256_setr_epi64x(
+                0,
+                0x0101_0101_0101_0101,
+                0x0202_0202_0202_0202,
+                0x0303_0303_0303_0303,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+    }
+
+    /// Per block: the weight bytes as unsigned values for `maddubs` (nibbles or
+    /// five-bit values, or |c| for the [`signed`] formats), and the scale
+    /// pair `[d_w, m_w]` (`m_w = -8 d_w` for Q4_0, 0 for the signed formats). Multiplied by
     /// the activation's `[d_x, s_x]`, lane 0 scales the integer sum and lane 1
     /// is the block's offset term.
     ///
@@ -341,6 +442,9 @@ mod avx2 {
         let block_bytes = block_bytes(KIND);
         let ones = _mm256_set1_epi16(1);
         let q4_0_offset = _mm_setr_ps(1.0, -8.0, 0.0, 0.0);
+        // SAFETY: the table is 16 bytes; the load is unaligned.
+        let levels = unsafe { _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()) };
+        let levels = _mm256_broadcastsi128_si256(levels);
         let mut acc = [[_mm256_setzero_ps(); NX]; NW];
         let mut offsets = [[_mm_setzero_ps(); NX]; NW];
         for b in 0..nb {
@@ -368,6 +472,30 @@ mod avx2 {
                                 _mm_mul_ps(_mm_broadcastss_ps(load_f16(block)), q4_0_offset);
                             bytes[i] = nibbles(block.add(2));
                         }
+                        Q5_0 => {
+                            // q - 16: the nibble where the fifth bit is set,
+                            // else the nibble - 16 (its high bits set).
+                            let high = _mm256_andnot_si256(
+                                fifth_bits(block.add(2)),
+                                _mm256_set1_epi8(0xF0_u8 as i8),
+                            );
+                            let q = _mm256_or_si256(nibbles(block.add(6)), high);
+                            scales[i] = load_f16(block);
+                            bytes[i] = _mm256_sign_epi8(q, q);
+                            signs[i] = q;
+                        }
+                        Q5_1 => {
+                            scales[i] = load_f16_pair(block);
+                            let high =
+                                _mm256_and_si256(fifth_bits(block.add(4)), _mm256_set1_epi8(16));
+                            bytes[i] = _mm256_or_si256(nibbles(block.add(8)), high);
+                        }
+                        IQ4_NL => {
+                            let q = _mm256_shuffle_epi8(levels, nibbles(block.add(2)));
+                            scales[i] = load_f16(block);
+                            bytes[i] = _mm256_sign_epi8(q, q);
+                            signs[i] = q;
+                        }
                         _ => {
                             scales[i] = load_f16_pair(block);
                             bytes[i] = nibbles(block.add(4));
@@ -386,7 +514,7 @@ mod avx2 {
                     )
                 };
                 for i in 0..NW {
-                    let xq = if KIND == Q8_0 {
+                    let xq = if signed(KIND) {
                         _mm256_sign_epi8(xq, signs[i])
                     } else {
                         xq
@@ -397,7 +525,7 @@ mod avx2 {
                     ));
                     let scale = _mm_mul_ps(scales[i], xs);
                     acc[i][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scale), sum, acc[i][j]);
-                    if KIND != Q8_0 {
+                    if !signed(KIND) {
                         offsets[i][j] = _mm_add_ps(offsets[i][j], scale);
                     }
                 }
@@ -521,6 +649,14 @@ mod tests {
         blocks
     }
 
+    /// The types in blocks of 32 and the float ones (the super-block types
+    /// are tested in `kdot.rs`).
+    fn types() -> impl Iterator<Item = DType> {
+        DType::ALL
+            .into_iter()
+            .filter(|&t| ActivationFormat::of(t) != Some(ActivationFormat::Q8K))
+    }
+
     fn lengths(dtype: DType) -> &'static [usize] {
         if dtype.is_quantized() {
             &[32, 96, 576, 1536]
@@ -532,7 +668,7 @@ mod tests {
     #[test]
     fn dot_products_match_f64_reference() {
         let mut rng = StdRng::seed_from_u64(10);
-        for dtype in DType::ALL {
+        for dtype in types() {
             for &n in lengths(dtype) {
                 let w = random_weights(&mut rng, dtype, 1, n);
                 let x = random_activations(&mut rng, n);
@@ -589,7 +725,7 @@ mod tests {
     #[test]
     fn tiled_rows_match_reference_on_every_isa() {
         let mut rng = StdRng::seed_from_u64(11);
-        for dtype in DType::ALL {
+        for dtype in types() {
             for &n in lengths(dtype) {
                 check_rows::<1, 1>(&mut rng, dtype, n);
                 check_rows::<2, 1>(&mut rng, dtype, n);
@@ -603,7 +739,7 @@ mod tests {
     #[test]
     fn scalar_and_simd_agree() {
         let mut rng = StdRng::seed_from_u64(12);
-        for dtype in DType::ALL {
+        for dtype in types() {
             let (rows, n) = (5, 1536);
             let w = random_weights(&mut rng, dtype, rows, n);
             let x = random_activations(&mut rng, n);
@@ -650,6 +786,21 @@ mod tests {
         assert!(matches!(
             dot_f32(DType::BF16, &[0; 6], &[1.0; 4]),
             Err(QuantError::WeightBytes { .. })
+        ));
+        assert!(matches!(
+            dot_q8(DType::Q4_K, &[0; 144], &[ActivationBlock::default(); 8]),
+            Err(QuantError::ActivationKind {
+                expected: "Q8_K (BlockQ8K)",
+                ..
+            })
+        ));
+        assert!(matches!(
+            dot_q8_k(DType::Q5_0, &[0; 176], &[BlockQ8K::default()]),
+            Err(QuantError::ActivationKind { .. })
+        ));
+        assert!(matches!(
+            dot_q8_k(DType::Q6_K, &[0; 210], &[BlockQ8K::default(); 2]),
+            Err(QuantError::WeightBytes { expected: 420, .. })
         ));
     }
 }

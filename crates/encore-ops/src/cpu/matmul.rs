@@ -22,7 +22,9 @@
 use encore::parallel;
 
 use super::dot::{float_rows, quant_rows};
-use super::quant::{ActivationBlock, QuantizedActivations, BLOCK};
+use super::kdot::super_rows;
+use super::kquant::BlockQ8K;
+use super::quant::{ActivationBlock, ActivationFormat, QuantizedActivations};
 use super::simd::Isa;
 use super::QuantError;
 use crate::DType;
@@ -59,10 +61,11 @@ pub fn matmul(
     matmul_with_scratch(dtype, weights, rows, cols, x, y, &mut scratch)
 }
 
-/// [`matmul`], quantizing `x` into `scratch` (when `dtype` is quantized) so
-/// that repeated calls allocate nothing once `scratch` has grown. Afterwards
-/// `scratch` holds the quantized `x`, ready for [`matmul_quantized`] with other
-/// weights that take the same input.
+/// [`matmul`], quantizing `x` into `scratch` (when `dtype` is quantized, in
+/// the [`ActivationFormat`] it takes) so that repeated calls allocate nothing
+/// once `scratch` has grown. Afterwards `scratch` holds the quantized `x`,
+/// ready for [`matmul_quantized`] with other weights that take the same input
+/// in the same format.
 ///
 /// # Errors
 /// As [`matmul`].
@@ -79,11 +82,12 @@ pub fn matmul_with_scratch(
 }
 
 /// `y = x · Wᵀ` for `rows x x.cols()` quantized weights of `dtype` and
-/// activations already quantized, for example once for the q, k and v
-/// projections of the same input.
+/// activations already quantized (in the format `dtype` takes), for example
+/// once for the q, k and v projections of the same input.
 ///
 /// # Errors
-/// [`QuantError::ActivationKind`] for float weights, and shape errors as [`matmul`].
+/// [`QuantError::ActivationKind`] for float weights or activations in
+/// another format, and shape errors as [`matmul`].
 pub fn matmul_quantized(
     dtype: DType,
     weights: &[u8],
@@ -106,8 +110,8 @@ pub(crate) fn matmul_on(
     scratch: &mut QuantizedActivations,
 ) -> Result<(), QuantError> {
     QuantError::check_weights(dtype, weights.len(), rows, cols)?;
-    if dtype.is_quantized() {
-        scratch.quantize_on(isa, x, cols)?;
+    if let Some(format) = ActivationFormat::of(dtype) {
+        scratch.quantize_on(isa, format, x, cols)?;
         return matmul_quantized_on(isa, dtype, weights, rows, scratch, y);
     }
     if cols == 0 || !x.len().is_multiple_of(cols) {
@@ -132,27 +136,38 @@ pub(crate) fn matmul_quantized_on(
     x: &QuantizedActivations,
     y: &mut [f32],
 ) -> Result<(), QuantError> {
-    if !dtype.is_quantized() {
+    let format = ActivationFormat::of(dtype);
+    if format != Some(x.format()) {
         return Err(QuantError::ActivationKind {
             dtype,
-            expected: "f32",
+            expected: format.map_or("f32", ActivationFormat::name),
         });
     }
     let cols = x.cols();
     QuantError::check_weights(dtype, weights.len(), rows, cols)?;
     check_output(y, x.rows(), rows)?;
-    let row_blocks = cols / BLOCK;
-    let kernel = QuantKernel { isa, dtype };
+    let row_blocks = cols / x.format().block_len();
     let row_bytes = row_blocks * dtype.block_bytes();
-    multiply(
-        &kernel,
-        weights,
-        row_bytes,
-        x.blocks(),
-        row_blocks,
-        x.rows(),
-        y,
-    );
+    match x.format() {
+        ActivationFormat::Q8 => multiply(
+            &QuantKernel { isa, dtype },
+            weights,
+            row_bytes,
+            x.blocks(),
+            row_blocks,
+            x.rows(),
+            y,
+        ),
+        ActivationFormat::Q8K => multiply(
+            &SuperKernel { isa, dtype },
+            weights,
+            row_bytes,
+            x.super_blocks(),
+            row_blocks,
+            x.rows(),
+            y,
+        ),
+    }
     Ok(())
 }
 
@@ -196,6 +211,24 @@ impl Kernel for QuantKernel {
         out: [&mut [f32]; NX],
     ) {
         quant_rows::<NW, NX>(self.isa, self.dtype, w, x, out);
+    }
+}
+
+struct SuperKernel {
+    isa: Isa,
+    dtype: DType,
+}
+
+impl Kernel for SuperKernel {
+    type Act = BlockQ8K;
+
+    fn rows<const NW: usize, const NX: usize>(
+        &self,
+        w: &[u8],
+        x: [&[BlockQ8K]; NX],
+        out: [&mut [f32]; NX],
+    ) {
+        super_rows::<NW, NX>(self.isa, self.dtype, w, x, out);
     }
 }
 
@@ -332,6 +365,17 @@ mod tests {
     /// task size, m off the 4-row activation tile, and products big enough to
     /// be threaded.
     fn shapes(dtype: DType) -> Vec<(usize, usize, usize)> {
+        if dtype.block_len() == 256 {
+            return vec![
+                (1, 256, 1),
+                (7, 512, 3),
+                (67, 256, 17),
+                (301, 768, 1),
+                (301, 768, 3),
+                (1029, 256, 1),
+                (1029, 256, 17),
+            ];
+        }
         let mut shapes = vec![
             (1, 32, 1),
             (7, 64, 3),
@@ -361,8 +405,14 @@ mod tests {
     #[test]
     fn threaded_and_serial_products_are_bit_identical() {
         let mut rng = StdRng::seed_from_u64(23);
-        for dtype in [DType::Q4_1, DType::Q8_0, DType::F16] {
-            for (rows, cols, m) in [(1029, 256, 1), (1029, 256, 17), (2000, 576, 1)] {
+        for dtype in [
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::F16,
+            DType::Q4_K,
+            DType::Q6_K,
+        ] {
+            for (rows, cols, m) in [(1029, 256, 1), (1029, 256, 17), (2000, 768, 1)] {
                 let w = random_weights(&mut rng, dtype, rows, cols);
                 let x = random_activations(&mut rng, m * cols);
                 let threaded = run(Isa::detect(), dtype, &w, rows, cols, &x);
@@ -405,14 +455,20 @@ mod tests {
     fn scalar_and_simd_matmuls_agree() {
         let mut rng = StdRng::seed_from_u64(21);
         for dtype in DType::ALL {
-            let (rows, cols, m) = (259, 576, 5);
+            let (rows, cols, m) = (259, 768, 5);
             let w = random_weights(&mut rng, dtype, rows, cols);
             let x = random_activations(&mut rng, m * cols);
             let (_, tol) = reference(dtype, &w, rows, cols, &x);
             let simd = run(Isa::detect(), dtype, &w, rows, cols, &x);
             let scalar = run(Isa::Scalar, dtype, &w, rows, cols, &x);
             // Same (quantized) inputs; only the float summation order differs,
-            // so quantized types agree far closer than their tolerance.
+            // so types in blocks of 32 agree far closer than their
+            // tolerance, and super-block types (whose kernels finish each
+            // block with the same float operations) bit for bit.
+            if ActivationFormat::of(dtype) == Some(ActivationFormat::Q8K) {
+                assert_eq!(simd, scalar, "{dtype}");
+                continue;
+            }
             let share = if dtype.is_quantized() { 0.01 } else { 1.0 };
             for ((a, b), t) in simd.iter().zip(&scalar).zip(&tol) {
                 assert!(f64::from((a - b).abs()) <= t * share, "{dtype}: {a} vs {b}");
@@ -430,10 +486,23 @@ mod tests {
         matmul(DType::Q4_1, &w, rows, cols, &x, &mut y).unwrap();
 
         let mut q = QuantizedActivations::new();
-        q.quantize(&x, cols).unwrap();
+        q.quantize(ActivationFormat::Q8, &x, cols).unwrap();
         let mut y2 = vec![0.0; m * rows];
         matmul_quantized(DType::Q4_1, &w, rows, &q, &mut y2).unwrap();
         assert_eq!(y, y2);
+        // Q8 activations do not fit super-block weights.
+        let wk = random_weights(&mut rng, DType::Q4_K, rows, 256);
+        let (xk, mut yk) = (random_activations(&mut rng, 256), vec![0.0; rows]);
+        q.quantize(ActivationFormat::Q8, &xk, 256).unwrap();
+        assert!(matches!(
+            matmul_quantized(DType::Q4_K, &wk, rows, &q, &mut yk),
+            Err(QuantError::ActivationKind { .. })
+        ));
+        q.quantize(ActivationFormat::Q8K, &xk, 256).unwrap();
+        matmul_quantized(DType::Q4_K, &wk, rows, &q, &mut yk).unwrap();
+        let mut yk2 = vec![0.0; rows];
+        matmul(DType::Q4_K, &wk, rows, 256, &xk, &mut yk2).unwrap();
+        assert_eq!(yk, yk2);
 
         // The same scratch reused for a different shape.
         let w8 = random_weights(&mut rng, DType::Q8_0, 40, 64);
@@ -481,7 +550,7 @@ mod tests {
             Err(QuantError::Ragged { .. })
         ));
         let mut q = QuantizedActivations::new();
-        q.quantize(&x, 32).unwrap();
+        q.quantize(ActivationFormat::Q8, &x, 32).unwrap();
         assert!(matches!(
             matmul_quantized(DType::F16, &[0; 64], 1, &q, &mut y[..1]),
             Err(QuantError::ActivationKind { .. })

@@ -30,6 +30,12 @@
 //! block. Auto-vectorized float code would dequantize every weight to f32 first
 //! and be several times slower.
 //!
+//! The super-block types (the K-quants and IQ4_XS, in blocks of 256) work the
+//! same way with ggml's Q8_K activations ([`BlockQ8K`]): each super-block's
+//! products, with their small integer scales, are summed in integers and
+//! scaled in float once per block, so the AVX2 and scalar versions agree bit
+//! for bit. Which activations a weight type takes is its [`ActivationFormat`].
+//!
 //! The AVX2 + FMA + F16C kernels are chosen at run time with
 //! `is_x86_feature_detected!`; a portable scalar version of every kernel runs
 //! elsewhere (and is the reference the SIMD kernels are tested against).
@@ -43,16 +49,19 @@
 #![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod dot;
+mod kdot;
 pub mod kernels;
+mod kquant;
 mod matmul;
 mod quant;
 mod simd;
 
-pub use dot::{dot_f32, dot_q8};
+pub use dot::{dot_f32, dot_q8, dot_q8_k};
+pub use kquant::{quantize_row_q8_k, BlockQ8K, IQ4_LEVELS};
 pub use matmul::{matmul, matmul_quantized, matmul_with_scratch};
 pub use quant::{
-    dequantize_row, quantize_row_q8, ActivationBlock, BlockQ4_0, BlockQ4_1, BlockQ8_0,
-    QuantizedActivations,
+    dequantize_row, quantize_row_q8, ActivationBlock, ActivationFormat, BlockQ4_0, BlockQ4_1,
+    BlockQ8_0, QuantizedActivations,
 };
 
 use crate::DType;

@@ -1,9 +1,13 @@
-//! Block layouts, dequantization of weight rows, and the 8-bit quantization of
-//! activations that the integer dot products consume.
+//! Block layouts of 32 weights, dequantization of weight rows, and the 8-bit
+//! quantization of activations that the integer dot products consume.
 
 use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 
+use super::kquant::{
+    quantize_row_q8_k, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
+    SuperBlock, IQ4_LEVELS, SUPER,
+};
 use super::simd::Isa;
 use super::QuantError;
 use crate::DType;
@@ -39,8 +43,79 @@ pub struct BlockQ4_1 {
     pub qs: [u8; 16],
 }
 
+/// A Q5_0 weight block: the low four bits of weight `j` and `j + 16` as in
+/// Q4_0, the fifth at bit `j` and `j + 16` of `qh` (a little-endian u32);
+/// weight = `d * (q - 16)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub(crate) struct BlockQ5_0 {
+    pub d: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; 16],
+}
+
+/// A Q5_1 weight block: `q` as in Q5_0; weight = `d * q + m`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub(crate) struct BlockQ5_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; 16],
+}
+
+/// An IQ4_NL weight block: nibbles as in Q4_0; weight = `d * IQ4_LEVELS[nibble]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub(crate) struct BlockIQ4NL {
+    pub d: [u8; 2],
+    pub qs: [u8; 16],
+}
+
+/// The five-bit values `0..32` of a Q5 block's weights, in order.
+fn five_bits(qh: [u8; 4], qs: &[u8; 16]) -> [u8; 32] {
+    let high = u32::from_le_bytes(qh);
+    std::array::from_fn(|i| {
+        let low = if i < 16 {
+            qs[i] & 0x0F
+        } else {
+            qs[i - 16] >> 4
+        };
+        low | (((high >> i) & 1) as u8) << 4
+    })
+}
+
+impl BlockQ5_0 {
+    /// The weights' integer values, `q - 16`.
+    pub(crate) fn codes(&self) -> [i8; 32] {
+        five_bits(self.qh, &self.qs).map(|q| q as i8 - 16)
+    }
+}
+
+impl BlockQ5_1 {
+    /// The weights' integer values `q`.
+    pub(crate) fn codes(&self) -> [i8; 32] {
+        five_bits(self.qh, &self.qs).map(|q| q as i8)
+    }
+}
+
+impl BlockIQ4NL {
+    /// The weights' levels.
+    pub(crate) fn codes(&self) -> [i8; 32] {
+        std::array::from_fn(|i| {
+            let nibble = if i < 16 {
+                self.qs[i] & 0x0F
+            } else {
+                self.qs[i - 16] >> 4
+            };
+            IQ4_LEVELS[usize::from(nibble)]
+        })
+    }
+}
+
 /// 32 activations quantized for the integer dot products: `x[i] ≈ d * qs[i]`,
-/// and `s = d * sum(qs)`, which Q4_1's offset `m` (and Q4_0's `-8`) multiplies.
+/// and `s = d * sum(qs)`, which Q4_1's and Q5_1's offset `m` (and Q4_0's `-8`)
+/// multiplies.
 ///
 /// ggml's Q8_1 block, computed exactly as ggml's AVX2 code does so that dot
 /// products match llama.cpp's: `id = 127 / amax`, `q = round_ties_even(x * id)`,
@@ -59,7 +134,7 @@ pub struct ActivationBlock {
 /// Weights per quantized block, and activations per [`ActivationBlock`].
 pub(crate) const BLOCK: usize = 32;
 
-fn f16_le(bytes: [u8; 2]) -> f32 {
+pub(crate) fn f16_le(bytes: [u8; 2]) -> f32 {
     f16::from_le_bytes(bytes).to_f32()
 }
 
@@ -147,8 +222,44 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
                 }
             }
         }
+        DType::Q5_0 => {
+            for (out, b) in dst.chunks_exact_mut(BLOCK).zip(blocks::<BlockQ5_0>(src)) {
+                let d = f16_le(b.d);
+                for (o, q) in out.iter_mut().zip(b.codes()) {
+                    *o = d * f32::from(q);
+                }
+            }
+        }
+        DType::Q5_1 => {
+            for (out, b) in dst.chunks_exact_mut(BLOCK).zip(blocks::<BlockQ5_1>(src)) {
+                let (d, m) = (f16_le(b.d), f16_le(b.m));
+                for (o, q) in out.iter_mut().zip(b.codes()) {
+                    *o = d * f32::from(q) + m;
+                }
+            }
+        }
+        DType::IQ4_NL => {
+            for (out, b) in dst.chunks_exact_mut(BLOCK).zip(blocks::<BlockIQ4NL>(src)) {
+                let d = f16_le(b.d);
+                for (o, q) in out.iter_mut().zip(b.codes()) {
+                    *o = d * f32::from(q);
+                }
+            }
+        }
+        DType::Q2_K => dequantize_super::<BlockQ2K>(src, dst),
+        DType::Q3_K => dequantize_super::<BlockQ3K>(src, dst),
+        DType::Q4_K => dequantize_super::<BlockQ4K>(src, dst),
+        DType::Q5_K => dequantize_super::<BlockQ5K>(src, dst),
+        DType::Q6_K => dequantize_super::<BlockQ6K>(src, dst),
+        DType::IQ4_XS => dequantize_super::<BlockIQ4XS>(src, dst),
     }
     Ok(())
+}
+
+fn dequantize_super<T: SuperBlock>(src: &[u8], dst: &mut [f32]) {
+    for (out, b) in dst.chunks_exact_mut(SUPER).zip(blocks::<T>(src)) {
+        b.unpack().dequantize(out);
+    }
 }
 
 /// Quantizes `src` to 8-bit activation blocks, 32 values per block: with
@@ -278,12 +389,58 @@ mod avx2 {
     }
 }
 
+/// The form the integer dot products take activations in, which depends on
+/// the weights' type (as ggml's `vec_dot_type` does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActivationFormat {
+    /// Blocks of 32, [`ActivationBlock`]: for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+    /// and IQ4_NL weights.
+    #[default]
+    Q8,
+    /// Super-blocks of 256, [`BlockQ8K`]: for the K-quants and IQ4_XS.
+    Q8K,
+}
+
+impl ActivationFormat {
+    /// The format `dtype` weights take, or `None` for float weights (which
+    /// take f32 activations).
+    pub const fn of(dtype: DType) -> Option<ActivationFormat> {
+        match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => None,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => {
+                Some(ActivationFormat::Q8)
+            }
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                Some(ActivationFormat::Q8K)
+            }
+        }
+    }
+
+    /// Values per block.
+    pub const fn block_len(self) -> usize {
+        match self {
+            ActivationFormat::Q8 => BLOCK,
+            ActivationFormat::Q8K => SUPER,
+        }
+    }
+
+    /// The format's name in error messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ActivationFormat::Q8 => "8-bit blocks of 32 (ActivationBlock)",
+            ActivationFormat::Q8K => "Q8_K (BlockQ8K)",
+        }
+    }
+}
+
 /// Activations quantized once and reused by several matrix products (such as
 /// the q, k and v projections of one input), or kept between calls so that
 /// quantizing allocates nothing once the buffer has grown.
 #[derive(Clone, Debug, Default)]
 pub struct QuantizedActivations {
+    format: ActivationFormat,
     blocks: Vec<ActivationBlock>,
+    super_blocks: Vec<BlockQ8K>,
     rows: usize,
     cols: usize,
 }
@@ -294,19 +451,26 @@ impl QuantizedActivations {
         Self::default()
     }
 
-    /// Quantizes `x`, rows of `cols` values, replacing the contents. Reuses
-    /// the buffer's allocation when it is large enough.
+    /// Quantizes `x`, rows of `cols` values, to `format`, replacing the
+    /// contents. Reuses the buffer's allocation when it is large enough.
     ///
     /// # Errors
     /// [`QuantError::Ragged`] if `x` is not whole rows of `cols` (or `cols` is
-    /// 0), [`QuantError::PartialBlock`] if `cols` is not a multiple of 32.
-    pub fn quantize(&mut self, x: &[f32], cols: usize) -> Result<(), QuantError> {
-        self.quantize_on(Isa::detect(), x, cols)
+    /// 0), [`QuantError::PartialBlock`] if `cols` is not a whole number of
+    /// the format's blocks.
+    pub fn quantize(
+        &mut self,
+        format: ActivationFormat,
+        x: &[f32],
+        cols: usize,
+    ) -> Result<(), QuantError> {
+        self.quantize_on(Isa::detect(), format, x, cols)
     }
 
     pub(crate) fn quantize_on(
         &mut self,
         isa: Isa,
+        format: ActivationFormat,
         x: &[f32],
         cols: usize,
     ) -> Result<(), QuantError> {
@@ -317,15 +481,37 @@ impl QuantizedActivations {
                 cols,
             });
         }
-        if !cols.is_multiple_of(BLOCK) {
-            return Err(QuantError::partial_block(DType::Q8_0, cols));
+        let block = format.block_len();
+        if !cols.is_multiple_of(block) {
+            // Named by a weight type that takes the format.
+            let dtype = match format {
+                ActivationFormat::Q8 => DType::Q8_0,
+                ActivationFormat::Q8K => DType::Q4_K,
+            };
+            return Err(QuantError::partial_block(dtype, cols));
         }
-        self.blocks.clear();
-        self.blocks
-            .resize(x.len() / BLOCK, ActivationBlock::zeroed());
+        self.format = format;
         self.rows = x.len() / cols;
         self.cols = cols;
-        quantize_row_on(isa, x, &mut self.blocks)
+        self.blocks.clear();
+        self.super_blocks.clear();
+        match format {
+            ActivationFormat::Q8 => {
+                self.blocks
+                    .resize(x.len() / block, ActivationBlock::zeroed());
+                quantize_row_on(isa, x, &mut self.blocks)
+            }
+            ActivationFormat::Q8K => {
+                self.super_blocks
+                    .resize(x.len() / block, BlockQ8K::zeroed());
+                quantize_row_q8_k(x, &mut self.super_blocks)
+            }
+        }
+    }
+
+    /// The format of the activations held.
+    pub fn format(&self) -> ActivationFormat {
+        self.format
     }
 
     /// Rows of activations held.
@@ -338,9 +524,16 @@ impl QuantizedActivations {
         self.cols
     }
 
-    /// All rows' blocks, row after row (`cols / 32` blocks per row).
+    /// All rows' blocks, row after row (`cols / 32` blocks per row), in the
+    /// [`ActivationFormat::Q8`] format; empty in the other.
     pub fn blocks(&self) -> &[ActivationBlock] {
         &self.blocks
+    }
+
+    /// All rows' super-blocks, row after row (`cols / 256` per row), in the
+    /// [`ActivationFormat::Q8K`] format; empty in the other.
+    pub fn super_blocks(&self) -> &[BlockQ8K] {
+        &self.super_blocks
     }
 }
 
@@ -409,6 +602,68 @@ mod tests {
         }
         let mut out = vec![0.0; expected.len()];
         dequantize_row(DType::Q8_0, &bytes, &mut out).unwrap();
+        assert_eq!(out, expected);
+    }
+
+    /// Q5 bytes for 32 five-bit values: the fifth bits (bit 4 of each) in a
+    /// little-endian u32, then the low nibbles as in Q4.
+    fn pack_q5(q: &[u8; 32]) -> Vec<u8> {
+        let high = (0..32).fold(0u32, |h, i| h | u32::from(q[i] >> 4) << i);
+        let mut bytes = Vec::from(high.to_le_bytes());
+        bytes.extend((0..16).map(|j| (q[j] & 15) | (q[j + 16] & 15) << 4));
+        bytes
+    }
+
+    #[test]
+    fn dequantize_q5_0_blocks_built_by_hand() {
+        let mut rng = StdRng::seed_from_u64(8);
+        let (mut bytes, mut expected) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let d = scale(&mut rng, 0.001, 0.1);
+            let q: [u8; 32] = std::array::from_fn(|_| rng.gen_range(0..32));
+            bytes.extend(f16_bytes(d));
+            bytes.extend(pack_q5(&q));
+            expected.extend(q.iter().map(|&v| (f32::from(v) - 16.0) * d));
+        }
+        let mut out = vec![0.0; expected.len()];
+        dequantize_row(DType::Q5_0, &bytes, &mut out).unwrap();
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn dequantize_q5_1_blocks_built_by_hand() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let (mut bytes, mut expected) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let (d, m) = (scale(&mut rng, 0.001, 0.1), scale(&mut rng, 0.01, 1.0));
+            let q: [u8; 32] = std::array::from_fn(|_| rng.gen_range(0..32));
+            bytes.extend(f16_bytes(d));
+            bytes.extend(f16_bytes(m));
+            bytes.extend(pack_q5(&q));
+            expected.extend(q.iter().map(|&v| f32::from(v) * d + m));
+        }
+        let mut out = vec![0.0; expected.len()];
+        dequantize_row(DType::Q5_1, &bytes, &mut out).unwrap();
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn dequantize_iq4_nl_blocks_built_by_hand() {
+        const LEVELS: [f32; 16] = [
+            -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
+            69.0, 89.0, 113.0,
+        ];
+        let mut rng = StdRng::seed_from_u64(10);
+        let (mut bytes, mut expected) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let d = scale(&mut rng, 0.001, 0.1);
+            let nibbles: [u8; 32] = std::array::from_fn(|_| rng.gen_range(0..16));
+            bytes.extend(f16_bytes(d));
+            bytes.extend((0..16).map(|j| nibbles[j] | nibbles[j + 16] << 4));
+            expected.extend(nibbles.iter().map(|&n| d * LEVELS[usize::from(n)]));
+        }
+        let mut out = vec![0.0; expected.len()];
+        dequantize_row(DType::IQ4_NL, &bytes, &mut out).unwrap();
         assert_eq!(out, expected);
     }
 
@@ -502,18 +757,32 @@ mod tests {
     fn quantized_activations_reuse_and_check() {
         let mut rng = StdRng::seed_from_u64(7);
         let mut qa = QuantizedActivations::new();
-        qa.quantize(&random_row(&mut rng, 3 * 64), 64).unwrap();
+        let q8 = ActivationFormat::Q8;
+        qa.quantize(q8, &random_row(&mut rng, 3 * 64), 64).unwrap();
         assert_eq!((qa.rows(), qa.cols(), qa.blocks().len()), (3, 64, 6));
-        qa.quantize(&random_row(&mut rng, 64), 64).unwrap();
+        qa.quantize(q8, &random_row(&mut rng, 64), 64).unwrap();
         assert_eq!((qa.rows(), qa.blocks().len()), (1, 2));
         assert!(matches!(
-            qa.quantize(&[1.0; 65], 64),
+            qa.quantize(q8, &[1.0; 65], 64),
             Err(QuantError::Ragged { .. })
         ));
         assert!(matches!(
-            qa.quantize(&[1.0; 48], 48),
+            qa.quantize(q8, &[1.0; 48], 48),
             Err(QuantError::PartialBlock { .. })
         ));
-        assert!(qa.quantize(&[], 0).is_err());
+        assert!(qa.quantize(q8, &[], 0).is_err());
+
+        let q8k = ActivationFormat::Q8K;
+        qa.quantize(q8k, &random_row(&mut rng, 2 * 512), 512)
+            .unwrap();
+        assert_eq!(qa.format(), q8k);
+        assert_eq!(
+            (qa.rows(), qa.super_blocks().len(), qa.blocks().len()),
+            (2, 4, 0)
+        );
+        assert!(matches!(
+            qa.quantize(q8k, &[1.0; 96], 96),
+            Err(QuantError::PartialBlock { block_len: 256, .. })
+        ));
     }
 }

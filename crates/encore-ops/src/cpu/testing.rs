@@ -3,7 +3,7 @@
 use half::{bf16, f16};
 use rand::{rngs::StdRng, Rng};
 
-use super::dequantize_row;
+use super::{dequantize_row, ActivationFormat};
 use crate::DType;
 
 /// `rows x cols` random weights of `dtype`, no scale zero.
@@ -31,9 +31,28 @@ pub(crate) fn random_weights(rng: &mut StdRng, dtype: DType, rows: usize, cols: 
                 bytes.extend(scale(rng));
                 bytes.extend((0..16).map(|_| rng.gen::<u8>()));
             }
+            // Random bytes, then each f16 field a random scale.
+            _ => {
+                let start = bytes.len();
+                bytes.extend((0..dtype.block_bytes()).map(|_| rng.gen::<u8>()));
+                for at in f16_fields(dtype) {
+                    bytes[start + at..start + at + 2].copy_from_slice(&scale(rng));
+                }
+            }
         }
     }
     bytes
+}
+
+/// Where the f16 fields of a `dtype` block lie.
+fn f16_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        _ => &[0],
+    }
 }
 
 /// `n` random activations in ±[0.01, 3), never zero.
@@ -52,8 +71,10 @@ pub(crate) fn random_activations(rng: &mut StdRng, n: usize) -> Vec<f32> {
 
 /// The exact product `x · Wᵀ` in f64, and for each output the error the
 /// kernels may make: f32 rounding (1e-5 of `Σ |w x|`) plus, for quantized
-/// weights, the 8-bit activation rounding, at most `d_x / 2 = amax / 254` per
-/// activation of a block, times that block's `Σ |w|`.
+/// weights, the 8-bit activation rounding, times each block's `Σ |w|`: at
+/// most `d_x / 2 = amax / 254` per activation of a block of 32, and for Q8_K
+/// (blocks of 256) `d_x = amax / 128`, a whole step since values opposite
+/// the largest one clamp at 127.
 pub(crate) fn reference(
     dtype: DType,
     weights: &[u8],
@@ -78,11 +99,15 @@ pub(crate) fn reference(
                 .map(|(&a, &b)| f64::from(a * b).abs())
                 .sum();
             let mut tol = 1e-5 * abs;
-            if dtype.is_quantized() {
-                for (wb, xb) in w.chunks(32).zip(xr.chunks(32)) {
+            if let Some(format) = ActivationFormat::of(dtype) {
+                let (len, steps) = match format {
+                    ActivationFormat::Q8 => (32, 254.0),
+                    ActivationFormat::Q8K => (256, 128.0),
+                };
+                for (wb, xb) in w.chunks(len).zip(xr.chunks(len)) {
                     let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
                     let wsum: f64 = wb.iter().map(|v| f64::from(v.abs())).sum();
-                    tol += f64::from(amax) / 254.0 * 1.0001 * wsum;
+                    tol += f64::from(amax) / steps * 1.0001 * wsum;
                 }
             }
             exact.push(dot);

@@ -26,6 +26,35 @@ use crate::kernels::norm::NormShape;
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
 
+/// The weight types the CUDA kernels that take weights (`matmul`, `gemm`,
+/// `fused_matmul`, `embed`) have code for. A dispatch of one of them with
+/// another type fails with [`encore::Error::InvalidDispatch`] naming the
+/// type, before anything runs.
+pub const WEIGHT_TYPES: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
+
+/// The weight type of ggml id `id` if the CUDA kernels have code for it,
+/// else why `kernel` refuses it.
+fn weight_type(kernel: &str, id: u32) -> Result<DType, String> {
+    match DType::from_ggml_id(id) {
+        Some(dtype) if WEIGHT_TYPES.contains(&dtype) => Ok(dtype),
+        Some(dtype) => Err(format!(
+            "{kernel} on CUDA has no code for {dtype} weights (it has for {})",
+            WEIGHT_TYPES.map(DType::name).join(", ")
+        )),
+        None => Err(format!(
+            "{kernel} has no code for ggml type {id} ({})",
+            crate::dtype::ggml_type_name(id)
+        )),
+    }
+}
+
 pub(crate) fn rms_norm() -> CudaKernel {
     CudaKernel::new(source("rms_norm.cu"), "rms_norm", |s: &NormShape| {
         geometry::rms_norm_launch(s.rows)
@@ -39,10 +68,13 @@ pub(crate) fn matmul(exact: bool) -> CudaKernel {
     } else {
         "matmul.cu"
     };
-    CudaKernel::new(
+    CudaKernel::checked(
         source_with(file, &geometry::matmul_defines()),
         "matmul",
-        |s: &MatmulShape| geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)),
+        |s: &MatmulShape| {
+            weight_type("matmul", s.dtype)?;
+            Ok(geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)))
+        },
     )
 }
 
@@ -50,9 +82,9 @@ pub(crate) fn gemm() -> CudaKernel {
     CudaKernel::checked(
         source_with("gemm.cu", &geometry::gemm_defines()),
         "gemm",
-        |s: &MatmulShape| match DType::from_ggml_id(s.dtype) {
-            Some(dtype) => Ok(geometry::gemm_launch(s.rows, s.n, dtype)),
-            None => Err(format!("gemm has no code for ggml type {}", s.dtype)),
+        |s: &MatmulShape| {
+            let dtype = weight_type("gemm", s.dtype)?;
+            Ok(geometry::gemm_launch(s.rows, s.n, dtype))
         },
     )
 }
@@ -70,10 +102,15 @@ pub(crate) fn fused_matmul(exact: bool) -> CudaKernel {
     } else {
         "fused_matmul.cu"
     };
-    CudaKernel::new(
+    CudaKernel::checked(
         source_with(file, &defines),
         "fused_matmul",
-        |s: &FusedShape| geometry::matmul_launch(geometry::fused_matmul_warps(s)),
+        |s: &FusedShape| {
+            for &id in s.dtype.iter().take(s.weights as usize) {
+                weight_type("fused_matmul", id)?;
+            }
+            Ok(geometry::matmul_launch(geometry::fused_matmul_warps(s)))
+        },
     )
 }
 
@@ -176,8 +213,9 @@ pub(crate) fn silu_mul() -> CudaKernel {
 }
 
 pub(crate) fn embed() -> CudaKernel {
-    CudaKernel::new(source("embed.cu"), "embed", |s: &EmbedShape| {
-        geometry::embed_launch(s.rows)
+    CudaKernel::checked(source("embed.cu"), "embed", |s: &EmbedShape| {
+        weight_type("embed", s.dtype)?;
+        Ok(geometry::embed_launch(s.rows))
     })
 }
 
@@ -326,6 +364,73 @@ mod tests {
         assert_eq!(source("no_such.cu"), "#error \"no CUDA file no_such.cu\"\n");
         let fused = source("fused_matmul.cu");
         assert_eq!(fused.matches("float f16_to_f32(").count(), 1);
+    }
+
+    /// The kernels that take weights refuse a type they have no code for,
+    /// naming it, and launch the types of [`WEIGHT_TYPES`].
+    #[test]
+    fn weight_kernels_refuse_types_without_cuda_code() {
+        let matmul_shape = |dtype: DType| MatmulShape {
+            rows: 1,
+            n: 64,
+            k: 256,
+            dtype: dtype.ggml_id(),
+        };
+        let fused_shape = |dtype: DType| FusedShape {
+            rows: 1,
+            k: 256,
+            n: [64, 64, 0],
+            dtype: [DType::Q8_0.ggml_id(), dtype.ggml_id(), 0],
+            weights: 2,
+            epilogue: EPILOGUE_STORE,
+            norm: 0,
+            eps: 1e-5,
+        };
+        let embed_shape = |dtype: DType| EmbedShape {
+            rows: 1,
+            dim: 256,
+            vocab: 10,
+            dtype: dtype.ggml_id(),
+        };
+        let (matmul, gemm, fused, embed) = (matmul(false), gemm(), fused_matmul(true), embed());
+        for dtype in DType::ALL {
+            let launches = [
+                (
+                    "matmul",
+                    matmul.launch(bytemuck::bytes_of(&matmul_shape(dtype))),
+                ),
+                (
+                    "gemm",
+                    gemm.launch(bytemuck::bytes_of(&matmul_shape(dtype))),
+                ),
+                (
+                    "fused_matmul",
+                    fused.launch(bytemuck::bytes_of(&fused_shape(dtype))),
+                ),
+                (
+                    "embed",
+                    embed.launch(bytemuck::bytes_of(&embed_shape(dtype))),
+                ),
+            ];
+            for (name, launch) in launches {
+                if WEIGHT_TYPES.contains(&dtype) {
+                    assert!(launch.is_ok(), "{name} {dtype}: {launch:?}");
+                } else {
+                    let Err(reason) = launch else {
+                        panic!("{name} launched {dtype}");
+                    };
+                    assert!(
+                        reason.contains(name) && reason.contains(dtype.name()),
+                        "{name} {dtype}: {reason}"
+                    );
+                }
+            }
+        }
+        // An id Encore does not know at all.
+        let mut shape = matmul_shape(DType::F32);
+        shape.dtype = 16;
+        let reason = matmul.launch(bytemuck::bytes_of(&shape)).unwrap_err();
+        assert!(reason.contains("IQ2_XXS"), "{reason}");
     }
 
     /// The table lists every `.cu` and `.cuh` file of this folder.

@@ -99,6 +99,30 @@ pub fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, k: usize) -> Vec
             out.extend(f16::from_f32(-7.5 * d + rng.range(-0.1, 0.1)).to_le_bytes());
             (0..16).for_each(|_| out.push(rng.next() as u8));
         }),
+        // Random bytes, then each f16 scale sized so that weights stay
+        // within about ±1 (`amax` is the largest |scale * code|).
+        _ => {
+            let (fields, amax): (&[usize], f32) = match dtype {
+                DType::Q5_0 => (&[0], 16.0),
+                DType::Q5_1 => (&[0, 2], 31.0),
+                DType::IQ4_NL => (&[0], 127.0),
+                DType::Q2_K => (&[80, 82], 45.0),
+                DType::Q3_K => (&[108], 128.0),
+                DType::Q4_K => (&[0, 2], 945.0),
+                DType::Q5_K => (&[0, 2], 1953.0),
+                DType::Q6_K => (&[208], 4096.0),
+                DType::IQ4_XS => (&[0], 4064.0),
+                other => panic!("no random weights for {other}"),
+            };
+            let bytes = dtype.block_bytes();
+            for _ in 0..n / dtype.block_len() {
+                let start = out.len();
+                (0..bytes).for_each(|_| out.push(rng.next() as u8));
+                for &at in fields {
+                    out[start + at..start + at + 2].copy_from_slice(&scale(rng, 1.0 / amax));
+                }
+            }
+        }
     }
     out
 }
@@ -165,7 +189,10 @@ pub fn block_graph(
     rows: usize,
     fusion: bool,
 ) -> (Vec<Vec<f32>>, GraphStats) {
-    let (k, heads, kv_heads, head_dim, ff, max_seq, pos) = (256, 4, 2, 64, 96, 16, 5u32);
+    let (k, heads, kv_heads, head_dim, max_seq, pos) = (256, 4, 2, 64, 16, 5u32);
+    // The FFN's width is the down projection's row length: a whole number
+    // of the weights' blocks.
+    let ff = 96usize.next_multiple_of(dtype.block_len());
     let (nq, nkv) = (heads * head_dim, kv_heads * head_dim);
     let d = ops.device();
     let b = BlockInputs::random(ops, rng_seed, dtype, rows, k, nq, nkv, ff);
