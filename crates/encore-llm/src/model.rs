@@ -56,7 +56,11 @@ fn upload_weight(device: &Device, f: &GgufFile, name: &str, n: usize, k: usize) 
             t.dims
         )));
     }
-    let buffer = device.buffer_from(f.tensor_data(t))?;
+    let data = f.tensor_data(t);
+    if let Some(at) = t.dtype.first_non_finite(data) {
+        return Err(non_finite(name, t.dtype.is_quantized(), at));
+    }
+    let buffer = device.buffer_from(data)?;
     f.release_tensor(t);
     Ok(Weight {
         buffer,
@@ -78,7 +82,24 @@ fn upload_vector(device: &Device, f: &GgufFile, name: &str, len: usize) -> Resul
     let mut v = vec![0f32; len];
     encore_ops::cpu::dequantize_row(t.dtype, f.tensor_data(t), &mut v)
         .map_err(|e| LlmError::Model(format!("tensor {name}: {e}")))?;
+    if let Some(at) = v.iter().position(|x| !x.is_finite()) {
+        return Err(non_finite(name, false, at));
+    }
     Ok(device.buffer_from(&v)?)
+}
+
+/// A tensor holding an infinity or a NaN: a corrupt file, refused at load
+/// rather than found in the logits (where the CPU's 8-bit activation
+/// blocks can turn some NaNs into finite, wrong values).
+fn non_finite(name: &str, quantized: bool, at: usize) -> LlmError {
+    let place = if quantized {
+        format!("the scale of block {at}")
+    } else {
+        format!("element {at}")
+    };
+    LlmError::Model(format!(
+        "tensor `{name}` holds a non-finite value ({place}); the model file is corrupt"
+    ))
 }
 
 fn optional_vector(

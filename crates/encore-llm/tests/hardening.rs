@@ -59,13 +59,55 @@ fn set(dtype: DType, data: &mut [u8], index: usize, value: f32) {
 }
 
 /// The tiny model of `seed` with one value of `tensor` (element or block
-/// scale `index`) set to `value`.
+/// scale `index`) set to `value`, in the file.
 fn corrupt(seed: u64, tensor: &str, index: usize, value: f32, untie: bool) -> Vec<u8> {
     model_bytes(seed, untie, |name, dtype, data| {
         if name == tensor {
             set(dtype, data, index, value)
         }
     })
+}
+
+/// An engine on the clean tiny model of `seed` whose loaded copy of
+/// `tensor` then gets `value` at `index` on the device: values that turn
+/// non-finite while the model runs, past the check at load (a corrupt file
+/// is refused there, see `a_corrupt_file_is_refused_at_load`).
+fn corrupted(
+    seed: u64,
+    tensor: &str,
+    index: usize,
+    value: f32,
+    untie: bool,
+    graphs: bool,
+) -> Engine {
+    let e = engine(model_bytes(seed, untie, |_, _, _| {}), graphs);
+    let m = e.model();
+    let weight = |w: &encore_ops::Weight| (w.buffer.clone(), w.dtype);
+    let (buffer, dtype) = match tensor.split('.').collect::<Vec<_>>().as_slice() {
+        ["token_embd", "weight"] => weight(&m.embed),
+        ["output", "weight"] => weight(&m.output),
+        ["output_norm", "weight"] => (m.output_norm.clone(), DType::F32),
+        ["blk", i, name, "weight"] => {
+            let b = &m.blocks[i.parse::<usize>().unwrap()];
+            match *name {
+                "attn_norm" => (b.attn_norm.clone(), DType::F32),
+                "ffn_norm" => (b.ffn_norm.clone(), DType::F32),
+                "attn_q" => weight(&b.wq),
+                "attn_k" => weight(&b.wk),
+                "attn_v" => weight(&b.wv),
+                "attn_output" => weight(&b.wo),
+                "ffn_gate" => weight(&b.gate),
+                "ffn_up" => weight(&b.up),
+                "ffn_down" => weight(&b.down),
+                other => panic!("no tensor {other}"),
+            }
+        }
+        _ => panic!("no tensor {tensor}"),
+    };
+    let mut bytes = buffer.download::<u8>().unwrap();
+    set(dtype, &mut bytes, index, value);
+    buffer.upload(&bytes).unwrap();
+    e
 }
 
 fn engine(bytes: Vec<u8>, graphs: bool) -> Engine {
@@ -116,7 +158,7 @@ fn a_non_finite_weight_fails_the_prefill() {
     for graphs in [true, false] {
         for (tensor, index) in cases {
             for value in [f32::INFINITY, f32::NAN] {
-                let e = engine(corrupt(21, tensor, index, value, false), graphs);
+                let e = corrupted(21, tensor, index, value, false, graphs);
                 let what = format!("{tensor}[{index}] = {value}, graphs {graphs}");
                 let mut s = e.session(16).unwrap();
                 let err = s.prefill(&PROMPT).expect_err(&what);
@@ -141,10 +183,7 @@ fn a_non_finite_weight_fails_the_prefill() {
 fn a_non_finite_weight_fails_every_decode_path() {
     for graphs in [true, false] {
         for value in [f32::INFINITY, f32::NAN] {
-            let e = engine(
-                corrupt(21, "blk.0.ffn_norm.weight", 7, value, false),
-                graphs,
-            );
+            let e = corrupted(21, "blk.0.ffn_norm.weight", 7, value, false, graphs);
             let what = format!("{value}, graphs {graphs}");
             // Sampled decoding reads the logits of each step.
             let mut s = e.session(16).unwrap();
@@ -202,10 +241,7 @@ fn a_decode_fails_at_the_first_non_finite_step() {
     let block = bad as usize * dim / 32 + 1;
     for graphs in [true, false] {
         for value in [f32::INFINITY, f32::NAN] {
-            let e = engine(
-                corrupt(seed, "token_embd.weight", block, value, true),
-                graphs,
-            );
+            let e = corrupted(seed, "token_embd.weight", block, value, true, graphs);
             let what = format!("seed {seed}, {value}, graphs {graphs}, position {position}");
 
             let mut s = e.session(PROMPT.len() + steps).unwrap();
@@ -401,4 +437,32 @@ fn generate_refuses_sampling_parameters_out_of_range() {
         ..GenerateOptions::greedy(usize::MAX)
     };
     assert!(e.generate("hi", &options, |_| true).is_ok());
+}
+
+/// A file whose norm weight, plain float weight or block scale holds an
+/// infinity or a NaN is refused when it is loaded, with the tensor named:
+/// on the CPU some of these would otherwise give finite, wrong logits.
+#[test]
+fn a_corrupt_file_is_refused_at_load() {
+    for (tensor, index) in [
+        ("output_norm.weight", 0),
+        ("blk.0.attn_q.weight", 1),
+        ("blk.1.ffn_down.weight", 2),
+        ("token_embd.weight", 3),
+    ] {
+        for value in [f32::INFINITY, f32::NAN] {
+            let file = GgufFile::from_bytes(corrupt(21, tensor, index, value, false)).unwrap();
+            let device = Device::open("cpu", &Config::default()).unwrap();
+            let err = Engine::from_gguf(&file, &device, &EngineOptions::default())
+                .err()
+                .unwrap_or_else(|| panic!("{tensor}[{index}] = {value} loaded"));
+            let text = err.to_string();
+            assert!(
+                matches!(err, LlmError::Model(_))
+                    && text.contains(tensor)
+                    && text.contains("non-finite"),
+                "{text}"
+            );
+        }
+    }
 }

@@ -77,6 +77,49 @@ impl DType {
         DType::IQ4_XS,
     ];
 
+    /// Byte offsets, within a block, of the half-precision scales (and
+    /// minimums) that multiply every weight of the block. A non-finite
+    /// value there poisons the whole block, so loading checks them (see
+    /// [`DType::first_non_finite`]). Empty for plain floats.
+    pub const fn scale_offsets(self) -> &'static [usize] {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => &[],
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q2_K => &[80, 82],
+            DType::Q3_K => &[108],
+            DType::Q6_K => &[208],
+        }
+    }
+
+    /// The index of the first element (plain floats) or block (quantized
+    /// types) of `data` that holds an infinity or a NaN: a value itself, or
+    /// a block's scale. `None` when every value is finite. Quantized codes
+    /// are integers and always finite, so only scales are read: a pass over
+    /// a few bytes of each block.
+    pub fn first_non_finite(self, data: &[u8]) -> Option<usize> {
+        let f16_at = |b: &[u8], at: usize| {
+            b.get(at..at + 2)
+                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).is_finite())
+        };
+        match self {
+            DType::F32 => data
+                .chunks_exact(4)
+                .position(|v| !f32::from_le_bytes([v[0], v[1], v[2], v[3]]).is_finite()),
+            DType::F16 => data
+                .chunks_exact(2)
+                .position(|v| f16_at(v, 0) == Some(false)),
+            DType::BF16 => data
+                .chunks_exact(2)
+                .position(|v| !half::bf16::from_le_bytes([v[0], v[1]]).is_finite()),
+            _ => data.chunks_exact(self.block_bytes()).position(|block| {
+                self.scale_offsets()
+                    .iter()
+                    .any(|&at| f16_at(block, at) == Some(false))
+            }),
+        }
+    }
+
     /// Weights per block (1 for plain floats).
     pub const fn block_len(self) -> usize {
         match self {
@@ -190,6 +233,34 @@ pub fn ggml_type_name(id: u32) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_non_finite_scale_or_value_is_found_where_it_is() {
+        for dtype in DType::ALL {
+            let blocks = 5;
+            let mut data = vec![0u8; dtype.block_bytes() * blocks];
+            // Finite everywhere: small positive scales and values.
+            for block in data.chunks_exact_mut(dtype.block_bytes()) {
+                for at in dtype.scale_offsets() {
+                    block[*at..*at + 2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+                }
+            }
+            assert_eq!(dtype.first_non_finite(&data), None, "{dtype}");
+            let bad = 3 * dtype.block_bytes();
+            match dtype {
+                DType::F32 => data[bad..bad + 4].copy_from_slice(&f32::NAN.to_le_bytes()),
+                DType::F16 => {
+                    data[bad..bad + 2].copy_from_slice(&half::f16::INFINITY.to_le_bytes())
+                }
+                DType::BF16 => data[bad..bad + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes()),
+                _ => {
+                    let at = bad + dtype.scale_offsets().last().copied().unwrap_or(0);
+                    data[at..at + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+                }
+            }
+            assert_eq!(dtype.first_non_finite(&data), Some(3), "{dtype}");
+        }
+    }
+
     use super::*;
 
     #[test]
