@@ -10,6 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+mod common;
+
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
 
 /// The tiny model, written once per test under a directory of its own.
@@ -104,17 +106,7 @@ fn assert_error(out: &Output, expected: &[&str], context: &str) {
     assert_eq!(out.status.code(), Some(1), "want status 1\n{context}");
     assert!(out.stdout.is_empty(), "output on stdout\n{context}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("error: "))
-        .collect();
-    assert_eq!(errors.len(), 1, "want one error line\n{context}");
-    for want in expected {
-        assert!(
-            errors[0].contains(want),
-            "error line lacks {want:?}\n{context}"
-        );
-    }
+    common::assert_one_error_line(&stderr, expected, context);
 }
 
 fn rejected(args: &[&str], env: &[(&str, &str)], expected: &[&str]) {

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use encore_llm::gguf::{GgufFile, GgufWriter, Value};
+mod common;
+
 use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
 use encore_ops::DType;
 
@@ -60,17 +62,7 @@ fn assert_rejected(model: &Path, expected: &[&str]) {
     assert!(out.status.code().is_some(), "killed by a signal\n{context}");
     assert!(!stderr.contains("panicked"), "panic\n{context}");
     assert!(stdout.is_empty(), "output on stdout\n{context}");
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("error: "))
-        .collect();
-    assert_eq!(errors.len(), 1, "want one error line\n{context}");
-    for want in expected {
-        assert!(
-            errors[0].contains(want),
-            "error line lacks {want:?}\n{context}"
-        );
-    }
+    common::assert_one_error_line(&stderr, expected, &context);
 }
 
 /// A tensor as read from a file, ready to be written again.
