@@ -40,8 +40,28 @@ enum Command {
     Generate(GenerateArgs),
     /// Measure prefill and decode speed.
     Bench(BenchArgs),
+    /// Perplexity of the model on a text file, computed as llama.cpp's
+    /// llama-perplexity computes it; `PPL = <value> +/- <error>` is the last
+    /// line of stdout.
+    Perplexity(PerplexityArgs),
     /// List the devices Encore can use.
     Devices,
+}
+
+#[derive(Args)]
+struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Tokens per chunk; the second half of each chunk is scored.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512, value_parser = count)]
+    ctx_size: usize,
+    /// Also print the result as one JSON object (before the PPL line).
+    #[arg(long)]
+    json: bool,
+    /// The text file (UTF-8).
+    file: PathBuf,
+    #[command(flatten)]
+    profile: ProfileArgs,
 }
 
 #[derive(Args)]
@@ -142,6 +162,7 @@ fn main() -> ExitCode {
     exit(match cli.command {
         Command::Generate(a) => generate(a),
         Command::Bench(a) => bench(a),
+        Command::Perplexity(a) => perplexity(a),
         Command::Devices => devices(),
     })
 }
@@ -394,6 +415,40 @@ fn generate_on(a: &GenerateArgs, options: &GenerateOptions, device: &Device) -> 
         generation.decode_tokens_per_second(),
     ));
     Ok(())
+}
+
+fn perplexity(a: PerplexityArgs) -> CliResult {
+    let text = std::fs::read_to_string(&a.file)
+        .map_err(|e| CliError::Message(format!("{}: {e}", a.file.display())))?;
+    with_device(&a.model, &a.profile, |device| perplexity_on(&a, &text, device))
+}
+
+fn perplexity_on(a: &PerplexityArgs, text: &str, device: &Device) -> CliResult {
+    let engine = load(&a.model, device)?;
+    let start = std::time::Instant::now();
+    let result = encore_llm::perplexity::perplexity(&engine, text, a.ctx_size, |p| {
+        let rate = p.scored as f64 / start.elapsed().as_secs_f64().max(1e-9);
+        to_stderr(&format!(
+            "encore: chunk {}/{}: PPL = {:.4} ({} tokens scored, {rate:.0} tok/s)\n",
+            p.chunks, p.total_chunks, p.value, p.scored
+        ));
+    })
+    .map_err(|e| CliError::Message(e.to_string()))?;
+    let mut out = Out::new();
+    if a.json {
+        let json = serde_json::json!({
+            "model": a.model.model.as_ref().map_or("default".to_string(), |m| m.display().to_string()),
+            "device": device.name(),
+            "ctx_size": a.ctx_size,
+            "chunks": result.total_chunks,
+            "tokens_scored": result.scored,
+            "ppl": result.value,
+            "error": result.error,
+            "seconds": start.elapsed().as_secs_f64(),
+        });
+        out.line(&json.to_string())?;
+    }
+    out.line(&format!("PPL = {:.4} +/- {:.5}", result.value, result.error))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

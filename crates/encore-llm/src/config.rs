@@ -1,21 +1,80 @@
-//! The shape of a Llama-family model, read from GGUF metadata.
+//! The shape of a model, read from GGUF metadata: the Llama family
+//! (`llama`, `qwen2`, `qwen3`) and Gemma 3 (`gemma3`).
+//!
+//! What differs between the architectures is data here, not code paths in
+//! the forward pass: the RoPE layout, biases (found by tensor name),
+//! per-head Q/K norms, the feed-forward activation, the norms after the
+//! attention and the feed-forward blocks, the embedding scale, and per
+//! layer a sliding window with its own RoPE base.
 
 use crate::error::{LlmError, Result};
-use crate::gguf::{GgufError, GgufFile};
+use crate::gguf::{Array, GgufError, GgufFile, Value};
 
 /// How rotary embeddings pair up the elements of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeLayout {
     /// Adjacent pairs `(2i, 2i+1)`: Llama as stored in GGUF.
     Normal,
-    /// Halves `(i, i + d/2)`: Qwen2.
+    /// Halves `(i, i + d/2)`: Qwen and Gemma.
     Neox,
 }
 
-/// Hyperparameters of a Llama-family model.
+/// The architectures Encore runs, by `general.architecture`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+}
+
+impl Architecture {
+    /// Every supported architecture.
+    pub const ALL: [Architecture; 4] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
+    ];
+
+    /// The name GGUF metadata uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The architecture named `name`, if supported.
+    pub fn from_name(name: &str) -> Option<Architecture> {
+        Architecture::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// The gated feed-forward's activation: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): Llama, Qwen.
+    Silu,
+    /// GELU, tanh approximation (GeGLU): Gemma.
+    Gelu,
+}
+
+/// What one layer's attention sees and how it rotates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerAttention {
+    /// The sliding window in positions, 0 for global attention.
+    pub window: usize,
+    /// The RoPE base of this layer.
+    pub rope_base: f32,
+}
+
+/// Hyperparameters of a model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    pub arch: String,
+    pub arch: Architecture,
     pub n_layer: usize,
     pub n_embd: usize,
     pub n_ff: usize,
@@ -23,11 +82,26 @@ pub struct ModelConfig {
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub rope_dim: usize,
+    /// The RoPE base of global layers (see [`ModelConfig::layers`]).
     pub rope_base: f32,
     pub rope: RopeLayout,
     pub norm_eps: f32,
     pub context_length: usize,
     pub vocab: usize,
+    /// The attention's score scale: `1 / sqrt(head_dim)`.
+    pub attn_scale: f32,
+    /// The feed-forward activation.
+    pub activation: Activation,
+    /// Embeddings are multiplied by this before the first layer (Gemma:
+    /// `sqrt(n_embd)`).
+    pub embed_scale: Option<f32>,
+    /// RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention output and of the feed-forward output
+    /// before each is added to the residual (Gemma 3).
+    pub post_norms: bool,
+    /// Per layer: sliding window and RoPE base.
+    pub layers: Vec<LayerAttention>,
 }
 
 /// A size read from `what` (a metadata key or tensor dimension), checked to
@@ -56,42 +130,70 @@ fn optional<T>(r: std::result::Result<T, GgufError>, default: T) -> Result<T> {
 impl ModelConfig {
     /// Reads `general.architecture` and the architecture's hyperparameters.
     pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig> {
-        let arch = f.get_str("general.architecture")?.to_string();
-        let rope = match arch.as_str() {
-            "llama" => RopeLayout::Normal,
-            "qwen2" => RopeLayout::Neox,
-            other => {
-                return Err(LlmError::Model(format!(
-                    "architecture `{other}` is not supported (supported: llama, qwen2)"
-                )))
-            }
+        let name = f.get_str("general.architecture")?;
+        let arch = Architecture::from_name(name).ok_or_else(|| {
+            let known: Vec<_> = Architecture::ALL.iter().map(|a| a.name()).collect();
+            LlmError::Model(format!(
+                "architecture `{name}` is not supported (supported: {})",
+                known.join(", ")
+            ))
+        })?;
+        let (rope, activation) = match arch {
+            Architecture::Llama => (RopeLayout::Normal, Activation::Silu),
+            Architecture::Qwen2 | Architecture::Qwen3 => (RopeLayout::Neox, Activation::Silu),
+            Architecture::Gemma3 => (RopeLayout::Neox, Activation::Gelu),
         };
-        let key = |k: &str| format!("{arch}.{k}");
+        let key = |k: &str| format!("{}.{k}", arch.name());
         let size = |k: &str, max: usize| -> Result<usize> {
             let k = key(k);
             in_range(&format!("metadata `{k}`"), f.get_u32(&k)? as usize, max)
         };
+        let optional_size = |k: &str, default: usize, max: usize| -> Result<usize> {
+            let k = key(k);
+            match f.get_u32(&k) {
+                Ok(v) => in_range(&format!("metadata `{k}`"), v as usize, max),
+                Err(GgufError::MissingKey(_)) => Ok(default),
+                Err(e) => Err(e.into()),
+            }
+        };
         let n_embd = size("embedding_length", 1 << 16)?;
         let n_head = size("attention.head_count", n_embd)?;
-        let n_head_kv = match f.get_u32(&key("attention.head_count_kv")) {
-            Ok(v) => in_range(
-                &format!("metadata `{}`", key("attention.head_count_kv")),
-                v as usize,
-                n_head,
-            )?,
-            Err(GgufError::MissingKey(_)) => n_head,
-            Err(e) => return Err(e.into()),
-        };
-        if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
+        let n_head_kv = optional_size("attention.head_count_kv", n_head, n_head)?;
+        if n_head % n_head_kv != 0 {
             return Err(LlmError::Model(format!(
-                "inconsistent heads: metadata `{}` = {n_head} must divide `{}` = {n_embd}, \
-                 and `{}` = {n_head_kv} must divide the head count",
-                key("attention.head_count"),
-                key("embedding_length"),
+                "inconsistent heads: metadata `{}` = {n_head_kv} must divide `{}` = {n_head}",
                 key("attention.head_count_kv"),
+                key("attention.head_count"),
             )));
         }
-        let head_dim = n_embd / n_head;
+        // The head size is `attention.key_length` where given (Qwen3 and
+        // Gemma 3 heads are wider than `n_embd / n_head`), else the quotient.
+        let head_dim = match f.get_u32(&key("attention.key_length")) {
+            Ok(v) => in_range(
+                &format!("metadata `{}`", key("attention.key_length")),
+                v as usize,
+                encore_ops::kernels::attention::MAX_HEAD_DIM,
+            )?,
+            Err(GgufError::MissingKey(_)) if n_embd % n_head == 0 => n_embd / n_head,
+            Err(GgufError::MissingKey(_)) => {
+                return Err(LlmError::Model(format!(
+                    "metadata `{}` = {n_head} does not divide `{}` = {n_embd}, \
+                     and `{}` is absent",
+                    key("attention.head_count"),
+                    key("embedding_length"),
+                    key("attention.key_length"),
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let value_length = optional_size("attention.value_length", head_dim, 1 << 16)?;
+        if value_length != head_dim {
+            return Err(LlmError::Model(format!(
+                "metadata `{}` = {value_length} differs from the key length {head_dim}; \
+                 Encore needs them equal",
+                key("attention.value_length"),
+            )));
+        }
         let rope_dim = optional(f.get_u32(&key("rope.dimension_count")), head_dim as u32)? as usize;
         if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
             return Err(LlmError::Model(format!(
@@ -99,6 +201,7 @@ impl ModelConfig {
                 key("rope.dimension_count")
             )));
         }
+        check_rope_scaling(f, &key)?;
         let vocab = match f.get_u32(&key("vocab_size")) {
             Ok(v) => in_range(
                 &format!("metadata `{}`", key("vocab_size")),
@@ -116,26 +219,111 @@ impl ModelConfig {
             }
             Err(e) => return Err(e.into()),
         };
+        let n_layer = size("block_count", 1024)?;
+        let rope_base = optional(f.get_f32(&key("rope.freq_base")), 10_000.0)?;
+        let layers = layer_attention(f, arch, n_layer, rope_base, &key)?;
+        let gemma = arch == Architecture::Gemma3;
         let config = ModelConfig {
-            n_layer: size("block_count", 1024)?,
+            n_layer,
             n_embd,
             n_ff: size("feed_forward_length", 1 << 18)?,
             n_head,
             n_head_kv,
             head_dim,
             rope_dim,
-            rope_base: optional(f.get_f32(&key("rope.freq_base")), 10_000.0)?,
+            rope_base,
             rope,
             norm_eps: optional(f.get_f32(&key("attention.layer_norm_rms_epsilon")), 1e-5)?,
             context_length: optional(f.get_u32(&key("context_length")), 2048)? as usize,
             vocab,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            activation,
+            embed_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3),
+            post_norms: gemma,
+            layers,
             arch,
         };
         Ok(config)
+    }
+
+    /// Elements of one position's queries across all heads.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
     }
 
     /// Elements of one position's K (or V) across all KV heads.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// Refuses RoPE scaling Encore does not implement: any scaling type but
+/// `none`, and per-dimension frequency factors (`rope_freqs.weight`).
+fn check_rope_scaling(f: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<()> {
+    let scaling = match f.get_str(&key("rope.scaling.type")) {
+        Ok(t) => t.to_string(),
+        Err(GgufError::MissingKey(_)) => "none".to_string(),
+        Err(e) => return Err(e.into()),
+    };
+    let factor = optional(f.get_f32(&key("rope.scaling.factor")), 1.0)?;
+    if (scaling != "none" && factor != 1.0) || f.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
+        return Err(LlmError::Model(format!(
+            "RoPE scaling (type `{scaling}`, factor {factor}{}) is not supported",
+            if f.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
+                ", frequency factors in `rope_freqs.weight`"
+            } else {
+                ""
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// Each layer's sliding window and RoPE base. Gemma 3 interleaves local
+/// layers (a window of `attention.sliding_window` positions, RoPE base
+/// `rope.freq_base_swa`, default 10 000) with global ones: in each period of
+/// `attention.sliding_window_pattern` layers (default 6) the last is global.
+/// Every other architecture's layers are global.
+fn layer_attention(
+    f: &GgufFile,
+    arch: Architecture,
+    n_layer: usize,
+    rope_base: f32,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Vec<LayerAttention>> {
+    let global = LayerAttention {
+        window: 0,
+        rope_base,
+    };
+    let window = match f.get_u32(&key("attention.sliding_window")) {
+        Ok(w) if arch == Architecture::Gemma3 => w as usize,
+        Ok(_) | Err(GgufError::MissingKey(_)) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    if window == 0 {
+        return Ok(vec![global; n_layer]);
+    }
+    let local = LayerAttention {
+        window,
+        rope_base: optional(f.get_f32(&key("rope.freq_base_swa")), 10_000.0)?,
+    };
+    let pattern_key = key("attention.sliding_window_pattern");
+    let is_local: Vec<bool> = match f.get(&pattern_key) {
+        None => (0..n_layer).map(|i| i % 6 < 5).collect(),
+        Some(Value::U32(p)) => {
+            let p = *p as usize;
+            (0..n_layer).map(|i| p == 0 || i % p < p - 1).collect()
+        }
+        Some(Value::Array(Array::Bool(flags))) if flags.len() == n_layer => flags.clone(),
+        Some(_) => {
+            return Err(LlmError::Model(format!(
+                "metadata `{pattern_key}` must be a period or one boolean per layer ({n_layer})"
+            )))
+        }
+    };
+    Ok(is_local
+        .into_iter()
+        .map(|l| if l { local } else { global })
+        .collect())
 }

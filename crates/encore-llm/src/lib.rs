@@ -17,6 +17,7 @@ mod error;
 pub mod fetch;
 pub mod gguf;
 pub mod model;
+pub mod perplexity;
 pub mod sampler;
 pub mod session;
 pub mod synthetic;

@@ -1,14 +1,19 @@
-//! A Llama-family model's weights on a device, and its forward pass.
+//! A model's weights on a device, and its forward pass.
 //!
 //! One transformer block, as the forward pass below encodes it:
 //!
 //! ```text
-//! x ─┬─ rms_norm ─ q,k,v proj ─ rope(q,k) ─ kv_store ─ attention ─ o proj ─(+)─┬─ rms_norm ─ gate,up ─ silu·mul ─ down ─(+)─ x'
-//!    └────────────────────────────── residual ─────────────────────────────────┘└──────────────── residual ─────────────┘
+//! x ─┬─ rms_norm ─ q,k,v proj ─ [q,k norm] ─ rope(q,k) ─ kv_store ─ attention ─ o proj ─ [norm] ─(+)─┐
+//!    └─────────────────────────────────────── residual ─────────────────────────────────────────────┘
+//!  ─┬─ rms_norm ─ gate,up ─ act·mul ─ down ─ [norm] ─(+)─ x'
+//!   └──────────────────── residual ──────────────────┘
 //! ```
 //!
-//! The embedding table feeds the first block; a final RMSNorm and the output
-//! head (the embedding table itself when tied) turn the last row into logits.
+//! The bracketed steps and the activation (SiLU or GELU) depend on the
+//! architecture ([`ModelConfig`]); Qwen2's Q, K and V biases are added after
+//! their products where the file has them. The embedding table (scaled, for
+//! Gemma) feeds the first block; a final RMSNorm and the output head (the
+//! embedding table itself when tied) turn the last row into logits.
 
 use std::sync::Arc;
 
@@ -16,7 +21,7 @@ use encore::{Buffer, Device, Encoder};
 use encore_ops::kernels::attention::AttnShape;
 use encore_ops::{KernelSet, Ops, Weight};
 
-use crate::config::{ModelConfig, RopeLayout};
+use crate::config::{Activation, ModelConfig, RopeLayout};
 use crate::error::{LlmError, Result};
 use crate::gguf::GgufFile;
 
@@ -34,6 +39,12 @@ pub struct Block {
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
+    /// Per-head norms of the queries and keys (`head_dim` each).
+    pub q_norm: Option<Buffer>,
+    pub k_norm: Option<Buffer>,
+    /// Norms of the attention output and the feed-forward output.
+    pub post_attn_norm: Option<Buffer>,
+    pub post_ffn_norm: Option<Buffer>,
 }
 
 /// A loaded model: configuration, weights on a device, and the device's ops.
@@ -121,24 +132,32 @@ impl Model {
     pub fn load(f: &GgufFile, device: &Device, kernels: KernelSet) -> Result<Arc<Model>> {
         let c = ModelConfig::from_gguf(f)?;
         let ops = Ops::new(device, kernels)?;
-        let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
+        let (d, q, kv, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
         let embed = upload_weight(device, f, "token_embd.weight", c.vocab, d)?;
         let mut blocks = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let name = |s: &str| format!("blk.{i}.{s}");
+            let needed = |on: bool, s: &str, len: usize| -> Result<Option<Buffer>> {
+                on.then(|| upload_vector(device, f, &name(s), len))
+                    .transpose()
+            };
             blocks.push(Block {
                 attn_norm: upload_vector(device, f, &name("attn_norm.weight"), d)?,
-                wq: upload_weight(device, f, &name("attn_q.weight"), d, d)?,
+                wq: upload_weight(device, f, &name("attn_q.weight"), q, d)?,
                 wk: upload_weight(device, f, &name("attn_k.weight"), kv, d)?,
                 wv: upload_weight(device, f, &name("attn_v.weight"), kv, d)?,
-                bq: optional_vector(device, f, &name("attn_q.bias"), d)?,
+                bq: optional_vector(device, f, &name("attn_q.bias"), q)?,
                 bk: optional_vector(device, f, &name("attn_k.bias"), kv)?,
                 bv: optional_vector(device, f, &name("attn_v.bias"), kv)?,
-                wo: upload_weight(device, f, &name("attn_output.weight"), d, d)?,
+                wo: upload_weight(device, f, &name("attn_output.weight"), d, q)?,
                 ffn_norm: upload_vector(device, f, &name("ffn_norm.weight"), d)?,
                 gate: upload_weight(device, f, &name("ffn_gate.weight"), ff, d)?,
                 up: upload_weight(device, f, &name("ffn_up.weight"), ff, d)?,
                 down: upload_weight(device, f, &name("ffn_down.weight"), d, ff)?,
+                q_norm: needed(c.qk_norm, "attn_q_norm.weight", hd)?,
+                k_norm: needed(c.qk_norm, "attn_k_norm.weight", hd)?,
+                post_attn_norm: needed(c.post_norms, "post_attention_norm.weight", d)?,
+                post_ffn_norm: needed(c.post_norms, "post_ffw_norm.weight", d)?,
             });
         }
         let output_norm = upload_vector(device, f, "output_norm.weight", d)?;
@@ -177,6 +196,8 @@ pub struct Activations {
     pub q: Buffer,
     pub k: Buffer,
     pub v: Buffer,
+    /// Q and K before their per-head norms (models with QK-norm only).
+    pub qk_raw: Option<(Buffer, Buffer)>,
     pub attn: Buffer,
     pub proj: Buffer,
     pub gate: Buffer,
@@ -195,10 +216,15 @@ impl Activations {
             rows,
             x: f(rows * c.n_embd)?,
             xn: f(rows * c.n_embd)?,
-            q: f(rows * c.n_embd)?,
+            q: f(rows * c.q_dim())?,
             k: f(rows * c.kv_dim())?,
             v: f(rows * c.kv_dim())?,
-            attn: f(rows * c.n_embd)?,
+            qk_raw: if c.qk_norm {
+                Some((f(rows * c.q_dim())?, f(rows * c.kv_dim())?))
+            } else {
+                None
+            },
+            attn: f(rows * c.q_dim())?,
             proj: f(rows * c.n_embd)?,
             gate: f(rows * c.n_ff)?,
             up: f(rows * c.n_ff)?,
@@ -228,45 +254,85 @@ impl Model {
         cache: &[LayerCache],
         max_seq: usize,
     ) -> Result<()> {
+        self.encode_blocks(enc, a, tokens, pos, cache, max_seq)?;
+        let last = a.x.view((a.rows - 1) * self.config.n_embd * 4, self.config.n_embd * 4)?;
+        self.encode_head(enc, &last, &a.last_norm, &a.logits, 1)
+    }
+
+    /// Encodes the output head of `rows` rows of hidden states `x`: the
+    /// final RMSNorm into `normed`, then the logits (`rows * vocab`) into
+    /// `logits`.
+    pub fn encode_head(
+        &self,
+        enc: &mut Encoder,
+        x: &Buffer,
+        normed: &Buffer,
+        logits: &Buffer,
+        rows: usize,
+    ) -> Result<()> {
         let c = &self.config;
         let ops = &self.ops;
-        let (m, d, kv, ff) = (a.rows, c.n_embd, c.kv_dim(), c.n_ff);
+        ops.rms_norm(enc, x, &self.output_norm, normed, rows, c.n_embd, c.norm_eps)?;
+        ops.matmul(enc, &self.output, normed, logits, rows, "output")?;
+        Ok(())
+    }
+
+    /// Encodes the embedding and every block for `a.rows` tokens at
+    /// positions `pos..pos + rows`, leaving the hidden states in `a.x`.
+    pub fn encode_blocks(
+        &self,
+        enc: &mut Encoder,
+        a: &Activations,
+        tokens: &Buffer,
+        pos: &Buffer,
+        cache: &[LayerCache],
+        max_seq: usize,
+    ) -> Result<()> {
+        let c = &self.config;
+        let ops = &self.ops;
+        let (m, d, q_dim, kv, ff) = (a.rows, c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let neox = c.rope == RopeLayout::Neox;
         ops.embed(enc, &self.embed, tokens, &a.x, m)?;
-        for (b, lc) in self.blocks.iter().zip(cache) {
+        if let Some(s) = c.embed_scale {
+            ops.scale(enc, &a.x, s, m * d)?;
+        }
+        for ((b, lc), la) in self.blocks.iter().zip(cache).zip(&c.layers) {
             ops.rms_norm(enc, &a.x, &b.attn_norm, &a.xn, m, d, c.norm_eps)?;
-            ops.matmul(enc, &b.wq, &a.xn, &a.q, m, "attn_q")?;
-            ops.matmul(enc, &b.wk, &a.xn, &a.k, m, "attn_k")?;
+            // With QK-norm the products land in the raw buffers and the
+            // per-head norms write `q` and `k`.
+            let (q_out, k_out) = match &a.qk_raw {
+                Some((q, k)) => (q, k),
+                None => (&a.q, &a.k),
+            };
+            ops.matmul(enc, &b.wq, &a.xn, q_out, m, "attn_q")?;
+            ops.matmul(enc, &b.wk, &a.xn, k_out, m, "attn_k")?;
             ops.matmul(enc, &b.wv, &a.xn, &a.v, m, "attn_v")?;
-            for (bias, out, n) in [(&b.bq, &a.q, d), (&b.bk, &a.k, kv), (&b.bv, &a.v, kv)] {
+            for (bias, out, n) in [(&b.bq, q_out, q_dim), (&b.bk, k_out, kv), (&b.bv, &a.v, kv)] {
                 if let Some(bias) = bias {
                     ops.add_rows(enc, out, bias, m, n)?;
                 }
             }
-            ops.rope(
-                enc,
-                &a.q,
-                pos,
-                m,
-                c.n_head,
-                c.head_dim,
-                c.rope_dim,
-                c.rope_base,
-                neox,
-                "rope_q",
-            )?;
-            ops.rope(
-                enc,
-                &a.k,
-                pos,
-                m,
-                c.n_head_kv,
-                c.head_dim,
-                c.rope_dim,
-                c.rope_base,
-                neox,
-                "rope_k",
-            )?;
+            if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
+                let hd = c.head_dim;
+                ops.rms_norm(enc, q_out, qn, &a.q, m * c.n_head, hd, c.norm_eps)?;
+                ops.rms_norm(enc, k_out, kn, &a.k, m * c.n_head_kv, hd, c.norm_eps)?;
+            }
+            let rope = |enc: &mut Encoder, x: &Buffer, heads: usize, label| {
+                ops.rope(
+                    enc,
+                    x,
+                    pos,
+                    m,
+                    heads,
+                    c.head_dim,
+                    c.rope_dim,
+                    la.rope_base,
+                    neox,
+                    label,
+                )
+            };
+            rope(enc, &a.q, c.n_head, "rope_q")?;
+            rope(enc, &a.k, c.n_head_kv, "rope_k")?;
             ops.kv_store(enc, &a.k, &lc.k, pos, m, kv, max_seq, "k_store")?;
             ops.kv_store(enc, &a.v, &lc.v, pos, m, kv, max_seq, "v_store")?;
             let shape = AttnShape {
@@ -275,30 +341,37 @@ impl Model {
                 kv_heads: c.n_head_kv as u32,
                 head_dim: c.head_dim as u32,
                 max_seq: max_seq as u32,
-                scale: 1.0 / (c.head_dim as f32).sqrt(),
+                scale: c.attn_scale,
+                window: la.window as u32,
             };
             ops.attention(enc, &a.q, &lc.k, &lc.v, pos, &a.attn, shape)?;
             ops.matmul(enc, &b.wo, &a.attn, &a.proj, m, "attn_output")?;
-            ops.add(enc, &a.x, &a.proj, m * d)?;
+            self.residual(enc, a, b.post_attn_norm.as_ref())?;
             ops.rms_norm(enc, &a.x, &b.ffn_norm, &a.xn, m, d, c.norm_eps)?;
             ops.matmul(enc, &b.gate, &a.xn, &a.gate, m, "ffn_gate")?;
             ops.matmul(enc, &b.up, &a.xn, &a.up, m, "ffn_up")?;
-            ops.silu_mul(enc, &a.gate, &a.up, &a.ffn, m * ff)?;
+            match c.activation {
+                Activation::Silu => ops.silu_mul(enc, &a.gate, &a.up, &a.ffn, m * ff)?,
+                Activation::Gelu => ops.gelu_mul(enc, &a.gate, &a.up, &a.ffn, m * ff)?,
+            }
             ops.matmul(enc, &b.down, &a.ffn, &a.proj, m, "ffn_down")?;
-            ops.add(enc, &a.x, &a.proj, m * d)?;
+            self.residual(enc, a, b.post_ffn_norm.as_ref())?;
         }
-        let last = a.x.view((m - 1) * d * 4, d * 4)?;
-        ops.rms_norm(
-            enc,
-            &last,
-            &self.output_norm,
-            &a.last_norm,
-            1,
-            d,
-            c.norm_eps,
-        )?;
-        ops.matmul(enc, &self.output, &a.last_norm, &a.logits, 1, "output")?;
         Ok(())
+    }
+
+    /// `x += proj`, or `x += rms_norm(proj)` with a post-norm (through `xn`).
+    fn residual(&self, enc: &mut Encoder, a: &Activations, norm: Option<&Buffer>) -> Result<()> {
+        let c = &self.config;
+        let n = a.rows * c.n_embd;
+        match norm {
+            Some(w) => {
+                self.ops.rms_norm(enc, &a.proj, w, &a.xn, a.rows, c.n_embd, c.norm_eps)?;
+                self.ops.add(enc, &a.x, &a.xn, n)
+            }
+            None => self.ops.add(enc, &a.x, &a.proj, n),
+        }
+        .map_err(Into::into)
     }
 
     /// Allocates a KV cache of `max_seq` positions for every layer.

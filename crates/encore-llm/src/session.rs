@@ -200,6 +200,57 @@ impl Session {
         Ok(logits)
     }
 
+    /// Runs `tokens` through the model in one batched pass, like
+    /// [`Session::prefill`], and hands the logits of every row from `from`
+    /// on to `each` (row index within `tokens`, logits), computed a few
+    /// rows at a time so that memory stays small for large vocabularies.
+    /// Non-finite logits are [`LlmError::NonFinite`].
+    pub fn logits_from(
+        &mut self,
+        tokens: &[u32],
+        from: usize,
+        mut each: impl FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        /// Rows of logits computed per submission.
+        const SLICE: usize = 16;
+        if tokens.is_empty() || from >= tokens.len() {
+            return Err(LlmError::Request(format!(
+                "no rows to score: {} tokens, scoring from row {from}",
+                tokens.len()
+            )));
+        }
+        self.check_room(tokens.len())?;
+        self.check_tokens(tokens)?;
+        let model = Arc::clone(&self.model);
+        let (d, vocab) = (model.config.n_embd, model.config.vocab);
+        let device = &model.device;
+        let acts = Activations::new(&model, tokens.len())?;
+        let token_buf = device.buffer_from(tokens)?;
+        let pos = device.buffer_from(&[self.pos as u32])?;
+        let normed = device.alloc(SLICE * d * 4)?;
+        let logits = device.alloc(SLICE * vocab * 4)?;
+        let mut enc = device.encoder();
+        enc.set_label("score");
+        model.encode_blocks(&mut enc, &acts, &token_buf, &pos, &self.cache, self.max_seq)?;
+        let mut row = from;
+        while row < tokens.len() {
+            let rows = SLICE.min(tokens.len() - row);
+            let x = acts.x.view(row * d * 4, rows * d * 4)?;
+            model.encode_head(&mut enc, &x, &normed, &logits, rows)?;
+            enc.commit_and_wait()?;
+            let all = logits.view(0, rows * vocab * 4)?.download::<f32>()?;
+            for (i, l) in all.chunks_exact(vocab).enumerate() {
+                check_finite(l, Pass::Prefill, self.pos + row + i)?;
+                each(row + i, l)?;
+            }
+            row += rows;
+            enc = device.encoder();
+            enc.set_label("score");
+        }
+        self.pos += tokens.len();
+        Ok(())
+    }
+
     fn record_step(&mut self) -> Result<GraphExec> {
         let device = self.model.device.clone();
         let mut enc = device.capture();

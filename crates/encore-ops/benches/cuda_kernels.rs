@@ -170,6 +170,7 @@ fn main() {
             head_dim: hd as u32,
             max_seq: max_seq as u32,
             scale: 0.125,
+            window: 0,
         };
         report(
             "attention prefill rows=512",
@@ -257,6 +258,7 @@ fn main() {
             head_dim: hd as u32,
             max_seq: max_seq as u32,
             scale: 0.125,
+            window: 0,
         };
         report(
             &format!("attention pos={pos}"),

@@ -18,7 +18,9 @@ use encore::{Buffer, Device, Encoder, Error, Kernel, KernelDef, Result};
 use crate::kernels::advance::AdvanceArgs;
 use crate::kernels::argmax::{self, ArgmaxArgs};
 use crate::kernels::attention::{self, AttnArgs, KvArgs};
-use crate::kernels::elementwise::{AddArgs, AddRowsArgs, SiluMulArgs};
+use crate::kernels::elementwise::{
+    AddArgs, AddRowsArgs, GeluMulArgs, ScaleArgs, ScaleShape, SiluMulArgs,
+};
 use crate::kernels::embed::{EmbedArgs, EmbedShape};
 use crate::kernels::matmul::{MatmulArgs, MatmulShape};
 use crate::kernels::norm::{NormArgs, NormShape};
@@ -104,6 +106,8 @@ pub struct Ops {
     add: Slot,
     add_rows: Slot,
     silu_mul: Slot,
+    gelu_mul: Slot,
+    scale: Slot,
     embed: Slot,
     argmax: Slot,
     advance: Slot,
@@ -133,6 +137,8 @@ impl Ops {
             add: load(defs.add)?,
             add_rows: load(defs.add_rows)?,
             silu_mul: load(defs.silu_mul)?,
+            gelu_mul: load(defs.gelu_mul)?,
+            scale: load(defs.scale)?,
             embed: load(defs.embed)?,
             argmax: load(defs.argmax)?,
             advance: load(defs.advance)?,
@@ -309,8 +315,8 @@ impl Ops {
 
     /// Causal grouped-query attention of `rows` queries over the cache.
     /// Batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more with
-    /// a head size of [`prefill_attention::HEAD_DIMS`] and 16-byte aligned
-    /// caches take the tiled kernel of [`prefill_attention`] where the
+    /// a head size of [`prefill_attention::HEAD_DIMS`], no sliding window
+    /// and 16-byte aligned caches take the tiled kernel of [`prefill_attention`] where the
     /// device has it; the exact set's `attention` kernel takes every batch.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
@@ -348,6 +354,7 @@ impl Ops {
             shape,
         };
         let tiled = shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
+            && shape.window == 0
             && prefill_attention::HEAD_DIMS.contains(&head_dim)
             && k.offset().is_multiple_of(16)
             && v.offset().is_multiple_of(16);
@@ -401,6 +408,33 @@ impl Ops {
             n: n as u32,
         };
         enc.dispatch(self.silu_mul.get(&self.device)?, &args.args(), "silu_mul")
+    }
+
+    /// `y = gelu(g) * u` over `n` elements (tanh approximation).
+    pub fn gelu_mul(
+        &self,
+        enc: &mut Encoder,
+        g: &Buffer,
+        u: &Buffer,
+        y: &Buffer,
+        n: usize,
+    ) -> Result<()> {
+        let args = GeluMulArgs {
+            g: f32s(g, n)?,
+            u: f32s(u, n)?,
+            y: f32s(y, n)?,
+            n: n as u32,
+        };
+        enc.dispatch(self.gelu_mul.get(&self.device)?, &args.args(), "gelu_mul")
+    }
+
+    /// `y *= s` over `n` elements.
+    pub fn scale(&self, enc: &mut Encoder, y: &Buffer, s: f32, n: usize) -> Result<()> {
+        let args = ScaleArgs {
+            y: f32s(y, n)?,
+            shape: ScaleShape { n: n as u32, s },
+        };
+        enc.dispatch(self.scale.get(&self.device)?, &args.args(), "scale")
     }
 
     /// `y[r] = table[tokens[r]]`, dequantized, for `rows` tokens.

@@ -301,6 +301,7 @@ fn attention_matches_cpu_for_decode_prefill_and_long_contexts() {
             head_dim: head_dim as u32,
             max_seq: max_seq as u32,
             scale: 1.0 / (head_dim as f32).sqrt(),
+            window: 0,
         };
         let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
             let (qb, kb, vb, p) = (
@@ -355,6 +356,7 @@ fn prefill_attention_matches_cpu() {
             head_dim: head_dim as u32,
             max_seq: max_seq as u32,
             scale: 1.0 / (head_dim as f32).sqrt(),
+            window: 0,
         };
         let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
             let (qb, kb, vb, p) = (
@@ -428,6 +430,7 @@ fn attention_exact_matches_cpu_bit_for_bit() {
                 head_dim: head_dim as u32,
                 max_seq: max_seq as u32,
                 scale: 1.0 / (head_dim as f32).sqrt(),
+                window: 0,
             };
             let [cpu, gpu] = [0, 1].map(|i| {
                 let ops = &pair[i];
@@ -1202,6 +1205,7 @@ fn decode_attention_step(
         head_dim: head_dim as u32,
         max_seq: max_seq as u32,
         scale: 1.0 / (head_dim as f32).sqrt(),
+        window: 0,
     };
     let (hd, rd) = (head_dim, rope_dim);
     let mut e = ops.device().capture();

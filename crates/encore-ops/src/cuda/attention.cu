@@ -7,7 +7,7 @@
 //
 // For query row `r` (position `pos + r`) and head `h`, with KV head
 // `h / (heads / kv_heads)`: `s[t] = scale * q[r, h] · K[t]` for
-// `t <= pos + r`, `p = softmax(s)`, `out[r, h] = Σ_t p[t] V[t]`.
+// `attn_first(pos + r) <= t <= pos + r`, `p = softmax(s)`, `out[r, h] = Σ_t p[t] V[t]`.
 //
 // One block of ATT_THREADS threads per (head, query row), in three passes
 // over the positions `t < len` (`len = pos + row + 1`):
@@ -158,6 +158,9 @@ attention(const float* __restrict__ q, const f16_bits* __restrict__ k, const f16
     cached /= 4;
     const bool vec = s.head_dim % 8 == 0 && (s.kv_heads * s.head_dim) % 8 == 0
         && ((size_t)k & 15u) == 0 && ((size_t)v & 15u) == 0;
-    if (vec) attend<true>(q, k, v, out, s, len, scores, cached, scratch);
-    else attend<false>(q, k, v, out, s, len, scores, cached, scratch);
+    // A window starts the cache later: the rows before it are not seen.
+    const unsigned int first = attn_first(s, p + blockIdx.y);
+    const size_t skip = (size_t)first * s.kv_heads * s.head_dim;
+    if (vec) attend<true>(q, k + skip, v + skip, out, s, len - first, scores, cached, scratch);
+    else attend<false>(q, k + skip, v + skip, out, s, len - first, scores, cached, scratch);
 }

@@ -10,7 +10,14 @@ struct AttnShape {
     unsigned int head_dim;
     unsigned int max_seq;
     float scale;
+    unsigned int window;  // sliding window (0: every position)
 };
+
+// The first position a query at position `at` sees: its sliding window's
+// start, or 0 without a window.
+__device__ __forceinline__ unsigned int attn_first(const AttnShape& s, unsigned long long at) {
+    return s.window == 0 || at + 1 <= s.window ? 0u : (unsigned int)(at + 1 - s.window);
+}
 
 // `acc` plus `qs[0..8]` times the 8 halves packed in `v`, in order.
 __device__ __forceinline__ float attn_dot8(const float* qs, uint4 v, float acc) {

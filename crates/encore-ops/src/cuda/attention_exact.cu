@@ -350,11 +350,18 @@ attention_exact(const float* __restrict__ q, const f16_bits* __restrict__ k, con
     const unsigned int len = (unsigned int)p + blockIdx.y + 1;
     // K rows 16-byte aligned, so 8 halves load at once.
     const bool vec = s.head_dim % 8 == 0 && (s.kv_heads * s.head_dim) % 8 == 0 && ((size_t)k & 15u) == 0;
+    // A window starts the cache later: the rows before it are not seen.
+    // (The CPU's tiled path masks them inside tiles aligned at 0 instead,
+    // so with a window the tiled results are close to it, not identical.)
+    const unsigned int first = attn_first(s, p + blockIdx.y);
+    const size_t skip = (size_t)first * s.kv_heads * s.head_dim;
+    k += skip;
+    v += skip;
     if (s.rows < EXA_TILE_Q) {
-        if (vec) exa_recurrence<true>(q, k, v, out, s, len, sh);
-        else exa_recurrence<false>(q, k, v, out, s, len, sh);
+        if (vec) exa_recurrence<true>(q, k, v, out, s, len - first, sh);
+        else exa_recurrence<false>(q, k, v, out, s, len - first, sh);
     } else {
-        if (vec) exa_tiled<true>(q, k, v, out, s, len, sh);
-        else exa_tiled<false>(q, k, v, out, s, len, sh);
+        if (vec) exa_tiled<true>(q, k, v, out, s, len - first, sh);
+        else exa_tiled<false>(q, k, v, out, s, len - first, sh);
     }
 }

@@ -292,9 +292,9 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     if (valid && (STEP_CLUSTER || blockIdx.y == 0)) {
         // Prefetch this block's share of K and V; see the doc comment.
         const unsigned int kv_off = (h / (a.heads / a.kv_heads)) * hd;
-        const unsigned int len = min(guess, a.max_seq - 1) + 1;
-        const unsigned int chunk = (len + splits - 1) / splits;
-        const unsigned int t = split * chunk + tid;
+        const unsigned int len = min(guess, a.max_seq - 1) + 1, first = attn_first(a, len - 1);
+        const unsigned int chunk = (len - first + splits - 1) / splits;
+        const unsigned int t = first + split * chunk + tid;
         if (tid < chunk && t < len) {
             for (unsigned int b = 0; b < hd * 2; b += 128) {
                 encore_prefetch_l2(reinterpret_cast<const unsigned char*>(kc + (size_t)t * kv_dim + kv_off) + b);
@@ -327,8 +327,9 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     // alongside the position. Not the new row, which this kernel writes.
     const bool vec = hd % 8 == 0 && kv_dim % 8 == 0 && ((size_t)kc & 15u) == 0 && ((size_t)vc & 15u) == 0;
     uint4 krow[STEP_KROW];
-    const unsigned int g_len = min(guess, a.max_seq - 1) + 1, g_chunk = (g_len + splits - 1) / splits;
-    const unsigned int g_begin = min(split * g_chunk, g_len), g_end = min(g_begin + g_chunk, g_len);
+    const unsigned int g_len = min(guess, a.max_seq - 1) + 1, g_first = attn_first(a, g_len - 1);
+    const unsigned int g_chunk = (g_len - g_first + splits - 1) / splits;
+    const unsigned int g_begin = min(g_first + split * g_chunk, g_len), g_end = min(g_begin + g_chunk, g_len);
     const unsigned int kt = g_begin + tid;
     const bool k_first = vec && hd <= 8 * STEP_KROW && guess < a.max_seq;
     if (k_first && kt < g_end && !((s.flags & STEP_K_NEW) && kt == guess)) {
@@ -341,8 +342,8 @@ attention_step(const float* __restrict__ q, const float* __restrict__ k_new, con
     // The same decision in every block of a cluster, so none waits alone at a barrier.
     if (p >= a.max_seq) return;
     if (rotates && p != guess) rope_angle_fast(s.rope, tid, p, sn, cs);
-    const unsigned int len = p + 1, chunk = (len + splits - 1) / splits;
-    const unsigned int begin = min(split * chunk, len), end = min(begin + chunk, len);
+    const unsigned int len = p + 1, first = attn_first(a, p), chunk = (len - first + splits - 1) / splits;
+    const unsigned int begin = min(first + split * chunk, len), end = min(begin + chunk, len);
     const bool holds_p = begin <= p && p < end;
     const bool new_k = holds_p && (s.flags & STEP_K_NEW), new_v = holds_p && (s.flags & STEP_V_NEW);
     const bool store = h % group == 0;

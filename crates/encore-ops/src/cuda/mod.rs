@@ -19,6 +19,7 @@ use crate::kernels::attention::{AttnShape, KvShape};
 use crate::kernels::attention_step::{
     AttnStepShape, STEP_K_NEW, STEP_ROPE_K, STEP_ROPE_Q, STEP_V_NEW,
 };
+use crate::kernels::elementwise::ScaleShape;
 use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::kernels::matmul::MatmulShape;
@@ -212,6 +213,18 @@ pub(crate) fn silu_mul() -> CudaKernel {
     })
 }
 
+pub(crate) fn gelu_mul() -> CudaKernel {
+    CudaKernel::new(source("gelu_mul.cu"), "gelu_mul", |n: &u32| {
+        geometry::elementwise_launch(*n)
+    })
+}
+
+pub(crate) fn scale() -> CudaKernel {
+    CudaKernel::new(source("scale.cu"), "scale", |s: &ScaleShape| {
+        geometry::elementwise_launch(s.n)
+    })
+}
+
 pub(crate) fn embed() -> CudaKernel {
     CudaKernel::checked(source("embed.cu"), "embed", |s: &EmbedShape| {
         weight_type("embed", s.dtype)?;
@@ -266,6 +279,8 @@ const FILES: &[(&str, &str)] = &[
     ("add.cu", include_str!("add.cu")),
     ("add_rows.cu", include_str!("add_rows.cu")),
     ("silu_mul.cu", include_str!("silu_mul.cu")),
+    ("gelu_mul.cu", include_str!("gelu_mul.cu")),
+    ("scale.cu", include_str!("scale.cu")),
     ("embed.cu", include_str!("embed.cu")),
     ("argmax.cu", include_str!("argmax.cu")),
     ("advance.cu", include_str!("advance.cu")),

@@ -8,7 +8,8 @@
 //!
 //! `attention`: for query row `r` (position `pos + r`) and head `h`, with KV
 //! head `h / (heads / kv_heads)`: `s[t] = scale * q[r, h] · K[t]` for
-//! `t <= pos + r`, `p = softmax(s)`, `out[r, h] = sum_t p[t] V[t]`.
+//! `t <= pos + r` (and, with a sliding window `w > 0`, `t > pos + r - w`),
+//! `p = softmax(s)`, `out[r, h] = sum_t p[t] V[t]`.
 //!
 //! CPU: [`crate::cpu::kernels::attention`], which follows llama.cpp's CPU
 //! flash attention step by step; CUDA: `cuda/kv_store.cu` and
@@ -45,6 +46,19 @@ pub struct AttnShape {
     pub head_dim: u32,
     pub max_seq: u32,
     pub scale: f32,
+    /// A sliding window: each query sees only the last `window` positions,
+    /// its own included (Gemma 3's local layers). 0 sees every position.
+    pub window: u32,
+}
+
+impl AttnShape {
+    /// The first position query row `r` sees (`pos` is the first row's).
+    pub fn first_visible(&self, pos: usize, r: usize) -> usize {
+        match self.window as usize {
+            0 => 0,
+            w => (pos + r + 1).saturating_sub(w),
+        }
+    }
 }
 
 crate::op_args! {

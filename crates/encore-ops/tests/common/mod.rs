@@ -234,6 +234,7 @@ pub fn block_graph(
         head_dim: head_dim as u32,
         max_seq: max_seq as u32,
         scale: 0.125,
+        window: 0,
     };
     ops.attention(&mut e, &q, &kc, &vc, &p, &att, shape)
         .unwrap();

@@ -395,10 +395,12 @@ pub fn transpose_k_tiles(k: &[f32], len: usize, kv_heads: usize, hd: usize, kt: 
     }
 }
 
-/// Attention of one query head over positions `0..len`, as llama.cpp's tiled
+/// Attention of one query head over the positions `span`, as llama.cpp's tiled
 /// CPU flash attention computes it for batches of [`FA_TILE_Q`] rows or more.
 /// `kt` holds this head's KV head in tiles ([`transpose_k_tiles`]); `v` is the
-/// cache widened to f32 (`[len, kv_dim]`), read at `kv_off`.
+/// cache widened to f32 (`[span.end, kv_dim]`), read at `kv_off`. Tiles
+/// wholly before `span.start` are skipped, and the positions before it in
+/// the first tile weigh nothing.
 ///
 /// Per tile of [`FA_TILE_KV`] positions: f32 scores, each a chain of fused
 /// multiply-adds over the dimensions, times `scale`; the running maximum
@@ -411,7 +413,7 @@ pub fn attend_head_tiled(
     q: &[f32],
     kt: &[f32],
     v: &[f32],
-    len: usize,
+    span: std::ops::Range<usize>,
     kv_dim: usize,
     kv_off: usize,
     scale: f32,
@@ -420,10 +422,10 @@ pub fn attend_head_tiled(
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU features were just detected.
-        unsafe { attend_head_tiled_avx2(q, kt, v, len, kv_dim, kv_off, scale, out) };
+        unsafe { attend_head_tiled_avx2(q, kt, v, span, kv_dim, kv_off, scale, out) };
         return;
     }
-    attend_head_tiled_with(q, kt, v, len, kv_dim, kv_off, scale, out);
+    attend_head_tiled_with(q, kt, v, span, kv_dim, kv_off, scale, out);
 }
 
 /// [`attend_head_tiled`] compiled with FMA, so the fused steps are single
@@ -435,13 +437,13 @@ unsafe fn attend_head_tiled_avx2(
     q: &[f32],
     kt: &[f32],
     v: &[f32],
-    len: usize,
+    span: std::ops::Range<usize>,
     kv_dim: usize,
     kv_off: usize,
     scale: f32,
     out: &mut [f32],
 ) {
-    attend_head_tiled_with(q, kt, v, len, kv_dim, kv_off, scale, out);
+    attend_head_tiled_with(q, kt, v, span, kv_dim, kv_off, scale, out);
 }
 
 #[inline(always)]
@@ -450,7 +452,7 @@ fn attend_head_tiled_with(
     q: &[f32],
     kt: &[f32],
     v: &[f32],
-    len: usize,
+    span: std::ops::Range<usize>,
     kv_dim: usize,
     kv_off: usize,
     scale: f32,
@@ -462,7 +464,9 @@ fn attend_head_tiled_with(
     acc.fill(0.0);
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
     let mut p = [0.0f32; T];
-    for (t, tile) in kt.chunks_exact(hd * T).take(len.div_ceil(T)).enumerate() {
+    let (first, len) = (span.start, span.end);
+    let skip = first / T;
+    for (t, tile) in kt.chunks_exact(hd * T).take(len.div_ceil(T)).enumerate().skip(skip) {
         let t0 = t * T;
         let n = (len - t0).min(T);
         p.fill(0.0);
@@ -474,6 +478,9 @@ fn attend_head_tiled_with(
         }
         p.iter_mut().for_each(|s| *s *= scale);
         p[n..].fill(f32::NEG_INFINITY);
+        if t0 < first {
+            p[..first - t0].fill(f32::NEG_INFINITY);
+        }
         let tile_max = p.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
         let m_new = m.max(tile_max);
         if m_new > m {
@@ -560,7 +567,10 @@ pub(crate) fn attend_rows(
             let (r, h) = (i / heads, i % heads);
             let qh = &q[i * hd..(i + 1) * hd];
             let off = (h / group) * hd;
-            attend_head(qh, k, v, pos + r + 1, kv_dim, off, s.scale, o);
+            // A window starts the cache later: the rows before it are not seen.
+            let first = s.first_visible(pos, r) * kv_dim;
+            let len = pos + r + 1 - s.first_visible(pos, r);
+            attend_head(qh, &k[first..], &v[first..], len, kv_dim, off, s.scale, o);
         });
         return Ok(());
     }
@@ -580,7 +590,8 @@ pub(crate) fn attend_rows(
             let qh = &q[i * hd..(i + 1) * hd];
             let g = h / group;
             let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
-            attend_head_tiled(qh, kt, vf, pos + r + 1, kv_dim, g * hd, s.scale, o);
+            let span = s.first_visible(pos, r)..pos + r + 1;
+            attend_head_tiled(qh, kt, vf, span, kv_dim, g * hd, s.scale, o);
         });
     }
     WIDE.with(|c| c.replace(w));
@@ -733,7 +744,7 @@ mod tests {
                 let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
                 attend_head(&q, &k16, &v16, n, kv_dim, g * hd, 0.125, &mut a);
                 let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
-                attend_head_tiled(&q, kt, &v, n, kv_dim, g * hd, 0.125, &mut b);
+                attend_head_tiled(&q, kt, &v, 0..n, kv_dim, g * hd, 0.125, &mut b);
                 for (x, y) in a.iter().zip(&b) {
                     assert!((x - y).abs() < 2e-3, "len {n} head {g}: {x} vs {y}");
                 }

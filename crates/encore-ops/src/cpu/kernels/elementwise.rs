@@ -4,7 +4,7 @@
 
 use encore::CpuArgs;
 
-use crate::kernels::elementwise::{AddArgs, AddRowsArgs, SiluMulArgs};
+use crate::kernels::elementwise::{AddArgs, AddRowsArgs, GeluMulArgs, ScaleArgs, SiluMulArgs};
 
 /// `e^x` as ggml's AVX2 `ggml_v_expf` computes it, one lane at a time: a
 /// polynomial within about 1.5 ulp of `exp`, with its fused multiply-adds.
@@ -303,4 +303,40 @@ mod tests {
             assert_eq!(ggml_expf(x).to_bits(), bits, "e^{x}");
         }
     }
+}
+
+/// GELU, tanh approximation, in f32.
+#[inline]
+pub fn gelu(v: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * COEF_A.mul_add(v * v, 1.0)).tanh())
+}
+
+/// The CPU body of `gelu_mul`.
+pub(crate) fn gelu_mul(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = GeluMulArgs::from_cpu(a)?;
+    let n = args.n as usize;
+    let (g, u, y) = (
+        args.g.read::<f32>()?,
+        args.u.read::<f32>()?,
+        args.y.write::<f32>()?,
+    );
+    super::need("g", g, n)?;
+    super::need("u", u, n)?;
+    super::need("y", y, n)?;
+    for ((y, g), u) in y[..n].iter_mut().zip(g).zip(u) {
+        *y = gelu(*g) * u;
+    }
+    Ok(())
+}
+
+/// The CPU body of `scale`.
+pub(crate) fn scale(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = ScaleArgs::from_cpu(a)?;
+    let (n, s) = (args.shape.n as usize, args.shape.s);
+    let y = args.y.write::<f32>()?;
+    super::need("y", y, n)?;
+    y[..n].iter_mut().for_each(|v| *v *= s);
+    Ok(())
 }
