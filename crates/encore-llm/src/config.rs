@@ -69,6 +69,9 @@ pub struct LayerAttention {
     pub window: usize,
     /// The RoPE base of this layer.
     pub rope_base: f32,
+    /// Whether this layer's RoPE is scaled ([`ModelConfig::rope_scale`] and
+    /// the model's frequency factors): every layer but Gemma's local ones.
+    pub scaled: bool,
 }
 
 /// Hyperparameters of a model.
@@ -102,6 +105,8 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// Per layer: sliding window and RoPE base.
     pub layers: Vec<LayerAttention>,
+    /// Linear RoPE scaling: positions are multiplied by this (1 without).
+    pub rope_scale: f32,
 }
 
 /// A size read from `what` (a metadata key or tensor dimension), checked to
@@ -201,7 +206,7 @@ impl ModelConfig {
                 key("rope.dimension_count")
             )));
         }
-        check_rope_scaling(f, &key)?;
+        let rope_scale = rope_scale(f, &key)?;
         let vocab = match f.get_u32(&key("vocab_size")) {
             Ok(v) => in_range(
                 &format!("metadata `{}`", key("vocab_size")),
@@ -242,6 +247,7 @@ impl ModelConfig {
             qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3),
             post_norms: gemma,
             layers,
+            rope_scale,
             arch,
         };
         Ok(config)
@@ -258,26 +264,28 @@ impl ModelConfig {
     }
 }
 
-/// Refuses RoPE scaling Encore does not implement: any scaling type but
-/// `none`, and per-dimension frequency factors (`rope_freqs.weight`).
-fn check_rope_scaling(f: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<()> {
-    let scaling = match f.get_str(&key("rope.scaling.type")) {
+/// The linear RoPE scale: 1 without scaling, `1 / factor` for
+/// `rope.scaling.type = linear`. Llama 3's scaling comes as per-pair
+/// frequency factors in the tensor `rope_freqs.weight` (read by the
+/// model), with no scaling type. Other types (YaRN, LongRoPE) are refused.
+fn rope_scale(f: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<f32> {
+    let kind = match f.get_str(&key("rope.scaling.type")) {
         Ok(t) => t.to_string(),
         Err(GgufError::MissingKey(_)) => "none".to_string(),
         Err(e) => return Err(e.into()),
     };
     let factor = optional(f.get_f32(&key("rope.scaling.factor")), 1.0)?;
-    if (scaling != "none" && factor != 1.0) || f.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
-        return Err(LlmError::Model(format!(
-            "RoPE scaling (type `{scaling}`, factor {factor}{}) is not supported",
-            if f.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
-                ", frequency factors in `rope_freqs.weight`"
-            } else {
-                ""
-            }
-        )));
+    match kind.as_str() {
+        "none" => Ok(1.0),
+        "linear" if factor.is_finite() && factor >= 1.0 => Ok(1.0 / factor),
+        "linear" => Err(LlmError::Model(format!(
+            "metadata `{}` = {factor} must be finite and at least 1",
+            key("rope.scaling.factor")
+        ))),
+        other => Err(LlmError::Model(format!(
+            "RoPE scaling type `{other}` is not supported (supported: none, linear, and Llama 3's frequency factors)"
+        ))),
     }
-    Ok(())
 }
 
 /// Each layer's sliding window and RoPE base. Gemma 3 interleaves local
@@ -295,6 +303,7 @@ fn layer_attention(
     let global = LayerAttention {
         window: 0,
         rope_base,
+        scaled: true,
     };
     let window = match f.get_u32(&key("attention.sliding_window")) {
         Ok(w) if arch == Architecture::Gemma3 => w as usize,
@@ -307,6 +316,7 @@ fn layer_attention(
     let local = LayerAttention {
         window,
         rope_base: optional(f.get_f32(&key("rope.freq_base_swa")), 10_000.0)?,
+        scaled: false,
     };
     let pattern_key = key("attention.sliding_window_pattern");
     let is_local: Vec<bool> = match f.get(&pattern_key) {

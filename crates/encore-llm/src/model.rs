@@ -57,6 +57,10 @@ pub struct Model {
     pub blocks: Vec<Block>,
     pub output_norm: Buffer,
     pub output: Weight,
+    /// Per-pair RoPE divisors of scaled layers (`rope_dim / 2`): Llama 3's
+    /// frequency factors divided by the linear scale. `None` when neither
+    /// is present.
+    pub rope_factors: Option<Buffer>,
 }
 
 fn upload_weight(device: &Device, f: &GgufFile, name: &str, n: usize, k: usize) -> Result<Weight> {
@@ -97,6 +101,36 @@ fn upload_vector(device: &Device, f: &GgufFile, name: &str, len: usize) -> Resul
         return Err(non_finite(name, false, at));
     }
     Ok(device.buffer_from(&v)?)
+}
+
+/// The RoPE divisors of scaled layers: `rope_freqs.weight` (Llama 3) over
+/// the linear scale, or `None` when both are absent.
+fn rope_factors(device: &Device, f: &GgufFile, c: &ModelConfig) -> Result<Option<Buffer>> {
+    let pairs = c.rope_dim / 2;
+    let mut factors = vec![1f32; pairs];
+    let present = f.tensors().iter().any(|t| t.name == "rope_freqs.weight");
+    if present {
+        let t = f.tensor("rope_freqs.weight")?;
+        if t.n_elements as usize != pairs {
+            return Err(LlmError::Model(format!(
+                "tensor `rope_freqs.weight` has {} values, expected {pairs} (half the rotated dimensions)",
+                t.n_elements
+            )));
+        }
+        encore_ops::cpu::dequantize_row(t.dtype, f.tensor_data(t), &mut factors)
+            .map_err(|e| LlmError::Model(format!("tensor rope_freqs.weight: {e}")))?;
+        if let Some(at) = factors.iter().position(|x| !x.is_finite() || *x <= 0.0) {
+            return Err(LlmError::Model(format!(
+                "tensor `rope_freqs.weight` holds {} at {at}; factors must be positive",
+                factors[at]
+            )));
+        }
+    }
+    if !present && c.rope_scale == 1.0 {
+        return Ok(None);
+    }
+    factors.iter_mut().for_each(|x| *x /= c.rope_scale);
+    Ok(Some(device.buffer_from(&factors)?))
 }
 
 /// A tensor holding an infinity or a NaN: a corrupt file, refused at load
@@ -160,6 +194,7 @@ impl Model {
                 post_ffn_norm: needed(c.post_norms, "post_ffw_norm.weight", d)?,
             });
         }
+        let rope_factors = rope_factors(device, f, &c)?;
         let output_norm = upload_vector(device, f, "output_norm.weight", d)?;
         let output = if f.tensors().iter().any(|t| t.name == "output.weight") {
             upload_weight(device, f, "output.weight", c.vocab, d)?
@@ -174,6 +209,7 @@ impl Model {
             blocks,
             output_norm,
             output,
+            rope_factors,
         }))
     }
 
@@ -328,6 +364,7 @@ impl Model {
                     c.rope_dim,
                     la.rope_base,
                     neox,
+                    self.rope_factors.as_ref().filter(|_| la.scaled),
                     label,
                 )
             };

@@ -278,9 +278,9 @@ fn main() {
             time_chain(&ops, &[&attn, &kc, &vc], &|e| {
                 let i = link.replace(link.get() + 1) % CHAIN;
                 let (q, k) = (&qs[i], &ks[i]);
-                ops.rope(e, q, &p, 1, heads, hd, hd, 1e5, false, "rope_q")
+                ops.rope(e, q, &p, 1, heads, hd, hd, 1e5, false, None, "rope_q")
                     .unwrap();
-                ops.rope(e, k, &p, 1, kv_heads, hd, hd, 1e5, false, "rope_k")
+                ops.rope(e, k, &p, 1, kv_heads, hd, hd, 1e5, false, None, "rope_k")
                     .unwrap();
                 ops.kv_store(e, k, &kc, &p, 1, kv, max_seq, "k_store")
                     .unwrap();
@@ -293,7 +293,7 @@ fn main() {
             &format!("rope q pos={pos}"),
             0,
             time_chain(&ops, &[&q], &|e| {
-                ops.rope(e, &q, &p, 1, heads, hd, hd, 1e5, false, "rope_q")
+                ops.rope(e, &q, &p, 1, heads, hd, hd, 1e5, false, None, "rope_q")
                     .unwrap()
             }),
         );

@@ -239,7 +239,8 @@ fn rope_then_store(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [rope, store] = nodes else { return None };
     let (r_args, kv_args) = (RopeArgs::from_node(rope)?, KvArgs::from_node(store)?);
     let (r, kv) = (r_args.shape, kv_args.shape);
-    if !same(&r_args.x, &kv_args.src)
+    if r.factors != 0
+        || !same(&r_args.x, &kv_args.src)
         || !same(&r_args.pos, &kv_args.pos)
         || r.rows != kv.rows
         || r.heads * r.head_dim != kv.kv_dim
@@ -357,7 +358,8 @@ fn rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let rope_args = RopeArgs::from_node(rope)?;
     let r = rope_args.shape;
     let mut a = Attend::parse(attn)?;
-    if a.shape.flags & attention_step::STEP_ROPE_Q != 0
+    if r.factors != 0
+        || a.shape.flags & attention_step::STEP_ROPE_Q != 0
         || !same(&rope_args.x, &a.q)
         || !same(&rope_args.pos, &a.pos)
         || r.heads != a.shape.attn.heads

@@ -249,7 +249,9 @@ impl Ops {
         enc.dispatch(kernel, &args.args(), label)
     }
 
-    /// Rotates `rows` rows of `heads` heads in place, positions from `pos`.
+    /// Rotates `rows` rows of `heads` heads in place, positions from `pos`,
+    /// each pair's angle divided by its entry of `factors` where given
+    /// (`rope_dim / 2` values).
     #[allow(clippy::too_many_arguments)]
     pub fn rope(
         &self,
@@ -262,6 +264,7 @@ impl Ops {
         rope_dim: usize,
         base: f32,
         neox: bool,
+        factors: Option<&Buffer>,
         label: &'static str,
     ) -> Result<()> {
         if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
@@ -274,6 +277,10 @@ impl Ops {
         let args = RopeArgs {
             x: f32s(x, rows * heads * head_dim)?,
             pos: pos.clone(),
+            factors: match factors {
+                Some(f) => f32s(f, rope_dim / 2)?,
+                None => pos.clone(),
+            },
             shape: RopeShape {
                 rows: rows as u32,
                 heads: heads as u32,
@@ -282,6 +289,7 @@ impl Ops {
                 base,
                 neox: neox as u32,
                 theta_scale: rope::theta_scale(base, rope_dim),
+                factors: factors.is_some() as u32,
             },
         };
         enc.dispatch(self.rope.get(&self.device)?, &args.args(), label)

@@ -175,6 +175,21 @@ fn elementwise_ops_match_cpu() {
             y
         });
         assert_close(&format!("silu_mul {n}"), &gpu, &cpu, 1e-5, 1e-7);
+        // gelu_mul: tanhf differs from the CPU's tanh by a few ulp.
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let (g, u) = (upload(ops, &a), upload(ops, &b));
+            let y = ops.device().alloc(n * 4).unwrap();
+            run(ops, |o, e| o.gelu_mul(e, &g, &u, &y, n));
+            y
+        });
+        assert_close(&format!("gelu_mul {n}"), &gpu, &cpu, 1e-5, 1e-7);
+        // scale: one rounded product, exact.
+        let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+            let y = upload(ops, &a);
+            run(ops, |o, e| o.scale(e, &y, 25.298, n));
+            y
+        });
+        assert_close(&format!("scale {n}"), &gpu, &cpu, 0.0, 0.0);
     }
     for (rows, n) in [(1usize, 576usize), (7, 192)] {
         let (y0, bias) = (rng.vec(rows * n), rng.vec(n));
@@ -205,19 +220,22 @@ fn rope_matches_cpu_in_both_layouts() {
             (2048, 1, 64, 64, 100_000.0, 6000),
         ] {
             let x0 = rng.vec(rows * heads * head_dim);
-            let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
-                let (x, p) = (upload(ops, &x0), upload(ops, &[pos]));
-                run(ops, |o, e| {
-                    o.rope(
-                        e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, "rope",
-                    )
+            // Frequency factors as Llama 3's scaling makes them, 1 to 8.
+            let f0: Vec<f32> = (0..rope_dim / 2).map(|_| 4.5 + 3.5 * rng.f32()).collect();
+            for scaled in [false, true] {
+                let [cpu, gpu] = on_both::<f32>(&pair, |ops| {
+                    let (x, p, f) = (upload(ops, &x0), upload(ops, &[pos]), upload(ops, &f0));
+                    let f = scaled.then_some(&f);
+                    run(ops, |o, e| {
+                        o.rope(e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, f, "rope")
+                    });
+                    x
                 });
-                x
-            });
-            let what = format!(
-                "rope neox={neox} rows={rows} heads={heads} dims={head_dim}/{rope_dim} pos={pos}"
-            );
-            assert_bits(&what, &gpu, &cpu);
+                let what = format!(
+                    "rope neox={neox} scaled={scaled} rows={rows} heads={heads} dims={head_dim}/{rope_dim} pos={pos}"
+                );
+                assert_bits(&what, &gpu, &cpu);
+            }
         }
     }
 }
@@ -230,7 +248,7 @@ fn rope_rejects_a_rope_dim_it_cannot_rotate() {
         let p = upload(&ops, &[0u32]);
         let mut enc = ops.device().encoder();
         assert!(ops
-            .rope(&mut enc, &x, &p, 1, 1, 64, 33, 1e4, false, "rope")
+            .rope(&mut enc, &x, &p, 1, 1, 64, 33, 1e4, false, None, "rope")
             .is_err());
     }
 }
@@ -318,6 +336,62 @@ fn attention_matches_cpu_for_decode_prefill_and_long_contexts() {
             "attention rows={rows} heads={heads}/{kv_heads} head_dim={head_dim} pos={pos} max_seq={max_seq}"
         );
         assert_close(&what, &gpu, &cpu, 0.0, 1e-3);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn windowed_attention_matches_cpu_in_both_kernel_sets() {
+    // A sliding window (Gemma 3's local layers) on decode rows and on a
+    // prefill batch, with windows shorter than, across and past the history,
+    // head size 256 as Gemma's; each kernel set against the CPU with its own
+    // attention test's tolerance (the exact set's tiled path is not bit-exact
+    // with a window: the CPU masks inside tiles aligned at 0).
+    let mut rng = Rng::new();
+    let sets = [both(), [open_exact("cpu", false), open_exact("cuda", false)]];
+    for (rows, heads, kv_heads, head_dim, pos) in [
+        (1usize, 4usize, 1usize, 256usize, 700u32),
+        (1, 8, 2, 64, 40),
+        (70, 4, 1, 256, 520),
+        (130, 8, 2, 64, 30),
+    ] {
+        let max_seq = pos as usize + rows + 1;
+        let kv_dim = kv_heads * head_dim;
+        let q = rng.vec(rows * heads * head_dim);
+        let cache = |rng: &mut Rng| -> Vec<u16> {
+            (0..max_seq * kv_dim)
+                .map(|_| f16::from_f32(rng.f32()).to_bits())
+                .collect()
+        };
+        let (k, v) = (cache(&mut rng), cache(&mut rng));
+        for window in [1u32, 33, 512, 5000] {
+            let shape = AttnShape {
+                rows: rows as u32,
+                heads: heads as u32,
+                kv_heads: kv_heads as u32,
+                head_dim: head_dim as u32,
+                max_seq: max_seq as u32,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window,
+            };
+            for (set, pair) in sets.iter().enumerate() {
+                let [cpu, gpu] = on_both::<f32>(pair, |ops| {
+                    let (qb, kb, vb, p) = (
+                        upload(ops, &q),
+                        upload(ops, &k),
+                        upload(ops, &v),
+                        upload(ops, &[pos]),
+                    );
+                    let out = ops.device().alloc(q.len() * 4).unwrap();
+                    run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+                    out
+                });
+                let what = format!(
+                    "set {set} window {window} rows={rows} heads={heads}/{kv_heads} head_dim={head_dim} pos={pos}"
+                );
+                assert_close(&what, &gpu, &cpu, 0.0, 1e-3);
+            }
+        }
     }
 }
 
@@ -1209,9 +1283,9 @@ fn decode_attention_step(
     };
     let (hd, rd) = (head_dim, rope_dim);
     let mut e = ops.device().capture();
-    ops.rope(&mut e, &q, &p, 1, heads, hd, rd, 1e4, neox, "rope_q")
+    ops.rope(&mut e, &q, &p, 1, heads, hd, rd, 1e4, neox, None, "rope_q")
         .unwrap();
-    ops.rope(&mut e, &k, &p, 1, kv_heads, hd, rd, 1e4, neox, "rope_k")
+    ops.rope(&mut e, &k, &p, 1, kv_heads, hd, rd, 1e4, neox, None, "rope_k")
         .unwrap();
     ops.kv_store(&mut e, &k, &kc, &p, 1, kv_dim, max_seq, "k_store")
         .unwrap();

@@ -2,14 +2,16 @@
 // positions starting at the position parameter.
 //
 // Arguments: `x: f32[rows, heads, head_dim]` (read-write), `pos: u32[1]`
-// (read, a graph parameter), `RopeShape s` (value: rows, heads, head_dim,
-// rope_dim, base, neox, theta_scale).
+// (read, a graph parameter), `factors: f32[rope_dim / 2]` (read where
+// `s.factors` is 1), `RopeShape s` (value: rows, heads, head_dim, rope_dim,
+// base, neox, theta_scale, factors).
 //
 // For head element pair `i` (of `rope_dim / 2`) at position `p`:
 // `theta = p * theta_scale^i` with `theta_scale = base^(-2 / rope_dim)`, and
 // the pair `(a, b)` becomes `(a cos - b sin, a sin + b cos)`. The pair is
 // `(x[2i], x[2i+1])` in the normal layout and `(x[i], x[i + rope_dim/2])` in
-// the NeoX layout. Elements past `rope_dim` are left alone.
+// the NeoX layout. Elements past `rope_dim` are left alone. With factors,
+// pair `i`'s angle is divided by `factors[i]` (Llama 3's RoPE scaling).
 //
 // One thread per rotated pair `(row, head, i)`. The angle follows the CPU's
 // recurrence exactly: `theta_scale` comes from the shape, computed on the
@@ -24,7 +26,8 @@
 
 #include "rope_common.cuh"
 
-extern "C" __global__ void rope(float* __restrict__ x, const unsigned int* __restrict__ pos, RopeShape s) {
+extern "C" __global__ void rope(float* __restrict__ x, const unsigned int* __restrict__ pos,
+                                const float* __restrict__ factors, RopeShape s) {
     encore_grid_wait();
     const unsigned int half = s.rope_dim / 2;
     if (half == 0 || s.rope_dim > s.head_dim || (s.rope_dim & 1u)) return;
@@ -33,7 +36,14 @@ extern "C" __global__ void rope(float* __restrict__ x, const unsigned int* __res
     const unsigned int i = g % half, row_head = g / half, r = row_head / s.heads;
     float* h = x + (size_t)row_head * s.head_dim;
     unsigned int ia, ib;
-    const float2 v = rope_pair(s, i, pos[0] + r, h, ia, ib);
+    float2 v;
+    if (s.factors) {
+        float sn, cs;
+        glibc_sincosf(__fdiv_rn(rope_theta(s, i, pos[0] + r), factors[i]), sn, cs);
+        v = rope_rotate(s, i, sn, cs, h, ia, ib);
+    } else {
+        v = rope_pair(s, i, pos[0] + r, h, ia, ib);
+    }
     h[ia] = v.x;
     h[ib] = v.y;
 }

@@ -10,6 +10,7 @@ struct RopeShape {
     float base;
     unsigned int neox;
     float theta_scale;
+    unsigned int factors;  // 1: `rope` divides each angle by its factor
 };
 
 // glibc's single-precision sine and cosine (the algorithm of Arm's

@@ -6,7 +6,10 @@
 //! `(a cos - b sin, a sin + b cos)`. The pair is `(x[2i], x[2i+1])` in the
 //! normal layout (Llama as stored in GGUF) and `(x[i], x[i + rope_dim/2])` in
 //! the NeoX layout (Qwen2). Elements past `rope_dim` are left alone. Angles
-//! advance by repeated multiplication in f32, as ggml computes them.
+//! advance by repeated multiplication in f32, as ggml computes them. With
+//! frequency factors (Llama 3's RoPE scaling, linear scaling) pair `i`'s
+//! angle is divided by `factors[i]`; only `rope` takes them, so the fusion
+//! rules leave a scaled `rope` unfused.
 //!
 //! `rope_store`: RoPE of `rows` rows of K followed by their store into the
 //! f16 cache at the position parameter, in one dispatch; `x` itself is left
@@ -30,6 +33,9 @@ pub struct RopeShape {
     /// `base^(-2 / rope_dim)` as the CPU computes it ([`theta_scale`]), so
     /// that GPU kernels need no `pow` of their own.
     pub theta_scale: f32,
+    /// 1 when `rope`'s `factors` argument holds a divisor per pair; 0 when
+    /// it is unused (it is then bound to `pos`). The fused kernels take 0 only.
+    pub factors: u32,
 }
 
 /// The angle step: `base^(-2 / rope_dim)` in f32.
@@ -39,8 +45,9 @@ pub fn theta_scale(base: f32, rope_dim: usize) -> f32 {
 
 crate::op_args! {
     /// `rope`'s arguments: `x: f32[rows, heads, head_dim]` (rotated in
-    /// place), `pos: u32[1]` (a graph parameter).
-    pub struct RopeArgs { x: Access::ReadWrite, pos: Access::Read; shape: RopeShape }
+    /// place), `pos: u32[1]` (a graph parameter), `factors: f32[rope_dim /
+    /// 2]` (read where `shape.factors` is 1).
+    pub struct RopeArgs { x: Access::ReadWrite, pos: Access::Read, factors: Access::Read; shape: RopeShape }
 }
 
 #[repr(C)]
@@ -64,7 +71,7 @@ crate::op_args! {
 pub fn def() -> KernelDef {
     KernelDef::new("rope")
         .op("rope")
-        .cpu("rope f32 fma v2", crate::cpu::kernels::rope::rope)
+        .cpu("rope f32 fma factors v3", crate::cpu::kernels::rope::rope)
         .cuda(crate::cuda::rope())
         .programmatic()
 }

@@ -216,11 +216,11 @@ pub fn block_graph(
     ops.matmul(&mut e, &b.wk, &xn, &kk, rows, "k").unwrap();
     ops.matmul(&mut e, &b.wv, &xn, &v, rows, "v").unwrap();
     ops.rope(
-        &mut e, &q, &p, rows, heads, head_dim, head_dim, 1e4, false, "rope_q",
+        &mut e, &q, &p, rows, heads, head_dim, head_dim, 1e4, false, None, "rope_q",
     )
     .unwrap();
     ops.rope(
-        &mut e, &kk, &p, rows, kv_heads, head_dim, head_dim, 1e4, false, "rope_k",
+        &mut e, &kk, &p, rows, kv_heads, head_dim, head_dim, 1e4, false, None, "rope_k",
     )
     .unwrap();
     ops.kv_store(&mut e, &kk, &kc, &p, rows, nkv, max_seq, "k_store")

@@ -751,4 +751,91 @@ mod tests {
             }
         }
     }
+
+    /// Attention in f64 of query row `r` (at position `pos + r`) and head `h`
+    /// over the positions its window lets it see.
+    #[allow(clippy::too_many_arguments)]
+    fn windowed_reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        s: AttnShape,
+        pos: usize,
+        r: usize,
+        h: usize,
+    ) -> Vec<f64> {
+        let (heads, kvh, hd) = (s.heads as usize, s.kv_heads as usize, s.head_dim as usize);
+        let kv_dim = kvh * hd;
+        let off = (h / (heads / kvh)) * hd;
+        let qh = &q[(r * heads + h) * hd..][..hd];
+        let visible = s.first_visible(pos, r)..pos + r + 1;
+        let scores: Vec<f64> = visible
+            .clone()
+            .map(|t| {
+                let kr = &k[t * kv_dim + off..][..hd];
+                qh.iter().zip(kr).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>()
+                    * f64::from(s.scale)
+            })
+            .collect();
+        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+        let total: f64 = w.iter().sum();
+        (0..hd)
+            .map(|d| {
+                visible
+                    .clone()
+                    .zip(&w)
+                    .map(|(t, w)| w * f64::from(v[t * kv_dim + off + d]))
+                    .sum::<f64>()
+                    / total
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sliding_window_hides_older_positions_on_both_paths() {
+        let mut seed = 11u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            half::f16::from_f32((seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0).to_f32()
+        };
+        let (heads, kvh, hd) = (4usize, 2usize, 32usize);
+        let kv_dim = kvh * hd;
+        // One row (the recurrence) and a batch (the tiled path), with
+        // windows shorter than, across and longer than the history.
+        for (pos, rows) in [(150usize, 1usize), (90, FA_TILE_Q + 5)] {
+            let len = pos + rows;
+            let k: Vec<f32> = (0..len * kv_dim).map(|_| rnd() * 2.0).collect();
+            let v: Vec<f32> = (0..len * kv_dim).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..rows * heads * hd).map(|_| rnd()).collect();
+            let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+            let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+            for window in [1u32, 7, 64, 100, 1000] {
+                let s = AttnShape {
+                    rows: rows as u32,
+                    heads: heads as u32,
+                    kv_heads: kvh as u32,
+                    head_dim: hd as u32,
+                    max_seq: len as u32,
+                    scale: 0.125,
+                    window,
+                };
+                let mut out = vec![0.0f32; rows * heads * hd];
+                attend_rows(&q, &k16, &v16, pos, s, &mut out).unwrap();
+                for r in 0..rows {
+                    for h in 0..heads {
+                        let want = windowed_reference(&q, &k, &v, s, pos, r, h);
+                        let got = &out[(r * heads + h) * hd..][..hd];
+                        for (g, w) in got.iter().zip(&want) {
+                            // f16 queries and accumulators: about 1e-2 at most here.
+                            assert!(
+                                (f64::from(*g) - w).abs() < 1e-2,
+                                "window {window}, row {r}, head {h}: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -22,6 +22,9 @@ pub(crate) fn attention_step(a: &CpuArgs<'_>) -> Result<(), String> {
         at.head_dim as usize,
     );
     let rd = s.rope.rope_dim as usize;
+    if s.rope.factors != 0 {
+        return Err("attention_step takes no frequency factors".into());
+    }
     if at.rows != 1 {
         return Err(format!("{} query rows; attention_step takes one", at.rows));
     }
