@@ -117,26 +117,28 @@ unsafe fn rows_of<const KIND: u8, D: Dot, const NW: usize, const NX: usize>(
 ///
 /// # Safety
 /// `qh` must point at 4 readable bytes.
-#[inline]
-#[target_feature(enable = "neon")]
+#[inline(always)]
 unsafe fn fifth_bits(qh: *const u8) -> [uint8x16_t; 2] {
     // SAFETY: the caller guarantees 4 readable bytes; the read is unaligned.
     let word = unsafe { qh.cast::<u32>().read_unaligned() };
-    let bytes = vcreate_u8(u64::from(word));
-    // Byte k takes byte k / 8 of the word, then tests bit k % 8 of it.
-    let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
-    let sixteen = vdupq_n_u8(16);
-    let spread = |k: u64| {
-        let index = vcombine_u8(
-            vcreate_u8(k * 0x0101_0101_0101_0101),
-            vcreate_u8((k + 1) * 0x0101_0101_0101_0101),
-        );
-        vandq_u8(
-            vtstq_u8(vqtbl1q_u8(vcombine_u8(bytes, bytes), index), bit),
-            sixteen,
-        )
-    };
-    [spread(0), spread(2)]
+    // SAFETY: NEON is part of every aarch64 CPU; the rest touches only registers.
+    unsafe {
+        let bytes = vcreate_u8(u64::from(word));
+        // Byte k takes byte k / 8 of the word, then tests bit k % 8 of it.
+        let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+        let sixteen = vdupq_n_u8(16);
+        let spread = |k: u64| {
+            let index = vcombine_u8(
+                vcreate_u8(k * 0x0101_0101_0101_0101),
+                vcreate_u8((k + 1) * 0x0101_0101_0101_0101),
+            );
+            vandq_u8(
+                vtstq_u8(vqtbl1q_u8(vcombine_u8(bytes, bytes), index), bit),
+                sixteen,
+            )
+        };
+        [spread(0), spread(2)]
+    }
 }
 
 /// A block's codes as signed bytes (weights 0..16 and 16..32) and its scale
@@ -144,10 +146,10 @@ unsafe fn fifth_bits(qh: *const u8) -> [uint8x16_t; 2] {
 ///
 /// # Safety
 /// `block` must point at a readable block of format `KIND`.
-#[inline]
-#[target_feature(enable = "neon")]
+#[inline(always)]
 unsafe fn decode<const KIND: u8>(block: *const u8) -> ([int8x16_t; 2], (f32, f32)) {
-    // SAFETY: every read is within the block, as the caller guarantees.
+    // SAFETY: every read is within the block, as the caller guarantees;
+    // NEON is part of every aarch64 CPU.
     unsafe {
         let d = f16_at(block);
         match KIND {
