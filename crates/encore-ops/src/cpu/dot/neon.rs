@@ -8,8 +8,9 @@
 //! bit. The loops over `NW` and `NX` have constant bounds, so they unroll and
 //! the accumulators live in registers.
 //!
-//! Float weights keep eight lanes of fused multiply-adds per pair of rows, as
-//! two registers of four, and add them up in the AVX2 kernels' order.
+//! Float weights keep eight lanes of fused multiply-adds for each weight row
+//! and activation row, as two registers of four, and add them up in the
+//! AVX2 kernels' order: the same operations, so the same results.
 #![allow(clippy::needless_range_loop)] // tiles index several arrays by the same row numbers
 
 use std::arch::aarch64::*;
