@@ -14,6 +14,12 @@
 //! where `n` are the weight nibbles (five-bit values for Q5_1) and
 //! `s_x = d_x Σ q_x`. Float weights (F32, F16, BF16) meet f32 activations;
 //! the super-block types (K-quants, IQ4_XS) meet Q8_K ones (`kdot.rs`).
+//!
+//! The scalar and NEON kernels add the blocks' products ([`block_product`])
+//! to each row's sum one after another, so they agree bit for bit; the AVX2
+//! kernels keep eight partial sums, which agree to rounding. For float
+//! weights the AVX2 and NEON kernels both keep eight lanes of fused
+//! multiply-adds and add them up the same way.
 
 use super::kdot::super_rows;
 use super::kquant::{BlockQ8K, SUPER};
@@ -24,6 +30,11 @@ use super::quant::{
 use super::simd::Isa;
 use super::QuantError;
 use crate::DType;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "aarch64")]
+use super::simd::neon::Widening;
 
 /// The [`QuantError::ActivationKind`] for `dtype` weights given activations
 /// in `given`, or `None` if they take them.
@@ -116,14 +127,28 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
 ) {
     let nb = x.first().map_or(0, |r| r.len());
     let row_bytes = nb * dtype.block_bytes();
+    let rows = out.first().map_or(0, |o| o.len());
+    let fits = ActivationFormat::of(dtype) == Some(ActivationFormat::Q8)
+        && x.iter().all(|r| r.len() == nb)
+        && out.iter().all(|o| o.len() == rows)
+        && w.len() == rows * row_bytes;
+    #[cfg(target_arch = "aarch64")]
+    if fits && isa != Isa::Scalar {
+        let (w, x) = (w.as_ptr(), x.map(<[ActivationBlock]>::as_ptr));
+        // SAFETY: `w` holds `rows` rows of `nb` blocks and every `x[j]` `nb`
+        // blocks (checked just above); a DotprodProof says the CPU has the
+        // dot-product extension.
+        unsafe {
+            match isa {
+                Isa::NeonDotprod(p) => neon::quant_rows::<_, NW, NX>(p, dtype, w, rows, x, nb, out),
+                _ => neon::quant_rows::<_, NW, NX>(Widening, dtype, w, rows, x, nb, out),
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if let Isa::Avx2(_) = isa {
-        let rows = out.first().map_or(0, |o| o.len());
-        if ActivationFormat::of(dtype) == Some(ActivationFormat::Q8)
-            && x.iter().all(|r| r.len() == nb)
-            && out.iter().all(|o| o.len() == rows)
-            && w.len() == rows * row_bytes
-        {
+        if fits {
             let (w, x) = (w.as_ptr(), x.map(<[ActivationBlock]>::as_ptr));
             // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C; `w`
             // holds `rows` rows of `nb` blocks and every `x[j]` `nb` blocks
@@ -144,7 +169,7 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
             return;
         }
     }
-    let _ = isa;
+    let _ = (isa, fits);
     if row_bytes == 0 {
         out.into_iter().for_each(|o| o.fill(0.0));
         return;
@@ -167,16 +192,28 @@ pub(crate) fn float_rows<const NW: usize, const NX: usize>(
 ) {
     let n = x.first().map_or(0, |r| r.len());
     let row_bytes = n * dtype.block_bytes();
+    let rows = out.first().map_or(0, |o| o.len());
+    let fits = !dtype.is_quantized()
+        && x.iter().all(|r| r.len() == n)
+        && out.iter().all(|o| o.len() == rows)
+        && w.len() == rows * row_bytes;
+    // The SIMD kernels cover the first multiple of 8 elements; the rest of
+    // each row is added by the scalar code below.
+    let simd_len = n - n % 8;
+    let mut out = out;
+    let mut simd_done = false;
+    #[cfg(target_arch = "aarch64")]
+    if fits && isa != Isa::Scalar {
+        let (wp, xp) = (w.as_ptr(), x.map(<[f32]>::as_ptr));
+        let out_rows = out.each_mut().map(|o| &mut **o);
+        // SAFETY: `w` holds `rows` rows of `n >= simd_len` elements and every
+        // `x[j]` `n` floats (checked just above).
+        unsafe { neon::float_rows::<NW, NX>(dtype, wp, rows, n, xp, simd_len, out_rows) };
+        simd_done = true;
+    }
     #[cfg(target_arch = "x86_64")]
     if let Isa::Avx2(_) = isa {
-        let rows = out.first().map_or(0, |o| o.len());
-        if !dtype.is_quantized()
-            && x.iter().all(|r| r.len() == n)
-            && out.iter().all(|o| o.len() == rows)
-            && w.len() == rows * row_bytes
-        {
-            let mut out = out;
-            let simd_len = n - n % 8;
+        if fits {
             let (wp, xp) = (w.as_ptr(), x.map(<[f32]>::as_ptr));
             let out_rows = out.each_mut().map(|o| &mut **o);
             // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C; `w`
@@ -196,18 +233,21 @@ pub(crate) fn float_rows<const NW: usize, const NX: usize>(
                     _ => {}
                 }
             }
-            if simd_len < n {
-                let tail = simd_len * dtype.block_bytes();
-                for (o, xj) in out.iter_mut().zip(x) {
-                    for (y, wr) in o.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                        *y += dot_f32_scalar(dtype, &wr[tail..], &xj[simd_len..]);
-                    }
-                }
-            }
-            return;
+            simd_done = true;
         }
     }
-    let _ = isa;
+    if simd_done {
+        if simd_len < n {
+            let tail = simd_len * dtype.block_bytes();
+            for (o, xj) in out.iter_mut().zip(x) {
+                for (y, wr) in o.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                    *y += dot_f32_scalar(dtype, &wr[tail..], &xj[simd_len..]);
+                }
+            }
+        }
+        return;
+    }
+    let _ = (isa, fits);
     if row_bytes == 0 {
         out.into_iter().for_each(|o| o.fill(0.0));
         return;
@@ -219,8 +259,65 @@ pub(crate) fn float_rows<const NW: usize, const NX: usize>(
     }
 }
 
+/// How a block's offset enters its product (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Offset {
+    /// Signed codes, no offset: Q8_0, Q5_0, IQ4_NL.
+    None,
+    /// Nibbles less 8: Q4_0.
+    Eight,
+    /// Unsigned codes plus the block's minimum `m_w`: Q4_1, Q5_1.
+    Min,
+}
+
+/// One block's product from the integer sum `sum` of its codes times the
+/// activations (nibbles for Q4_0), with weight scale `d_w` and minimum `m_w`.
+/// The scalar and NEON kernels both form every block's product here.
+#[inline(always)]
+pub(crate) fn block_product(
+    offset: Offset,
+    d_w: f32,
+    m_w: f32,
+    a: &ActivationBlock,
+    sum: i32,
+) -> f32 {
+    match offset {
+        Offset::None => d_w * a.d * sum as f32,
+        Offset::Eight => d_w * (a.d * sum as f32 - 8.0 * a.s),
+        Offset::Min => d_w * a.d * sum as f32 + m_w * a.s,
+    }
+}
+
+/// Writes a tile's `dots[i][j]` to `out[j][first + i]`.
+#[inline]
+fn store<const NW: usize, const NX: usize>(
+    out: &mut [&mut [f32]; NX],
+    first: usize,
+    dots: &[[f32; NX]; NW],
+) {
+    for (j, o) in out.iter_mut().enumerate() {
+        for (i, d) in dots.iter().enumerate() {
+            if let Some(y) = o.get_mut(first + i) {
+                *y = d[j];
+            }
+        }
+    }
+}
+
 /// Portable [`quant_rows`] for one pair of rows; 0 for other types.
 fn dot_q8_scalar(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> f32 {
+    /// The row's blocks of `T`, each giving `(d_w, m_w, sum)`, summed in order.
+    fn row<T: bytemuck::Pod>(
+        w: &[u8],
+        x: &[ActivationBlock],
+        offset: Offset,
+        block: impl Fn(&T, &ActivationBlock) -> (f32, f32, i32),
+    ) -> f32 {
+        blocks::<T>(w).iter().zip(x).fold(0.0, |acc, (b, a)| {
+            let (d_w, m_w, sum) = block(b, a);
+            acc + block_product(offset, d_w, m_w, a, sum)
+        })
+    }
     fn code_dot(codes: [i8; 32], a: &ActivationBlock) -> i32 {
         codes
             .iter()
@@ -238,43 +335,24 @@ fn dot_q8_scalar(dtype: DType, w: &[u8], x: &[ActivationBlock]) -> f32 {
             .sum()
     }
     match dtype {
-        DType::Q8_0 => blocks::<BlockQ8_0>(w)
-            .iter()
-            .zip(x)
-            .map(|(b, a)| {
-                let sum: i32 =
-                    b.qs.iter()
-                        .zip(&a.qs)
-                        .map(|(&p, &q)| i32::from(p) * i32::from(q))
-                        .sum();
-                b.scale() * a.d * sum as f32
-            })
-            .sum(),
-        DType::Q4_0 => blocks::<BlockQ4_0>(w)
-            .iter()
-            .zip(x)
-            .map(|(b, a)| b.scale() * (a.d * nibble_dot(&b.qs, a) as f32 - 8.0 * a.s))
-            .sum(),
-        DType::Q4_1 => blocks::<BlockQ4_1>(w)
-            .iter()
-            .zip(x)
-            .map(|(b, a)| b.scale() * a.d * nibble_dot(&b.qs, a) as f32 + b.min() * a.s)
-            .sum(),
-        DType::Q5_0 => blocks::<BlockQ5_0>(w)
-            .iter()
-            .zip(x)
-            .map(|(b, a)| f16_le(b.d) * a.d * code_dot(b.codes(), a) as f32)
-            .sum(),
-        DType::Q5_1 => blocks::<BlockQ5_1>(w)
-            .iter()
-            .zip(x)
-            .map(|(b, a)| f16_le(b.d) * a.d * code_dot(b.codes(), a) as f32 + f16_le(b.m) * a.s)
-            .sum(),
-        DType::IQ4_NL => blocks::<BlockIQ4NL>(w)
-            .iter()
-            .zip(x)
-            .map(|(b, a)| f16_le(b.d) * a.d * code_dot(b.codes(), a) as f32)
-            .sum(),
+        DType::Q8_0 => row(w, x, Offset::None, |b: &BlockQ8_0, a| {
+            (b.scale(), 0.0, code_dot(b.qs, a))
+        }),
+        DType::Q4_0 => row(w, x, Offset::Eight, |b: &BlockQ4_0, a| {
+            (b.scale(), 0.0, nibble_dot(&b.qs, a))
+        }),
+        DType::Q4_1 => row(w, x, Offset::Min, |b: &BlockQ4_1, a| {
+            (b.scale(), b.min(), nibble_dot(&b.qs, a))
+        }),
+        DType::Q5_0 => row(w, x, Offset::None, |b: &BlockQ5_0, a| {
+            (f16_le(b.d), 0.0, code_dot(b.codes(), a))
+        }),
+        DType::Q5_1 => row(w, x, Offset::Min, |b: &BlockQ5_1, a| {
+            (f16_le(b.d), f16_le(b.m), code_dot(b.codes(), a))
+        }),
+        DType::IQ4_NL => row(w, x, Offset::None, |b: &BlockIQ4NL, a| {
+            (f16_le(b.d), 0.0, code_dot(b.codes(), a))
+        }),
         _ => 0.0,
     }
 }
@@ -311,7 +389,7 @@ mod avx2 {
 
     use super::super::kquant::IQ4_LEVELS;
     use super::super::simd::avx2::{hsum, lane1, load_f16, load_f16_pair, nibbles};
-    use super::ActivationBlock;
+    use super::{store, ActivationBlock};
 
     /// Quantized weight formats, as const parameters.
     pub(super) const Q8_0: u8 = 0;
@@ -363,22 +441,6 @@ mod avx2 {
             let dots = unsafe { quant_tile::<KIND, 1, NX>([w.add(r * row_bytes)], x, nb) };
             store(&mut out, r, &dots);
             r += 1;
-        }
-    }
-
-    /// Writes a tile's `dots[i][j]` to `out[j][first + i]`.
-    #[inline]
-    fn store<const NW: usize, const NX: usize>(
-        out: &mut [&mut [f32]; NX],
-        first: usize,
-        dots: &[[f32; NX]; NW],
-    ) {
-        for (j, o) in out.iter_mut().enumerate() {
-            for (i, d) in dots.iter().enumerate() {
-                if let Some(y) = o.get_mut(first + i) {
-                    *y = d[j];
-                }
-            }
         }
     }
 
@@ -699,7 +761,7 @@ mod tests {
             true => x.iter().map(|r| quantize(r)).collect(),
             false => Vec::new(),
         };
-        for isa in [Isa::detect(), Isa::Scalar] {
+        for isa in Isa::available() {
             let mut out = vec![vec![f32::NAN; rows]; NX];
             let mut outs = out.iter_mut();
             let out_rows = std::array::from_fn(|_| outs.next().unwrap().as_mut_slice());
@@ -753,14 +815,61 @@ mod tests {
                 }
                 out
             };
-            let (simd, scalar) = (run(Isa::detect()), run(Isa::Scalar));
+            let scalar = run(Isa::Scalar);
             let (_, tol) = reference(dtype, &w, rows, n, &x);
-            // Same (quantized) inputs; only the float summation order differs,
-            // so quantized types agree far closer than their tolerance.
-            let share = if dtype.is_quantized() { 0.01 } else { 1.0 };
-            for ((a, b), t) in simd.iter().zip(&scalar).zip(&tol) {
-                assert!(f64::from((a - b).abs()) <= t * share, "{dtype}: {a} vs {b}");
+            for isa in Isa::available() {
+                let simd = run(isa);
+                if dtype.is_quantized() && isa.sums_blocks_in_order() {
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&simd), bits(&scalar), "{dtype} {isa:?}");
+                    continue;
+                }
+                // Same (quantized) inputs; only the float summation order
+                // differs, so quantized types agree far closer than their
+                // tolerance.
+                let share = if dtype.is_quantized() { 0.01 } else { 1.0 };
+                for ((a, b), t) in simd.iter().zip(&scalar).zip(&tol) {
+                    assert!(
+                        f64::from((a - b).abs()) <= t * share,
+                        "{dtype} {isa:?}: {a} vs {b}"
+                    );
+                }
             }
+        }
+    }
+
+    /// Weights and activations at the ends of their ranges: Q8_0 weights of
+    /// -128 and 127 against activations of ±127, for every tile shape the
+    /// matmul uses.
+    #[test]
+    fn extreme_blocks_agree_bit_for_bit() {
+        let mut rng = StdRng::seed_from_u64(13);
+        let (rows, n) = (5, 256);
+        let mut w = random_weights(&mut rng, DType::Q8_0, rows, n);
+        for (k, byte) in w.iter_mut().enumerate() {
+            if k % 34 >= 2 {
+                *byte = if k % 2 == 0 { 0x80 } else { 0x7F };
+            }
+        }
+        let x: Vec<f32> = (0..n)
+            .map(|i| if i % 3 == 0 { -2.0 } else { 2.0 })
+            .collect();
+        let q = quantize(&x);
+        assert!(q[0].qs.contains(&-127) && q[0].qs.contains(&127));
+        let run = |isa| {
+            let mut out = vec![vec![0.0; rows]; 4];
+            let [o0, o1, o2, o3] = &mut out[..] else {
+                unreachable!()
+            };
+            quant_rows::<1, 4>(isa, DType::Q8_0, &w, [&q[..]; 4], [o0, o1, o2, o3]);
+            out
+        };
+        let scalar = run(Isa::Scalar);
+        for isa in Isa::available()
+            .into_iter()
+            .filter(|i| i.sums_blocks_in_order())
+        {
+            assert_eq!(run(isa), scalar, "{isa:?}");
         }
     }
 

@@ -13,6 +13,10 @@
 //! trade signs with the activations (`|a| * (level * sign a)`, which stays in
 //! range where `|level| * (a * sign level)` would not: Q8_K activations
 //! reach -128).
+//!
+//! The NEON kernels (`kdot/neon.rs`) unpack the codes to signed bytes, as
+//! the scalar code's are, and multiply them with the activations by
+//! `SDOT` or widening multiplies, one group of 16 at a time.
 
 use super::kquant::{
     accumulate, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, SuperBlock,
@@ -20,6 +24,11 @@ use super::kquant::{
 use super::quant::{blocks, ActivationFormat};
 use super::simd::Isa;
 use crate::DType;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "aarch64")]
+use super::simd::neon::Widening;
 
 /// `out[j][r] = (row r of w) · x[j]` for super-block `dtype` weights: `w`
 /// holds `out[j].len()` rows of as many blocks as each `x[j]`. Rows are
@@ -36,14 +45,28 @@ pub(crate) fn super_rows<const NW: usize, const NX: usize>(
 ) {
     let nb = x.first().map_or(0, |r| r.len());
     let row_bytes = nb * dtype.block_bytes();
+    let rows = out.first().map_or(0, |o| o.len());
+    let fits = ActivationFormat::of(dtype) == Some(ActivationFormat::Q8K)
+        && x.iter().all(|r| r.len() == nb)
+        && out.iter().all(|o| o.len() == rows)
+        && w.len() == rows * row_bytes;
+    #[cfg(target_arch = "aarch64")]
+    if fits && isa != Isa::Scalar {
+        let (w, x) = (w.as_ptr(), x.map(<[BlockQ8K]>::as_ptr));
+        // SAFETY: `w` holds `rows` rows of `nb` blocks and every `x[j]` `nb`
+        // blocks (checked just above); a DotprodProof says the CPU has the
+        // dot-product extension.
+        unsafe {
+            match isa {
+                Isa::NeonDotprod(p) => neon::super_rows::<_, NX>(p, dtype, w, rows, x, nb, out),
+                _ => neon::super_rows::<_, NX>(Widening, dtype, w, rows, x, nb, out),
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if let Isa::Avx2(_) = isa {
-        let rows = out.first().map_or(0, |o| o.len());
-        if ActivationFormat::of(dtype) == Some(ActivationFormat::Q8K)
-            && x.iter().all(|r| r.len() == nb)
-            && out.iter().all(|o| o.len() == rows)
-            && w.len() == rows * row_bytes
-        {
+        if fits {
             let (w, x) = (w.as_ptr(), x.map(<[BlockQ8K]>::as_ptr));
             // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C; `w`
             // holds `rows` rows of `nb` blocks and every `x[j]` `nb` blocks
@@ -62,7 +85,7 @@ pub(crate) fn super_rows<const NW: usize, const NX: usize>(
             return;
         }
     }
-    let _ = isa;
+    let _ = (isa, fits);
     if row_bytes == 0 {
         out.into_iter().for_each(|o| o.fill(0.0));
         return;
@@ -555,7 +578,7 @@ mod tests {
         out
     }
 
-    /// Every instruction set against the f64 reference, and the AVX2
+    /// Every instruction set against the f64 reference, and the SIMD
     /// kernels against the scalar code bit for bit, for one activation row
     /// and several.
     #[test]
@@ -569,11 +592,17 @@ mod tests {
                 let q: Vec<Vec<BlockQ8K>> = x.iter().map(|r| quantize(r)).collect();
                 let scalar1 = rows::<1>(Isa::Scalar, dtype, &w, &q);
                 let scalar3 = rows::<3>(Isa::Scalar, dtype, &w, &q);
-                let simd1 = rows::<1>(Isa::detect(), dtype, &w, &q);
-                let simd3 = rows::<3>(Isa::detect(), dtype, &w, &q);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                for isa in Isa::available() {
+                    let simd1 = rows::<1>(isa, dtype, &w, &q);
+                    let simd3 = rows::<3>(isa, dtype, &w, &q);
+                    for j in 0..3 {
+                        let (a, b) = (bits(&scalar3[j]), bits(&simd3[j]));
+                        assert_eq!(a, b, "{dtype} n={n} {isa:?} row {j}");
+                    }
+                    assert_eq!(bits(&simd1[0]), bits(&scalar1[0]), "{dtype} {isa:?}");
+                }
                 for j in 0..3 {
-                    assert_eq!(bits(&scalar3[j]), bits(&simd3[j]), "{dtype} n={n} row {j}");
                     let (exact, tol) = reference(dtype, &w, nrows, n, &x[j]);
                     for r in 0..nrows {
                         let err = (f64::from(scalar3[j][r]) - exact[r]).abs();
@@ -585,7 +614,6 @@ mod tests {
                     }
                 }
                 assert_eq!(bits(&scalar1[0]), bits(&scalar3[0]), "{dtype}");
-                assert_eq!(bits(&simd1[0]), bits(&scalar1[0]), "{dtype}");
             }
         }
     }
@@ -611,8 +639,9 @@ mod tests {
         for dtype in types() {
             let w = random_weights(&mut rng, dtype, 5, n);
             let scalar = rows::<1>(Isa::Scalar, dtype, &w, &q);
-            let simd = rows::<1>(Isa::detect(), dtype, &w, &q);
-            assert_eq!(scalar, simd, "{dtype}");
+            for isa in Isa::available() {
+                assert_eq!(rows::<1>(isa, dtype, &w, &q), scalar, "{dtype} {isa:?}");
+            }
         }
     }
 }

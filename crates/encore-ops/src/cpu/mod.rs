@@ -37,8 +37,13 @@
 //! for bit. Which activations a weight type takes is its [`ActivationFormat`].
 //!
 //! The AVX2 + FMA + F16C kernels are chosen at run time with
-//! `is_x86_feature_detected!`; a portable scalar version of every kernel runs
-//! elsewhere (and is the reference the SIMD kernels are tested against).
+//! `is_x86_feature_detected!`. On aarch64 the NEON kernels always run (NEON
+//! is part of the architecture), multiplying bytes with `SDOT` where
+//! `is_aarch64_feature_detected!("dotprod")` holds and with widening
+//! multiplies elsewhere; they sum every block as the scalar code does, so
+//! their quantized products match it bit for bit. A portable scalar version
+//! of every kernel runs elsewhere (and is the reference the SIMD kernels are
+//! tested against, on every instruction set the CPU has).
 //!
 //! # Layouts
 //!

@@ -293,6 +293,13 @@ pub(crate) fn quantize_row_on(
                 unsafe { avx2::quantize_block(x.as_ptr(), out) };
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon | Isa::NeonDotprod(_) => {
+            for (x, out) in src.chunks_exact(BLOCK).zip(dst) {
+                // SAFETY: `x` is a chunk of exactly 32 floats.
+                unsafe { neon::quantize_block(x.as_ptr(), out) };
+            }
+        }
         Isa::Scalar => {
             for (x, out) in src.chunks_exact(BLOCK).zip(dst) {
                 quantize_block_scalar(x, out);
@@ -320,6 +327,9 @@ fn quantize_block_scalar(x: &[f32], out: &mut ActivationBlock) {
 pub(crate) fn round_f16(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -745,12 +755,14 @@ mod tests {
         let mut x = random_row(&mut rng, 32 * 40);
         x[32..64].fill(0.0); // an all-zero block quantizes to d = 0
         x[64..96].iter_mut().for_each(|v| *v = v.round()); // exact ties at 0.5 steps
-        let mut simd = vec![ActivationBlock::default(); 40];
-        let mut scalar = simd.clone();
-        quantize_row_on(Isa::detect(), &x, &mut simd).unwrap();
+        let mut scalar = vec![ActivationBlock::default(); 40];
         quantize_row_on(Isa::Scalar, &x, &mut scalar).unwrap();
-        assert_eq!(simd, scalar);
         assert_eq!(scalar[1].d, 0.0);
+        for isa in Isa::available() {
+            let mut simd = vec![ActivationBlock::default(); 40];
+            quantize_row_on(isa, &x, &mut simd).unwrap();
+            assert_eq!(simd, scalar, "{isa:?}");
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Which instruction set the kernels run on, and the AVX2 building blocks they share.
+//! Which instruction set the kernels run on, and the AVX2 building blocks they
+//! share (the NEON ones are in `simd/neon.rs`).
 
 /// The instruction set a kernel call uses. The public functions take
 /// [`Isa::detect`]; tests pass [`Isa::Scalar`] to compare the two.
@@ -9,6 +10,14 @@ pub(crate) enum Isa {
     /// AVX2 + FMA + F16C, holding the proof that the CPU has them.
     #[cfg(target_arch = "x86_64")]
     Avx2(Avx2Proof),
+    /// NEON, which every aarch64 CPU has, multiplying bytes with widening
+    /// multiplies.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+    /// NEON with the dot-product extension (`SDOT`), holding the proof that
+    /// the CPU has it.
+    #[cfg(target_arch = "aarch64")]
+    NeonDotprod(DotprodProof),
 }
 
 /// Evidence that the running CPU supports AVX2, FMA and F16C. Its private field
@@ -17,6 +26,13 @@ pub(crate) enum Isa {
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Avx2Proof(());
+
+/// Evidence that the running CPU has the aarch64 dot-product extension. Its
+/// private field means only [`Isa::detect`] can make one, so code holding it
+/// may execute `SDOT`.
+#[cfg(target_arch = "aarch64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DotprodProof(());
 
 impl Isa {
     /// The fastest instruction set this CPU supports.
@@ -28,9 +44,44 @@ impl Isa {
         {
             return Isa::Avx2(Avx2Proof(()));
         }
+        #[cfg(target_arch = "aarch64")]
+        return if std::arch::is_aarch64_feature_detected!("dotprod") {
+            Isa::NeonDotprod(DotprodProof(()))
+        } else {
+            Isa::Neon
+        };
+        #[cfg(not(target_arch = "aarch64"))]
         Isa::Scalar
     }
+
+    /// Every instruction set this CPU can run, the scalar code first, so
+    /// that tests compare them all.
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        let mut all = vec![Isa::Scalar];
+        #[cfg(target_arch = "aarch64")]
+        all.push(Isa::Neon);
+        if Isa::detect() != Isa::Scalar && !all.contains(&Isa::detect()) {
+            all.push(Isa::detect());
+        }
+        all
+    }
+
+    /// Whether the dot products of blocks of 32 add the blocks' products one
+    /// after another as the scalar code does, and so match it bit for bit
+    /// (the AVX2 kernels keep eight partial sums instead).
+    #[cfg(test)]
+    pub(crate) fn sums_blocks_in_order(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(_) => false,
+            _ => true,
+        }
+    }
 }
+
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
 
 /// AVX2 helpers shared by the kernels. Callers must have AVX2, FMA and F16C,
 /// which every `#[target_feature]` function here requires.
