@@ -166,6 +166,8 @@ mod tests {
         );
     }
 
+    // The mirror follows x86-64 glibc's expf; aarch64 glibc's differs by an ulp.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_expf_mirror_is_the_platform_expf() {
         // Every 31st f32 from -0 to -110 (the scores minus the maximum lie

@@ -6,7 +6,8 @@
 //!   with ggml's `e^x` (llama.cpp's SwiGLU);
 //! - `gelu_mul`: `y[i] = gelu(g[i]) * u[i]` with the tanh approximation
 //!   `gelu(v) = v/2 (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))` (GeGLU, as
-//!   Gemma uses it);
+//!   Gemma uses it), as llama.cpp's CPU backend evaluates it: 0 below -10,
+//!   `v` above 10, else of `v` rounded to f16, rounded to f16 (its table);
 //! - `scale`: `y[i] *= s` over `n` elements (Gemma scales its embeddings).
 //!
 //! CPU: [`crate::cpu::kernels::elementwise`]; CUDA: `cuda/add.cu`,
@@ -76,7 +77,7 @@ pub fn silu_mul_def() -> KernelDef {
 pub fn gelu_mul_def() -> KernelDef {
     KernelDef::new("gelu_mul")
         .op("gelu_mul")
-        .cpu("gelu_mul f32 tanh v1", cpu::gelu_mul)
+        .cpu("gelu_mul f32 tanh f16-table v2", cpu::gelu_mul)
         .cuda(cuda::gelu_mul())
         .programmatic()
 }
