@@ -11,6 +11,7 @@
 //! ```
 
 pub mod chat;
+pub mod catalog;
 pub mod config;
 mod engine;
 mod error;
