@@ -188,12 +188,17 @@ mod tests {
         assert_eq!(default_entry().name, DEFAULT);
         for (i, m) in MODELS.iter().enumerate() {
             assert!(
-                MODELS[..i].iter().all(|o| o.name != m.name && o.file_name != m.file_name),
+                MODELS[..i]
+                    .iter()
+                    .all(|o| o.name != m.name && o.file_name != m.file_name),
                 "{} is listed twice",
                 m.name
             );
             assert_eq!(m.sha256.len(), 64, "{}", m.name);
-            assert!(m.sha256.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            assert!(m
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
             assert!(!m.parts.is_empty() && m.file_name.ends_with(".gguf"));
             assert!(!looks_like_path(m.name.as_ref()), "{}", m.name);
         }
@@ -204,7 +209,10 @@ mod tests {
         let choose = |s: &str| choose(Some(s.as_ref())).unwrap();
         assert_eq!(choose("gemma-3-270m"), Choice::Catalog(&MODELS[2]));
         assert_eq!(choose("smollm2-135m"), Choice::Catalog(default_entry()));
-        assert_eq!(super::choose(None).unwrap(), Choice::Catalog(default_entry()));
+        assert_eq!(
+            super::choose(None).unwrap(),
+            Choice::Catalog(default_entry())
+        );
         for path in ["model.gguf", "./gemma-3-270m", "models/x", "/no/such/file"] {
             assert_eq!(choose(path), Choice::Path(path.into()), "{path}");
         }

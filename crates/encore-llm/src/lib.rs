@@ -10,8 +10,8 @@
 //! # Ok::<(), encore_llm::LlmError>(())
 //! ```
 
-pub mod chat;
 pub mod catalog;
+pub mod chat;
 pub mod config;
 mod engine;
 mod error;
