@@ -301,7 +301,7 @@ fn models(a: ModelsArgs) -> CliResult {
                     Some(CacheState::Cached) => ("cached", None),
                     Some(CacheState::Missing) => ("missing", None),
                     Some(CacheState::Damaged(why)) => ("damaged", Some(why)),
-                    None => ("no cache", None),
+                    None => ("unknown", None),
                 };
                 serde_json::json!({
                     "name": entry.name,
@@ -312,11 +312,11 @@ fn models(a: ModelsArgs) -> CliResult {
                     "parts": entry.parts.iter().map(|p| p.package).collect::<Vec<_>>(),
                     "state": state,
                     "damage": why,
-                    "path": dir.as_ref().ok().map(|d| d.join(entry.file_name)),
+                    "path": dir.as_ref().ok().map(|d| d.join(entry.file_name).display().to_string()),
                 })
             })
             .collect();
-        let dir = dir.as_ref().ok();
+        let dir = dir.as_ref().ok().map(|d| d.display().to_string());
         return out.line(&serde_json::json!({ "cache": dir, "models": models }).to_string());
     }
     out.line(&format!(
@@ -327,8 +327,14 @@ fn models(a: ModelsArgs) -> CliResult {
         let state = match state {
             Some(CacheState::Cached) => "cached",
             Some(CacheState::Missing) => "missing",
-            Some(CacheState::Damaged(_)) => "damaged",
-            None => "no cache",
+            Some(CacheState::Damaged(why)) => {
+                to_stderr(&format!(
+                    "encore: the cached {} is damaged ({why}); it is fetched again on first use\n",
+                    entry.name
+                ));
+                "damaged"
+            }
+            None => "-",
         };
         let default = if entry.name == catalog::DEFAULT {
             " [default]"
