@@ -1,4 +1,4 @@
-//! `encore`: generate text, benchmark and list devices.
+//! `encore`: generate text, benchmark, and list models and devices.
 //!
 //! Every input is checked before it is used: counts against the model's
 //! context and sane bounds, sampling settings by
@@ -10,6 +10,7 @@
 
 mod report;
 
+use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -18,7 +19,8 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use encore::{Config, Device, ProfileMode};
-use encore_llm::fetch::{self, Progress};
+use encore_llm::catalog;
+use encore_llm::fetch::{self, CacheState, Progress};
 use encore_llm::sampler::{SamplerError, SamplerField};
 use encore_llm::{Engine, EngineOptions, GenerateOptions, SamplerConfig};
 use encore_ops::KernelSet;
@@ -44,6 +46,8 @@ enum Command {
     /// llama-perplexity computes it; `PPL = <value> +/- <error>` is the last
     /// line of stdout.
     Perplexity(PerplexityArgs),
+    /// List the models `--model` can name, and whether each is cached.
+    Models(ModelsArgs),
     /// List the devices Encore can use.
     Devices,
 }
@@ -66,9 +70,10 @@ struct PerplexityArgs {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched on first use).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    /// Model: a GGUF file's path, or a catalog name (see `encore models`),
+    /// fetched on first use [default: smollm2-135m].
+    #[arg(long, value_name = "PATH|NAME")]
+    model: Option<OsString>,
     /// Device: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
@@ -151,6 +156,13 @@ struct BenchArgs {
     json: bool,
 }
 
+#[derive(Args)]
+struct ModelsArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 /// Most repeats `bench` runs: a median of more tells nothing new.
 const MAX_REPEATS: usize = 1000;
 
@@ -163,6 +175,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate(a),
         Command::Bench(a) => bench(a),
         Command::Perplexity(a) => perplexity(a),
+        Command::Models(a) => models(a),
         Command::Devices => devices(),
     })
 }
@@ -287,22 +300,122 @@ fn devices() -> CliResult {
     Ok(())
 }
 
-fn model_path(arg: &Option<PathBuf>) -> Result<PathBuf, String> {
-    if let Some(p) = arg {
-        return Ok(p.clone());
+/// The catalog, with each model's size, description and place in the
+/// cache: intact (by its marker, or by hashing it when the marker is stale),
+/// missing, or damaged.
+fn models(a: ModelsArgs) -> CliResult {
+    let dir = fetch::cache_dir();
+    let mut rows = Vec::new();
+    for entry in catalog::MODELS {
+        let state = match &dir {
+            Ok(_) => Some(fetch::cache_state(entry, show_step).map_err(|e| e.to_string())?),
+            Err(_) => None,
+        };
+        rows.push((entry, state));
     }
+    let mut out = Out::new();
+    if a.json {
+        let models: Vec<_> = rows
+            .iter()
+            .map(|(entry, state)| {
+                let (state, why) = match state {
+                    Some(CacheState::Cached) => ("cached", None),
+                    Some(CacheState::Missing) => ("missing", None),
+                    Some(CacheState::Damaged(why)) => ("damaged", Some(why)),
+                    None => ("unknown", None),
+                };
+                serde_json::json!({
+                    "name": entry.name,
+                    "description": entry.description,
+                    "default": entry.name == catalog::DEFAULT,
+                    "size": entry.size,
+                    "sha256": entry.sha256,
+                    "parts": entry.parts.iter().map(|p| p.package).collect::<Vec<_>>(),
+                    "state": state,
+                    "damage": why,
+                    "path": dir.as_ref().ok().map(|d| d.join(entry.file_name).display().to_string()),
+                })
+            })
+            .collect();
+        let dir = dir.as_ref().ok().map(|d| d.display().to_string());
+        return out.line(&serde_json::json!({ "cache": dir, "models": models }).to_string());
+    }
+    out.line(&format!(
+        "{:<20} {:>9}  {:<10} description",
+        "name", "size", "cache"
+    ))?;
+    for (entry, state) in &rows {
+        let state = match state {
+            Some(CacheState::Cached) => "cached",
+            Some(CacheState::Missing) => "missing",
+            Some(CacheState::Damaged(why)) => {
+                to_stderr(&format!(
+                    "encore: the cached {} is damaged ({why}); it is fetched again on first use\n",
+                    entry.name
+                ));
+                "damaged"
+            }
+            None => "-",
+        };
+        let default = if entry.name == catalog::DEFAULT {
+            " [default]"
+        } else {
+            ""
+        };
+        out.line(&format!(
+            "{:<20} {:>6.1} MB  {:<10} {}{default}",
+            entry.name,
+            entry.size as f64 / 1e6,
+            state,
+            entry.description
+        ))?;
+    }
+    match &dir {
+        Ok(dir) => out.line(&format!("cache: {}", dir.display())),
+        Err(e) => out.line(&format!("cache: none ({e})")),
+    }
+}
+
+/// Shows a fetch's step on stderr.
+fn show_step(p: Progress) {
+    if let Progress::Step(s) = p {
+        to_stderr(&format!("encore: {s}\n"));
+    }
+}
+
+/// The model file `--model` names, fetching a catalog model on first use
+/// with its progress on stderr.
+fn model_path(arg: &Option<OsString>) -> Result<PathBuf, String> {
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let path = fetch::default_model(|p| match p {
-        Progress::Step(s) => to_stderr(&format!("encore: {s}\n")),
+    let mut part_of = String::new();
+    let path = catalog::resolve(arg.as_deref(), |p| match p {
+        Progress::Step(s) => {
+            let line = format!("encore: {s}\n");
+            match &bar {
+                Some(b) => b.suspend(|| to_stderr(&line)),
+                None => to_stderr(&line),
+            }
+        }
+        Progress::Part { part, parts, .. } => {
+            part_of = if parts > 1 {
+                format!("part {part}/{parts}")
+            } else {
+                String::new()
+            };
+            if let Some(b) = &bar {
+                b.set_message(part_of.clone());
+            }
+        }
         Progress::Bytes { done, total } => {
             let b = bar.get_or_insert_with(|| {
                 let b = indicatif::ProgressBar::new(total);
                 b.set_style(
                     indicatif::ProgressStyle::with_template(
-                        "{bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+                        "{msg} {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
                     )
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
                 );
+                b.set_message(part_of.clone());
                 b
             });
             b.set_position(done);
@@ -437,7 +550,7 @@ fn perplexity_on(a: &PerplexityArgs, text: &str, device: &Device) -> CliResult {
     let mut out = Out::new();
     if a.json {
         let json = serde_json::json!({
-            "model": a.model.model.as_ref().map_or("default".to_string(), |m| m.display().to_string()),
+            "model": a.model.model.as_ref().map_or(catalog::DEFAULT.into(), |m| m.to_string_lossy()),
             "device": device.name(),
             "ctx_size": a.ctx_size,
             "chunks": result.total_chunks,
@@ -523,7 +636,7 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
     if a.json {
         out.line(
             &serde_json::json!({
-                "model": a.model.model.as_ref().map_or("default".to_string(), |m| m.display().to_string()),
+                "model": a.model.model.as_ref().map_or(catalog::DEFAULT.into(), |m| m.to_string_lossy()),
                 "device": device.name(),
                 "threads": device.config().cpu_threads(),
                 "prompt_tokens": a.prompt_tokens,

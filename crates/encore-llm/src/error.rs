@@ -32,9 +32,37 @@ pub enum LlmError {
          {position}; the model file may be corrupt"
     )]
     NonFinite { pass: Pass, position: usize },
-    /// The default model could not be fetched.
-    #[error("fetching the default model: {0}")]
+    /// A model could not be fetched into the cache.
+    #[error("fetching the model: {0}")]
     Fetch(String),
+    /// A `--model` argument that is neither a file nor a catalog name;
+    /// `known` lists the catalog's names.
+    #[error("`{name}` is neither a model file nor a catalog model (the catalog has {known})")]
+    UnknownModel { name: String, known: String },
+    /// A fetched model is not the file the catalog lists (the download was
+    /// damaged, or the package changed); it was removed, not cached.
+    /// `found_sha256` is `None` when the download ran past the expected
+    /// size and was stopped there.
+    #[error(
+        "the fetched {model} is not the catalog's file: {}, expected sha256 {expected_sha256} \
+         and {expected_size} bytes; it was not kept",
+        found(.found_sha256.as_deref(), *.found_size, *.expected_size)
+    )]
+    Mismatch {
+        model: String,
+        expected_sha256: String,
+        expected_size: u64,
+        found_sha256: Option<String>,
+        found_size: u64,
+    },
+}
+
+/// What a fetch found, for [`LlmError::Mismatch`].
+fn found(sha256: Option<&str>, size: u64, expected_size: u64) -> String {
+    match sha256 {
+        Some(sha256) => format!("sha256 {sha256} and {size} bytes"),
+        None => format!("more than {expected_size} bytes"),
+    }
 }
 
 pub type Result<T, E = LlmError> = std::result::Result<T, E>;

@@ -10,6 +10,7 @@
 //! # Ok::<(), encore_llm::LlmError>(())
 //! ```
 
+pub mod catalog;
 pub mod chat;
 pub mod config;
 mod engine;
