@@ -853,6 +853,11 @@ impl Tokenizer {
                 continue;
             }
             let needle = self.tokens[id as usize].as_str();
+            // One search of the whole text rules out most tokens, where
+            // searching each of many short fragments would cost far more.
+            if !text.contains(needle) {
+                continue;
+            }
             let found = fragments.iter().any(|f| match f {
                 Fragment::Text(range) => text[range.clone()].contains(needle),
                 Fragment::Token(_) => false,
