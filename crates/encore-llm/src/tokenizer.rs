@@ -11,9 +11,10 @@
 //!   split into words by the regexes llama.cpp uses for the `pre` type, each
 //!   word is mapped to GPT-2's printable byte alphabet, and merges are applied
 //!   by rank. The `tokenizers` crate does the splitting and the merging.
-//! - `llama`: SentencePiece BPE (Llama 2, TinyLlama, Mistral v0.1 ...).
+//! - `llama`: SentencePiece BPE (Llama 2, TinyLlama, Mistral v0.1, Gemma 3 ...).
 //!   Spaces become `▁`, a space is prefixed to text that starts the prompt or
-//!   follows a special token, pairs are merged by the score of the merged
+//!   follows a special token (where `add_space_prefix` asks for it; Gemma's
+//!   vocabulary does not), pairs are merged by the score of the merged
 //!   piece (highest first, leftmost on ties), and characters outside the
 //!   vocabulary fall back to `<0xXX>` byte tokens. This is a rank-free
 //!   algorithm, so it is implemented here directly rather than through the
