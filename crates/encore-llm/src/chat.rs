@@ -8,7 +8,10 @@
 //! `lstrip_blocks` on) and extended with what templates commonly use beyond
 //! plain Jinja: `raise_exception(msg)`, `strftime_now(format)`, and Python's
 //! string and dict methods (`.strip()`, `.startswith(..)`, `.split(..)`,
-//! `.items()`, `.get(..)` ...). A model without a template gets ChatML.
+//! `.items()`, `.get(..)` ...). [`ChatTemplate::for_tokenizer`] takes the
+//! template from the model file, or, for a file without one, the format the
+//! vocabulary implies: Gemma's turns (`<start_of_turn>`, `<end_of_turn>`) or
+//! else ChatML.
 //!
 //! ```
 //! use encore_llm::chat::{ChatTemplate, Message};
@@ -26,11 +29,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use minijinja::value::{from_args, Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
+use crate::tokenizer::Tokenizer;
+
 /// The ChatML template, for models whose file has no template.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}\
 {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}\
 {%- endfor %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}";
+
+/// Gemma 3's template, as Google ships it with the instruction-tuned
+/// models, for Gemma files that carry none: a system message is folded into
+/// the first user turn, and the assistant's role is `model`.
+pub const GEMMA3_TEMPLATE: &str = include_str!("chat_templates/gemma3.jinja");
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -87,6 +97,10 @@ pub enum ChatError {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
+    /// The tokenizer adds BOS itself, so a rendered prompt drops a leading one.
+    drops_bos: bool,
+    /// The tokenizer adds EOS itself, so a rendered prompt drops a trailing one.
+    drops_eos: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -109,12 +123,40 @@ impl ChatTemplate {
         env.set_unknown_method_callback(python_method);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(ChatError::Syntax)?;
-        Ok(ChatTemplate { env, source })
+        Ok(ChatTemplate {
+            env,
+            source,
+            drops_bos: false,
+            drops_eos: false,
+        })
     }
 
     /// The model's template (`tokenizer.chat_template`), or ChatML when it has none.
     pub fn for_model(template: Option<&str>) -> Result<ChatTemplate, ChatError> {
         ChatTemplate::new(template.unwrap_or(CHATML_TEMPLATE))
+    }
+
+    /// The template for a model's tokenizer: the file's own
+    /// ([`Tokenizer::chat_template`]), or for a file without one the format
+    /// its vocabulary implies: [`GEMMA3_TEMPLATE`] when it has
+    /// `<start_of_turn>` and `<end_of_turn>`, else ChatML.
+    ///
+    /// Where the tokenizer adds BOS (or EOS) itself, [`ChatTemplate::render`]
+    /// leaves out a `bos_token` that opens the prompt (an `eos_token` that
+    /// ends it), as llama.cpp does, so that the encoded prompt holds one.
+    pub fn for_tokenizer(tokenizer: &Tokenizer) -> Result<ChatTemplate, ChatError> {
+        let gemma = ["<start_of_turn>", "<end_of_turn>"]
+            .iter()
+            .all(|t| tokenizer.token_id(t).is_some());
+        let source = match tokenizer.chat_template() {
+            Some(source) => source,
+            None if gemma => GEMMA3_TEMPLATE,
+            None => CHATML_TEMPLATE,
+        };
+        let mut template = ChatTemplate::new(source)?;
+        template.drops_bos = tokenizer.add_bos();
+        template.drops_eos = tokenizer.add_eos();
+        Ok(template)
     }
 
     /// The template's Jinja source.
@@ -126,7 +168,8 @@ impl ChatTemplate {
     /// appends the opening of an assistant turn, for the model to complete.
     /// `bos_token` and `eos_token` are the texts of those tokens, for
     /// templates that write them out; the prompt should then be encoded with
-    /// special tokens parsed.
+    /// special tokens parsed (and added, for a template made by
+    /// [`ChatTemplate::for_tokenizer`]).
     pub fn render(
         &self,
         messages: &[Message],
@@ -147,14 +190,21 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(ChatError::Render)?;
-        template
+        let mut text = template
             .render(minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => bos_token,
                 eos_token => eos_token,
             })
-            .map_err(ChatError::Render)
+            .map_err(ChatError::Render)?;
+        if self.drops_bos && !bos_token.is_empty() && text.starts_with(bos_token) {
+            text.drain(..bos_token.len());
+        }
+        if self.drops_eos && !eos_token.is_empty() && text.ends_with(eos_token) {
+            text.truncate(text.len() - eos_token.len());
+        }
+        Ok(text)
     }
 }
 
@@ -593,6 +643,110 @@ mod tests {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
              <|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
         );
+    }
+
+    /// The expected strings are what Python's jinja2 renders with Hugging
+    /// Face's settings and `bos_token` `<bos>`.
+    #[test]
+    fn gemma3_template_folds_system_into_first_user_turn() {
+        let t = ChatTemplate::new(GEMMA3_TEMPLATE).unwrap();
+        let render = |messages: &[Message], add_generation_prompt| {
+            t.render(messages, add_generation_prompt, "<bos>", "<eos>")
+                .unwrap()
+        };
+        let user = [Message::new("user", "What is 2+2?")];
+        assert_eq!(
+            render(&user, true),
+            "<bos><start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            render(&user, false),
+            "<bos><start_of_turn>user\nWhat is 2+2?<end_of_turn>\n"
+        );
+        let system = [
+            Message::new("system", "You are a terse coder."),
+            Message::new("user", "Write hello world in Rust."),
+        ];
+        assert_eq!(
+            render(&system, true),
+            "<bos><start_of_turn>user\nYou are a terse coder.\n\nWrite hello world in Rust.\
+             <end_of_turn>\n<start_of_turn>model\n"
+        );
+        // Contents are trimmed; the assistant's role is `model`.
+        let turns = [
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello! How can I help?"),
+            Message::new("user", "  Tell me a joke.  \n"),
+        ];
+        assert_eq!(
+            render(&turns, true),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n\
+             Hello! How can I help?<end_of_turn>\n<start_of_turn>user\nTell me a joke.<end_of_turn>\n\
+             <start_of_turn>model\n"
+        );
+        let err = t
+            .render(
+                &[Message::new("user", "a"), Message::new("user", "b")],
+                true,
+                "",
+                "",
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("must alternate"), "{err}");
+    }
+
+    /// A SentencePiece vocabulary of byte tokens and the given special tokens.
+    fn tokenizer(specials: &[&str], add_bos: bool, template: Option<&str>) -> Tokenizer {
+        use crate::tokenizer::TokenizerSpec;
+        let mut tokens: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
+        let mut types = vec![6; tokens.len()];
+        tokens.extend(specials.iter().map(|s| s.to_string()));
+        types.resize(tokens.len(), 3);
+        Tokenizer::from_spec(TokenizerSpec {
+            model: "llama".into(),
+            tokens,
+            token_types: Some(types),
+            bos: Some(256),
+            add_bos,
+            chat_template: template.map(str::to_owned),
+            ..TokenizerSpec::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn template_for_tokenizer_without_one_follows_the_vocabulary() {
+        let messages = [Message::new("user", "Hi")];
+        let gemma = tokenizer(&["<bos>", "<start_of_turn>", "<end_of_turn>"], true, None);
+        let t = ChatTemplate::for_tokenizer(&gemma).unwrap();
+        assert_eq!(t.source(), GEMMA3_TEMPLATE);
+        // The tokenizer adds BOS, so the prompt does not spell it.
+        let prompt = t.render(&messages, true, "<bos>", "<eos>").unwrap();
+        assert_eq!(
+            prompt,
+            "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let parts = t.render_parts(&messages, true, "<bos>", "<eos>").unwrap();
+        assert_eq!(
+            parts.unwrap()[0],
+            ChatPart::Markup("<start_of_turn>user\n".into())
+        );
+
+        let other = tokenizer(&["<s>", "<|im_start|>", "<|im_end|>"], false, None);
+        let t = ChatTemplate::for_tokenizer(&other).unwrap();
+        assert_eq!(t.source(), CHATML_TEMPLATE);
+
+        let own =
+            "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}{{ eos_token }}";
+        let t = ChatTemplate::for_tokenizer(&tokenizer(&["<bos>"], false, Some(own))).unwrap();
+        assert_eq!(t.source(), own);
+        // Without add_bos the prompt keeps its BOS.
+        assert_eq!(
+            t.render(&messages, true, "<s>", "</s>").unwrap(),
+            "<s>Hi</s>"
+        );
+        let t = ChatTemplate::for_tokenizer(&tokenizer(&["<bos>"], true, Some(own))).unwrap();
+        assert_eq!(t.render(&messages, true, "<s>", "</s>").unwrap(), "Hi</s>");
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //!   split into words by the regexes llama.cpp uses for the `pre` type, each
 //!   word is mapped to GPT-2's printable byte alphabet, and merges are applied
 //!   by rank. The `tokenizers` crate does the splitting and the merging.
-//! - `llama`: SentencePiece BPE (Llama 2, TinyLlama, Mistral v0.1 ...).
+//! - `llama`: SentencePiece BPE (Llama 2, TinyLlama, Mistral v0.1, Gemma 3 ...).
 //!   Spaces become `▁`, a space is prefixed to text that starts the prompt or
-//!   follows a special token, pairs are merged by the score of the merged
+//!   follows a special token (where `add_space_prefix` asks for it; Gemma's
+//!   vocabulary does not), pairs are merged by the score of the merged
 //!   piece (highest first, leftmost on ties), and characters outside the
 //!   vocabulary fall back to `<0xXX>` byte tokens. This is a rank-free
 //!   algorithm, so it is implemented here directly rather than through the
@@ -285,7 +286,8 @@ const EOG_TEXTS: &[&str] = &[
 ];
 
 /// Texts that mark the end of a turn, for finding the EOT token when the
-/// model does not name it.
+/// model does not name it, most specific first: the first one in the
+/// vocabulary is the EOT token (`<|im_end|>` rather than `<|endoftext|>`).
 const EOT_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
@@ -312,6 +314,41 @@ const FIM_EOG_TEXTS: &[&[&str]] = &[
         "<reponame>",
     ],
     &["<|file_sep|>"],
+];
+
+/// Fill-in-the-middle prefix, suffix and middle tokens: control tokens
+/// whatever the file's token type says, but not the end of generation.
+const FIM_CONTROL_TEXTS: &[&[&str]] = &[
+    &[
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ],
+    &[
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ],
+    &[
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ],
 ];
 
 const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -801,6 +838,11 @@ impl Tokenizer {
         self.add_bos
     }
 
+    /// Whether `encode(.., add_special = true, ..)` appends EOS.
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
     /// Whether generating `id` ends the response: EOS, EOT, and the tokens
     /// llama.cpp treats as end of generation by their text (`<|im_end|>`,
     /// `<|endoftext|>`, `<|eot_id|>`, `<end_of_turn>`, ...).
@@ -853,6 +895,11 @@ impl Tokenizer {
                 continue;
             }
             let needle = self.tokens[id as usize].as_str();
+            // One search of the whole text rules out most tokens, where
+            // searching each of many short fragments would cost far more.
+            if !text.contains(needle) {
+                continue;
+            }
             let found = fragments.iter().any(|f| match f {
                 Fragment::Text(range) => text[range.clone()].contains(needle),
                 Fragment::Token(_) => false,
@@ -1175,11 +1222,13 @@ struct EndOfGeneration {
 }
 
 impl EndOfGeneration {
-    /// Marks end-of-generation tokens as control tokens (so that text can
-    /// only name them when special tokens are parsed) and collects them:
-    /// EOS, EOT (looked up by text when not given), the fill-in-the-middle
+    /// Marks end-of-generation and fill-in-the-middle tokens as control
+    /// tokens (so that text can only name them when special tokens are
+    /// parsed) and collects the end-of-generation set: EOS, EOT (looked up
+    /// by text when not given), the fill-in-the-middle
     /// padding/repository/separator tokens, and every token whose text is in
-    /// [`EOG_TEXTS`]. Where several tokens match one role, the lowest id wins.
+    /// [`EOG_TEXTS`]. Where several tokens match a fill-in-the-middle role,
+    /// the lowest id wins.
     fn find(
         tokens: &[String],
         token_ids: &HashMap<String, u32>,
@@ -1196,14 +1245,15 @@ impl EndOfGeneration {
         };
         let mut eog = Vec::new();
 
-        let eot = eot.or_else(|| first_of(EOT_TEXTS));
+        let eot = eot.or_else(|| EOT_TEXTS.iter().find_map(|t| token_ids.get(*t).copied()));
         eog.extend(eot);
         eog.extend(first_of(&["<|eom_id|>"]));
         for texts in FIM_EOG_TEXTS {
             eog.extend(first_of(texts));
         }
         eog.extend(EOG_TEXTS.iter().filter_map(|t| token_ids.get(*t)));
-        for &id in &eog {
+        let fim = FIM_CONTROL_TEXTS.iter().filter_map(|texts| first_of(texts));
+        for id in eog.iter().copied().chain(fim) {
             attrs[id as usize] |= attr::CONTROL;
         }
 
@@ -1218,12 +1268,21 @@ impl EndOfGeneration {
         eog.sort_unstable();
         eog.dedup();
 
-        // In the harmony format `<|end|>` ends a message, not the response.
-        let has = |text: &str| eog.iter().any(|&id| tokens[id as usize] == text);
-        if (has("<|return|>") && has("<|call|>")) || (has("<|calls|>") && has("<|flush|>")) {
+        let has = |eog: &[u32], text: &str| eog.iter().any(|&id| tokens[id as usize] == text);
+        // In the harmony and Solar Open formats `<|end|>` ends a message,
+        // not the response.
+        let call = has(&eog, "<|call|>") || has(&eog, "<|calls|>");
+        if call && (has(&eog, "<|return|>") || has(&eog, "<|flush|>")) {
             if let Some(&end) = token_ids.get("<|end|>") {
                 eog.retain(|&id| id != end);
                 attrs[end as usize] = attr::USER_DEFINED;
+            }
+        }
+        // Where a model has its own end markers, `</s>` is ordinary text.
+        if has(&eog, "<|tool_response>") || has(&eog, "<|plamo:eos|>") {
+            if let Some(&s) = token_ids.get("</s>") {
+                eog.retain(|&id| id != s);
+                attrs[s as usize] = attr::NORMAL;
             }
         }
         EndOfGeneration { eog, eot }
@@ -1548,6 +1607,109 @@ mod tests {
         assert_eq!(t.eot(), Some(267));
         assert!(t.is_control(266));
         assert!(!t.is_control(269));
+    }
+
+    /// Builds a SentencePiece tokenizer over byte tokens and the given
+    /// `(text, token type)` pieces, which take ids from 256 on.
+    fn tiny_vocab(pieces: &[(&str, i32)], eos: u32) -> Tokenizer {
+        let mut tokens: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
+        let mut types = vec![6; tokens.len()];
+        for &(text, token_type) in pieces {
+            tokens.push(text.into());
+            types.push(token_type);
+        }
+        Tokenizer::from_spec(TokenizerSpec {
+            model: "llama".into(),
+            tokens,
+            token_types: Some(types),
+            eos: Some(eos),
+            ..TokenizerSpec::default()
+        })
+        .unwrap()
+    }
+
+    fn eog_set(t: &Tokenizer) -> Vec<&str> {
+        (0..t.vocab_size() as u32)
+            .filter(|&id| t.is_eog(id))
+            .map(|id| t.token_text(id).unwrap())
+            .collect()
+    }
+
+    /// Gemma 3: `<eos>` and `<end_of_turn>` end generation, and so does
+    /// `</s>` (an HTML tag there, but on llama.cpp's list), which becomes a
+    /// control token that plain text cannot name.
+    #[test]
+    fn end_of_generation_gemma_style() {
+        let t = tiny_vocab(
+            &[
+                ("<pad>", 3),
+                ("<eos>", 3),
+                ("<bos>", 3),
+                ("<start_of_turn>", 3),
+                ("<end_of_turn>", 3),
+                ("<s>", 4),
+                ("</s>", 4),
+            ],
+            257,
+        );
+        assert_eq!(eog_set(&t), ["<eos>", "<end_of_turn>", "</s>"]);
+        assert_eq!(t.eot(), t.token_id("<end_of_turn>"));
+        let s = t.token_id("<s>").unwrap();
+        let end_s = t.token_id("</s>").unwrap();
+        assert!(t.is_control(end_s) && !t.is_control(s));
+        assert_eq!(t.encode("<s></s>", false, true).unwrap(), [s, end_s]);
+        assert_eq!(t.encode("<s></s>", false, false).unwrap()[0], s);
+        assert_eq!(t.encode("<s></s>", false, false).unwrap().len(), 5);
+    }
+
+    /// Qwen2.5: `<|im_end|>` (EOS and EOT), `<|endoftext|>`, the
+    /// fill-in-the-middle padding, repository and separator tokens, and a
+    /// normal `</s>`; the other fill-in-the-middle tokens become control
+    /// tokens without ending generation.
+    #[test]
+    fn end_of_generation_qwen_style() {
+        let t = tiny_vocab(
+            &[
+                ("</s>", 1),
+                ("<|endoftext|>", 3),
+                ("<|im_start|>", 3),
+                ("<|im_end|>", 3),
+                ("<|fim_prefix|>", 1),
+                ("<|fim_pad|>", 3),
+                ("<|repo_name|>", 3),
+                ("<|file_sep|>", 3),
+                ("<tool_call>", 4),
+            ],
+            259,
+        );
+        assert_eq!(
+            eog_set(&t),
+            [
+                "</s>",
+                "<|endoftext|>",
+                "<|im_end|>",
+                "<|fim_pad|>",
+                "<|repo_name|>",
+                "<|file_sep|>"
+            ]
+        );
+        // The most specific end-of-turn text wins over a lower id.
+        assert_eq!(t.eot(), t.token_id("<|im_end|>"));
+        assert!(t.is_control(t.token_id("<|fim_prefix|>").unwrap()));
+        assert!(!t.is_control(t.token_id("<tool_call>").unwrap()));
+    }
+
+    /// Models with their own end markers keep `</s>` as text; in the
+    /// harmony format `<|end|>` ends a message, not the response.
+    #[test]
+    fn end_of_generation_exceptions() {
+        let t = tiny_vocab(&[("<eos>", 3), ("<|tool_response>", 3), ("</s>", 1)], 256);
+        assert_eq!(eog_set(&t), ["<eos>", "<|tool_response>"]);
+        assert!(!t.is_control(t.token_id("</s>").unwrap()));
+
+        let t = tiny_vocab(&[("<|return|>", 3), ("<|call|>", 3), ("<|end|>", 3)], 256);
+        assert_eq!(eog_set(&t), ["<|return|>", "<|call|>"]);
+        assert!(!t.is_control(t.token_id("<|end|>").unwrap()));
     }
 
     #[test]
