@@ -161,8 +161,8 @@ impl Engine {
     /// device; the file may be closed afterwards).
     pub fn from_gguf(file: &GgufFile, device: &Device, options: &EngineOptions) -> Result<Engine> {
         let spec = TokenizerSpec::from_gguf(file)?;
-        let template = ChatTemplate::for_model(spec.chat_template.as_deref())?;
         let tokenizer = Tokenizer::from_spec(spec)?;
+        let template = ChatTemplate::for_tokenizer(&tokenizer)?;
         let model = Model::load(file, device, options.kernels)?;
         if tokenizer.vocab_size() > model.config.vocab {
             return Err(LlmError::Model(format!(

@@ -14,6 +14,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use encore::{Config, Device};
@@ -21,20 +23,6 @@ use encore_llm::gguf::{GgufFile, GgufWriter, Value};
 use encore_llm::{Engine, EngineOptions, GenerateOptions};
 use encore_ops::DType;
 
-/// A catalog model's file, fetched on first use.
-fn catalog_model(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ENCORE_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/models"));
-    let file = match name {
-        "qwen2.5-coder-0.5b" => "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "gemma-3-270m" => "gemma-3-270m-q4_k_m.gguf",
-        _ => "SmolLM2-135M-Instruct.Q4_1.gguf",
-    };
-    let path = dir.join(file);
-    assert!(path.exists(), "{} is missing", path.display());
-    path
-}
 
 fn engine(path: &Path) -> Engine {
     let device = Device::open("cpu", &Config::default()).unwrap();
@@ -61,13 +49,13 @@ fn assert_perplexity(what: &str, engine: &Engine, llama_cpp: f64) {
 
 #[test]
 fn qwen25_coder_perplexity_matches_llama_cpp() {
-    let e = engine(&catalog_model("qwen2.5-coder-0.5b"));
+    let e = engine(&common::catalog_model("qwen2.5-coder-0.5b"));
     assert_perplexity("qwen2.5-coder-0.5b", &e, 28.1364);
 }
 
 #[test]
 fn gemma3_perplexity_matches_llama_cpp() {
-    let e = engine(&catalog_model("gemma-3-270m"));
+    let e = engine(&common::catalog_model("gemma-3-270m"));
     assert_perplexity("gemma-3-270m", &e, 18.8906);
 }
 
@@ -77,7 +65,7 @@ fn catalog_models_generate_deterministic_sensible_text() {
         ("qwen2.5-coder-0.5b", "Write a Python function that returns the square of a number.", "def "),
         ("gemma-3-270m", "The capital of France is", "Paris"),
     ] {
-        let e = engine(&catalog_model(name));
+        let e = engine(&common::catalog_model(name));
         let raw = !e.model().config.arch.name().starts_with("qwen");
         let tokens = e.prompt_tokens(prompt, raw).unwrap();
         let run = || {
@@ -148,7 +136,7 @@ fn qwen3_qk_norm_matches_llama_cpp_on_derived_weights() {
     // (attention scores are unchanged by a permutation of both), and
     // per-head Q/K norms added, with weights near 2 so that scores keep a
     // useful range. Quantized rows are moved whole, so no value changes.
-    let src = GgufFile::open(catalog_model("smollm2-135m")).unwrap();
+    let src = GgufFile::open(common::catalog_model("smollm2-135m")).unwrap();
     let layers = src.get_u32("llama.block_count").unwrap() as usize;
     let head_dim = 64usize;
     let norms = (0..layers)
@@ -200,7 +188,7 @@ fn qwen3_qk_norm_matches_llama_cpp_on_derived_weights() {
 
 #[test]
 fn llama3_rope_factors_match_llama_cpp_on_derived_weights() {
-    let src = GgufFile::open(catalog_model("smollm2-135m")).unwrap();
+    let src = GgufFile::open(common::catalog_model("smollm2-135m")).unwrap();
     // Llama 3's factors (scale 8, low/high frequency factors 1 and 4,
     // original context 8192) for SmolLM2's 64-wide heads and base 100 000.
     let (dim, base) = (64usize, 100_000f64);

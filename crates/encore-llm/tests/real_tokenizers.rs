@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -14,21 +16,9 @@ use encore_llm::gguf::GgufFile;
 use encore_llm::tokenizer::{Segment, Tokenizer, TokenizerSpec};
 
 /// The GGUF file of a catalog model (`qwen2.5-coder-0.5b`, `gemma-3-270m`),
-/// looked up in `$ENCORE_TEST_MODELS` (default `/tmp/models`).
+/// fetched on first use.
 fn model_file(name: &str) -> PathBuf {
-    let file = match name {
-        "qwen2.5-coder-0.5b" => "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "gemma-3-270m" => "gemma-3-270m-q4_k_m.gguf",
-        other => panic!("no model file is known for {other:?}"),
-    };
-    let dir = std::env::var_os("ENCORE_TEST_MODELS").unwrap_or_else(|| "/tmp/models".into());
-    let path = PathBuf::from(dir).join(file);
-    assert!(
-        path.is_file(),
-        "model file not found: {} (set ENCORE_TEST_MODELS to the folder holding {file})",
-        path.display()
-    );
-    path
+    common::catalog_model(name)
 }
 
 /// One model's tokenizer, read once and shared by the tests.
