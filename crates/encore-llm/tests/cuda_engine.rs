@@ -526,12 +526,21 @@ fn catalog_shaped_models_on_cuda_match_cpu() {
             "{name}: prefill logits differ by {err:.2e}"
         );
         let first = greedy(&logits[0]);
-        let f = follow_cpu(&mut sessions, first, steps, REAL_LOGITS_TOLERANCE, |_, _| {});
+        let f = follow_cpu(
+            &mut sessions,
+            first,
+            steps,
+            REAL_LOGITS_TOLERANCE,
+            |_, _| {},
+        );
         eprintln!(
             "{name}: decode {}/{steps} greedy tokens equal ({} near-ties), worst {:.2e}",
             f.agreed, f.close_calls, f.worst
         );
-        assert!(sessions[1].graph_stats().is_some(), "{name}: no decode graph");
+        assert!(
+            sessions[1].graph_stats().is_some(),
+            "{name}: no decode graph"
+        );
     }
 }
 

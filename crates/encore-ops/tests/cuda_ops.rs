@@ -228,7 +228,9 @@ fn rope_matches_cpu_in_both_layouts() {
                     let (x, p, f) = (upload(ops, &x0), upload(ops, &[pos]), upload(ops, &f0));
                     let f = scaled.then_some(&f);
                     run(ops, |o, e| {
-                        o.rope(e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, f, "rope")
+                        o.rope(
+                            e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, f, "rope",
+                        )
                     });
                     x
                 });
@@ -349,7 +351,10 @@ fn windowed_attention_matches_cpu_in_both_kernel_sets() {
     // attention test's tolerance (the exact set's tiled path is not bit-exact
     // with a window: the CPU masks inside tiles aligned at 0).
     let mut rng = Rng::new();
-    let sets = [both(), [open_exact("cpu", false), open_exact("cuda", false)]];
+    let sets = [
+        both(),
+        [open_exact("cpu", false), open_exact("cuda", false)],
+    ];
     for (rows, heads, kv_heads, head_dim, pos) in [
         (1usize, 4usize, 1usize, 256usize, 700u32),
         (1, 8, 2, 64, 40),
@@ -1286,8 +1291,10 @@ fn decode_attention_step(
     let mut e = ops.device().capture();
     ops.rope(&mut e, &q, &p, 1, heads, hd, rd, 1e4, neox, None, "rope_q")
         .unwrap();
-    ops.rope(&mut e, &k, &p, 1, kv_heads, hd, rd, 1e4, neox, None, "rope_k")
-        .unwrap();
+    ops.rope(
+        &mut e, &k, &p, 1, kv_heads, hd, rd, 1e4, neox, None, "rope_k",
+    )
+    .unwrap();
     ops.kv_store(&mut e, &k, &kc, &p, 1, kv_dim, max_seq, "k_store")
         .unwrap();
     ops.kv_store(&mut e, &v, &vc, &p, 1, kv_dim, max_seq, "v_store")

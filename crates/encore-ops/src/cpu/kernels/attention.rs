@@ -466,7 +466,12 @@ fn attend_head_tiled_with(
     let mut p = [0.0f32; T];
     let (first, len) = (span.start, span.end);
     let skip = first / T;
-    for (t, tile) in kt.chunks_exact(hd * T).take(len.div_ceil(T)).enumerate().skip(skip) {
+    for (t, tile) in kt
+        .chunks_exact(hd * T)
+        .take(len.div_ceil(T))
+        .enumerate()
+        .skip(skip)
+    {
         let t0 = t * T;
         let n = (len - t0).min(T);
         p.fill(0.0);
@@ -773,7 +778,10 @@ mod tests {
             .clone()
             .map(|t| {
                 let kr = &k[t * kv_dim + off..][..hd];
-                qh.iter().zip(kr).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>()
+                qh.iter()
+                    .zip(kr)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum::<f64>()
                     * f64::from(s.scale)
             })
             .collect();
