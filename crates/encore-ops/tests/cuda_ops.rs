@@ -796,7 +796,9 @@ fn exact_matmul_matches_cpu_bit_for_bit_for_quantized_weights() {
         (8, 40, 512, 1),
         (17, 24, 768, 0),
     ];
-    let quantized = encore_ops::cuda::WEIGHT_TYPES.into_iter().filter(|d| d.is_quantized());
+    let quantized = encore_ops::cuda::WEIGHT_TYPES
+        .into_iter()
+        .filter(|d| d.is_quantized());
     for dtype in quantized {
         for &(rows, n, k, offset) in &shapes {
             if k % dtype.block_len() != 0 {

@@ -37,9 +37,9 @@
 //
 // The types of quant_codes.cuh (Q5_0, Q5_1, IQ4_NL, the super-blocks) enter
 // as F16 weights do: each thread decodes its 16 weights of a step to f32 as
-// the CPU dequantizes them and rounds them to f16 (their scales differ from
-// group to group within a step, so they cannot be applied per block after
-// the products).
+// the CPU dequantizes them and rounds them to f16 (one decoder for all of
+// them; Q2_K, Q3_K and Q6_K change scales every 16 positions, within a
+// step, so a block's scale after its products would not do).
 
 #include "gguf.cuh"
 #include "quant_codes.cuh"

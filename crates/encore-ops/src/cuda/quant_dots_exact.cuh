@@ -16,10 +16,9 @@
 // CPU multiplies all types in blocks of 32 alike), as one instance,
 // GGML_CODED32: their codes are decoded to signed bytes as they are loaded,
 // the type told apart at run time, and the offset term `m s_x` is zero
-// without a minimum. The super-block types
-// go through dot_cols_super, which quantizes the activations to Q8_K as
-// `cpu::quantize_row_q8_k` does and adds each super-block's integer sums
-// as `kquant::accumulate` does.
+// without a minimum. The super-block types go through dot_cols_super,
+// which quantizes the activations to Q8_K as `cpu::quantize_row_q8_k` does
+// and adds each super-block's integer sums as `kquant::accumulate` does.
 
 #include "matmul_dots.cuh"
 #include "quant_codes.cuh"
@@ -349,8 +348,10 @@ __device__ __forceinline__ int warp_sum_int(int v) {
 // any order) are added to the row's sum as `kquant::accumulate` does,
 // `(acc + (d_w d_x) sumi) - (dmin_w d_x) summ`, super-block after
 // super-block. Lane `l` takes values `8l..8l+8` of each super-block (half a
-// group of 16); every lane gets the results in `out`.
-template <unsigned int TYPE, bool VEC, bool NORM, int N>
+// group of 16); every lane gets the results in `out`. (Loads are scalar and
+// the super-blocks go one at a time: a version per alignment, or unrolled
+// super-blocks, multiply the code of six decoders in the generic kernels.)
+template <unsigned int TYPE, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_super(const unsigned char* const* rows, const float* __restrict__ x,
                                                const float* __restrict__ g, unsigned int k, float eps,
                                                unsigned int lane, float* out) {
@@ -366,12 +367,12 @@ __device__ __forceinline__ void dot_cols_super(const unsigned char* const* rows,
 #pragma unroll 1
     for (unsigned int e = 8 * lane; e < k; e += 256) {
         float v[8];
-        load4<VEC>(x + e, v);
-        load4<VEC>(x + e + 4, v + 4);
+        load4<false>(x + e, v);
+        load4<false>(x + e + 4, v + 4);
         if (NORM) {
             float gv[8];
-            load4<VEC>(g + e, gv);
-            load4<VEC>(g + e + 4, gv + 4);
+            load4<false>(g + e, gv);
+            load4<false>(g + e + 4, gv + 4);
 #pragma unroll
             for (int t = 0; t < 8; ++t) v[t] = __fmul_rn(__fmul_rn(v[t], scale), gv[t]);
         }
@@ -425,13 +426,6 @@ __device__ __forceinline__ void dot_cols_super(const unsigned char* const* rows,
     for (int c = 0; c < N; ++c) out[c] = acc[c];
 }
 
-template <unsigned int TYPE, bool NORM, int N>
-__device__ __forceinline__ void dot_cols_super_of(const unsigned char* const* rows, const float* __restrict__ x,
-                                                  const float* __restrict__ g, unsigned int k, float eps,
-                                                  unsigned int lane, bool x16, float* out) {
-    dot_cols_super<TYPE, false, NORM, N>(rows, x, g, k, eps, lane, out);
-}
-
 // N weight rows of type `dtype` against one activation row (decode), with
 // NORM the row normalized by the norm weights `g` first: the finished dot
 // products in `out` on every lane. The quantized types load the activations
@@ -448,12 +442,12 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
         case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL:
             dot_cols_quant<GGML_CODED32, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype);
             return;
-        case GGML_Q2_K: dot_cols_super_of<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q3_K: dot_cols_super_of<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q4_K: dot_cols_super_of<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q5_K: dot_cols_super_of<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q6_K: dot_cols_super_of<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_IQ4_XS: dot_cols_super_of<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
+        case GGML_Q2_K: dot_cols_super<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q3_K: dot_cols_super<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q4_K: dot_cols_super<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_K: dot_cols_super<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q6_K: dot_cols_super<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_IQ4_XS: dot_cols_super<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
         default: dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out); return;
     }
 }

@@ -175,13 +175,6 @@ __device__ void dot_coded(const unsigned char* __restrict__ row, const float* __
     }
 }
 
-template <unsigned int TYPE, bool NORM, int TILE>
-__device__ __forceinline__ void dot_row_coded(const unsigned char* __restrict__ row, const float* __restrict__ x,
-                                              const float* __restrict__ g, unsigned int k, unsigned int rows,
-                                              unsigned int lane, bool x16, float* acc, float* sq) {
-    dot_coded<TYPE, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
-}
-
 // A weight row of any type against a tile of activation rows (per-lane
 // partial sums; see dot_row_float for `x16` and `vec_float`).
 template <bool NORM, int TILE>
@@ -202,15 +195,15 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
             if (x16) dot_q8_0<true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_q8_0<false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
-        case GGML_Q5_0: dot_row_coded<GGML_Q5_0, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_Q5_1: dot_row_coded<GGML_Q5_1, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_IQ4_NL: dot_row_coded<GGML_IQ4_NL, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_Q2_K: dot_row_coded<GGML_Q2_K, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_Q3_K: dot_row_coded<GGML_Q3_K, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_Q4_K: dot_row_coded<GGML_Q4_K, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_Q5_K: dot_row_coded<GGML_Q5_K, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_Q6_K: dot_row_coded<GGML_Q6_K, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
-        case GGML_IQ4_XS: dot_row_coded<GGML_IQ4_XS, NORM, TILE>(row, x, g, k, rows, lane, x16, acc, sq); break;
+        case GGML_Q5_0: dot_coded<GGML_Q5_0, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q5_1: dot_coded<GGML_Q5_1, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_IQ4_NL: dot_coded<GGML_IQ4_NL, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q2_K: dot_coded<GGML_Q2_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q3_K: dot_coded<GGML_Q3_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q4_K: dot_coded<GGML_Q4_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q5_K: dot_coded<GGML_Q5_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q6_K: dot_coded<GGML_Q6_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_IQ4_XS: dot_coded<GGML_IQ4_XS, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
         default:
             dot_row_float<NORM, TILE>(dtype, row, x, g, k, rows, lane, x16, vec_float, acc, sq);
             break;
@@ -402,13 +395,13 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
 template <unsigned int TYPE, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_coded(const unsigned char* const* rows, const float* __restrict__ x,
                                                const float* __restrict__ g, unsigned int k, float eps,
-                                               unsigned int lane, bool x16, float* out) {
+                                               unsigned int lane, float* out) {
     float sq = 0.f;
 #pragma unroll
     for (int c = 0; c < N; ++c) {
         float other = 0.f;
         out[c] = 0.f;
-        dot_row_coded<TYPE, NORM, 1>(rows[c], x, g, k, 1, lane, x16, out + c, c == 0 ? &sq : &other);
+        dot_coded<TYPE, NORM, 1>(rows[c], x, g, k, 1, lane, out + c, c == 0 ? &sq : &other);
     }
     dot_cols_finish<NORM, N>(out, sq, k, eps);
 }
@@ -437,15 +430,15 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
             if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
-        case GGML_Q5_0: dot_cols_coded<GGML_Q5_0, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q5_1: dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_IQ4_NL: dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q2_K: dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q3_K: dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q4_K: dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q5_K: dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_Q6_K: dot_cols_coded<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
-        case GGML_IQ4_XS: dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, x16, out); return;
+        case GGML_Q5_0: dot_cols_coded<GGML_Q5_0, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_1: dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_IQ4_NL: dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q2_K: dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q3_K: dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q4_K: dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_K: dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q6_K: dot_cols_coded<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_IQ4_XS: dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
         default:
             dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out);
             return;
