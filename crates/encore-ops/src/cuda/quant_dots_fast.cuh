@@ -148,43 +148,28 @@ __device__ void dot_q8_0(const unsigned char* __restrict__ row, const float* __r
     }
 }
 
-// Steps of 256 weights that dot_coded decodes before using any: several
-// in a kernel specialized for its shape (one type, so one decoder), one in
-// the generic code, where unrolled steps of nine decoders in every product
-// make compiling the kernels take minutes.
-#ifdef ENCORE_VALUE_WORDS
-#define CODED_STEPS 4
-#else
-#define CODED_STEPS 1
-#endif
-
 // The types of quant_codes.cuh: 8 consecutive weights a lane, decoded to
-// f32 (the CPU's dequantized values), `CODED_STEPS` steps of 256 a pass.
+// f32, one step of 256 at a time. (Unrolling steps, or a version per
+// alignment of the activations, multiplies the code of nine decoders in
+// every product of the generic kernels, whose compilation it makes minutes
+// long; the warps of other columns hide the latency instead.)
 template <unsigned int TYPE, bool NORM, int TILE>
 __device__ void dot_coded(const unsigned char* __restrict__ row, const float* __restrict__ x,
                           const float* __restrict__ g, unsigned int k, unsigned int rows, unsigned int lane,
                           float* acc, float* sq) {
-    for (unsigned int i0 = 8 * lane; i0 < k; i0 += 256 * CODED_STEPS) {
-        float w[CODED_STEPS][8];
+#pragma unroll 1
+    for (unsigned int i = 8 * lane; i < k; i += 256) {
+        float w[8];
+        dequant8<TYPE>(row, i, w);
 #pragma unroll
-        for (int u = 0; u < CODED_STEPS; ++u) {
-            const unsigned int i = i0 + 256 * u;
-            if (i < k) dequant8<TYPE>(row, i, w[u]);
-        }
+        for (int t = 0; t < TILE; ++t) {
+            if (t < rows) {
+                const float* xb = x + (size_t)t * k + i;
+                float xv[8];
+                load_x4<false, NORM>(xb, g + i, xv, sq[t]);
+                load_x4<false, NORM>(xb + 4, g + i + 4, xv + 4, sq[t]);
 #pragma unroll
-        for (int u = 0; u < CODED_STEPS; ++u) {
-            const unsigned int i = i0 + 256 * u;
-            if (i >= k) break;
-#pragma unroll
-            for (int t = 0; t < TILE; ++t) {
-                if (t < rows) {
-                    const float* xb = x + (size_t)t * k + i;
-                    float xv[8];
-                    load_x4<false, NORM>(xb, g + i, xv, sq[t]);
-                    load_x4<false, NORM>(xb + 4, g + i + 4, xv + 4, sq[t]);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[t] = fmaf(w[u][e], xv[e], acc[t]);
-                }
+                for (int e = 0; e < 8; ++e) acc[t] = fmaf(w[e], xv[e], acc[t]);
             }
         }
     }
