@@ -1110,7 +1110,12 @@ fn fused_block_graph_matches_unfused_and_cpu() {
     // difference can move a value to its neighbour). The attention output
     // and the residual after it: 2e-3 of the rms, since attention rounds the
     // query to f16 (a rounding-order difference upstream can move a query
-    // element by one f16 step). Against the CPU (float weights only): the
+    // element by one f16 step), plus one f16 step in the attention output:
+    // it takes its values from the f16 V cache, and where one position
+    // dominates, a cache value moved to its neighbour moves the output by
+    // about that step (seed 0x18eaf6e4d5e94839 puts a Q5_1 element 2.3e-4
+    // off, 2.1e-3 of the rms, one f16 step of its value being 2.4e-4).
+    // Against the CPU (float weights only): the
     // same, but 4e-3 for the attention output and the residual, since the
     // CPU also keeps its weighted sum of V in f16 where CUDA sums in f32. With quantized weights the CPU multiplies 8-bit
     // activations, whose error scales with Σ|w·x| rather than with the
@@ -1149,7 +1154,7 @@ fn fused_block_graph_matches_unfused_and_cpu() {
                 &fused[i],
                 &plain[i],
                 tol,
-                f16,
+                f16 || *name == "attention",
             );
             if dtype.is_quantized() {
                 continue;
