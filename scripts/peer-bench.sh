@@ -24,14 +24,16 @@ else
     llama_args+=(-ngl 99)
 fi
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+# A value from JSON text ($1) by a Python expression over it as `d` ($2).
+field() { python3 -c "import json,sys; d = json.loads(sys.argv[1]); print($2)" "$1"; }
 ours_pp=(); ours_tg=(); peer_pp=(); peer_tg=()
 for r in $(seq "$rounds"); do
     j=$("$bin/llama-bench" "${llama_args[@]}" 2>/dev/null)
-    peer_pp+=("$(jq -r --argjson p "$pp" '.[] | select(.n_prompt == $p and .n_gen == 0) | .avg_ts' <<<"$j")")
-    peer_tg+=("$(jq -r --argjson n "$tg" '.[] | select(.n_gen == $n and .n_prompt == 0) | .avg_ts' <<<"$j")")
+    peer_pp+=("$(field "$j" "next(r['avg_ts'] for r in d if r['n_prompt'] == $pp and r['n_gen'] == 0)")")
+    peer_tg+=("$(field "$j" "next(r['avg_ts'] for r in d if r['n_gen'] == $tg and r['n_prompt'] == 0)")")
     j=$("$encore" bench --model "$model" --device "$device" --prompt-tokens "$pp" --gen-tokens "$tg" --repeats 3 --json 2>/dev/null)
-    ours_pp+=("$(jq -r .prefill_tok_s <<<"$j")")
-    ours_tg+=("$(jq -r .decode_tok_s <<<"$j")")
+    ours_pp+=("$(field "$j" "d['prefill_tok_s']")")
+    ours_tg+=("$(field "$j" "d['decode_tok_s']")")
     echo "round $r: llama.cpp pp$pp ${peer_pp[-1]} tg$tg ${peer_tg[-1]}; encore pp$pp ${ours_pp[-1]} tg$tg ${ours_tg[-1]}" >&2
 done
 for what in pp tg; do
@@ -39,5 +41,5 @@ for what in pp tg; do
     declare -n o=ours_$what p=peer_$what
     a=$(printf '%s\n' "${o[@]}" | median); b=$(printf '%s\n' "${p[@]}" | median)
     printf '%s %s%s: encore %.1f tok/s, llama.cpp %.1f tok/s, ratio %.2fx (medians of %d rounds)\n' \
-        "$(basename "$model")" "$what" "$n" "$a" "$b" "$(echo "$a / $b" | bc -l)" "$rounds"
+        "$(basename "$model")" "$what" "$n" "$a" "$b" "$(python3 -c "print($a / $b)")" "$rounds"
 done
