@@ -22,6 +22,17 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export RUST_BACKTRACE=1
+# The catalog models' headers, made sparse files of their full size, for
+# the cuda_engine tests (which write models of their shapes and types with
+# random weights to ENCORE_SYNTHETIC_DIR, for the benchmarks).
+if compgen -G ".gpu/templates/*.gguf" >/dev/null; then
+    mkdir -p /tmp/encore-templates
+    for t in .gpu/templates/*.gguf; do
+        cp "$t" /tmp/encore-templates/ && truncate -s "$(cat "$t.size")" "/tmp/encore-templates/${t##*/}"
+    done
+    export ENCORE_MODEL_TEMPLATES=/tmp/encore-templates
+fi
+export ENCORE_SYNTHETIC_DIR=${ENCORE_SYNTHETIC_DIR:-/tmp/encore-synthetic}
 # The cuda_engine test writes the synthetic SmolLM2 here for the encore bench.
 export ENCORE_SYNTHETIC_GGUF=${ENCORE_SYNTHETIC_GGUF:-/tmp/encore-synthetic/smollm2-135m-q4_1.gguf}
 # One kernel cache for the whole run: the CLI and the GPU tests take

@@ -14,7 +14,7 @@ bin=${1:?usage: scripts/quant-ppl.sh LLAMA_CPP_BIN_DIR [TEXT]}
 text=${2:-crates/encore-llm/tests/data/perplexity.txt}
 cargo build --release -q -p encore-cli
 encore=target/release/encore
-src=$("$encore" models --json 2>/dev/null | python3 -c 'import json,sys; print(next(m["path"] for m in json.load(sys.stdin) if m["name"]=="smollm2-135m"))' 2>/dev/null || true)
+src=$("$encore" models --json 2>/dev/null | python3 -c 'import json,sys; print(next(m["path"] for m in json.load(sys.stdin)["models"] if m["name"]=="smollm2-135m"))' 2>/dev/null || true)
 [ -n "$src" ] && [ -f "$src" ] || src=$HOME/.cache/encore/models/SmolLM2-135M-Instruct.Q4_1.gguf
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

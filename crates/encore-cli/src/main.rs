@@ -533,7 +533,9 @@ fn generate_on(a: &GenerateArgs, options: &GenerateOptions, device: &Device) -> 
 fn perplexity(a: PerplexityArgs) -> CliResult {
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| CliError::Message(format!("{}: {e}", a.file.display())))?;
-    with_device(&a.model, &a.profile, |device| perplexity_on(&a, &text, device))
+    with_device(&a.model, &a.profile, |device| {
+        perplexity_on(&a, &text, device)
+    })
 }
 
 fn perplexity_on(a: &PerplexityArgs, text: &str, device: &Device) -> CliResult {
@@ -561,7 +563,10 @@ fn perplexity_on(a: &PerplexityArgs, text: &str, device: &Device) -> CliResult {
         });
         out.line(&json.to_string())?;
     }
-    out.line(&format!("PPL = {:.4} +/- {:.5}", result.value, result.error))
+    out.line(&format!(
+        "PPL = {:.4} +/- {:.5}",
+        result.value, result.error
+    ))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -291,7 +291,10 @@ impl Model {
         max_seq: usize,
     ) -> Result<()> {
         self.encode_blocks(enc, a, tokens, pos, cache, max_seq)?;
-        let last = a.x.view((a.rows - 1) * self.config.n_embd * 4, self.config.n_embd * 4)?;
+        let last = a.x.view(
+            (a.rows - 1) * self.config.n_embd * 4,
+            self.config.n_embd * 4,
+        )?;
         self.encode_head(enc, &last, &a.last_norm, &a.logits, 1)
     }
 
@@ -308,7 +311,15 @@ impl Model {
     ) -> Result<()> {
         let c = &self.config;
         let ops = &self.ops;
-        ops.rms_norm(enc, x, &self.output_norm, normed, rows, c.n_embd, c.norm_eps)?;
+        ops.rms_norm(
+            enc,
+            x,
+            &self.output_norm,
+            normed,
+            rows,
+            c.n_embd,
+            c.norm_eps,
+        )?;
         ops.matmul(enc, &self.output, normed, logits, rows, "output")?;
         Ok(())
     }
@@ -403,7 +414,8 @@ impl Model {
         let n = a.rows * c.n_embd;
         match norm {
             Some(w) => {
-                self.ops.rms_norm(enc, &a.proj, w, &a.xn, a.rows, c.n_embd, c.norm_eps)?;
+                self.ops
+                    .rms_norm(enc, &a.proj, w, &a.xn, a.rows, c.n_embd, c.norm_eps)?;
                 self.ops.add(enc, &a.x, &a.xn, n)
             }
             None => self.ops.add(enc, &a.x, &a.proj, n),

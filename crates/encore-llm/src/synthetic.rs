@@ -1,5 +1,9 @@
-//! Synthetic Llama models: the architecture and tensor types of a real
-//! model with deterministic random weights, written as GGUF.
+//! Synthetic models: the architecture and tensor types of a real model
+//! with deterministic random weights, written as GGUF. [`synthetic_gguf`]
+//! writes a Llama model from a [`SyntheticSpec`]; [`synthetic_like`] copies
+//! any model's metadata and tensor list (its header is enough: the data
+//! may be absent, as in a sparse file) and fills every tensor with random
+//! values of its type.
 //!
 //! Speed on random weights equals speed on real ones, so benchmarks on a
 //! machine that cannot receive the real file use these; small ones back the
@@ -109,10 +113,69 @@ fn random_tensor(rng: &mut Rng, dtype: DType, n: usize, scale: f32) -> Vec<u8> {
             out.extend(f16_bytes(-7.5 * d + rng.uniform(-0.1, 0.1) * scale));
             (0..16).for_each(|_| out.push(rng.next() as u8));
         }),
-        // Types the synthetic models do not use: zero weights.
-        _ => out.resize(dtype.bytes_for(n).unwrap_or(0), 0),
+        // Every other type: random codes, and each block's scales (f16)
+        // drawn so that values land around `±scale`.
+        _ => {
+            let bytes = dtype.block_bytes();
+            let magnitude = match dtype {
+                DType::Q5_0 | DType::Q5_1 => 16.0,
+                DType::IQ4_NL => 127.0,
+                DType::Q2_K => 45.0,
+                DType::Q3_K => 128.0,
+                DType::Q4_K | DType::Q5_K => 500.0,
+                _ => 4000.0, // Q6_K, IQ4_XS: 8-bit scales times wide codes
+            };
+            for _ in 0..blocks {
+                let start = out.len();
+                (0..bytes).for_each(|_| out.push(rng.next() as u8));
+                for (j, &at) in dtype.scale_offsets().iter().enumerate() {
+                    // The first scale multiplies; a second one (a minimum)
+                    // is smaller, as quantizers make it.
+                    let d = rng.uniform(0.5, 1.0) * scale / magnitude / (1 + 3 * j) as f32;
+                    out[start + at..start + at + 2].copy_from_slice(&f16_bytes(d));
+                }
+            }
+        }
     }
     out
+}
+
+/// A model with `template`'s metadata and tensors (names, shapes, types),
+/// every tensor filled with deterministic random values of its type: norm
+/// weights near 1, biases and other vectors small, matrices around
+/// ±0.2 (the embedding table ±1). Speed on it equals speed on the real
+/// weights; only its template's header is read.
+pub fn synthetic_like(template: &crate::gguf::GgufFile, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    let mut w = GgufWriter::new();
+    for (key, value) in template.metadata() {
+        w.add_metadata(key.clone(), value.clone());
+    }
+    for t in template.tensors() {
+        let n = t.n_elements as usize;
+        let data = if t.dims.len() == 1 && t.name.ends_with("norm.weight") {
+            (0..n)
+                .flat_map(|_| rng.uniform(0.8, 1.2).to_le_bytes())
+                .collect()
+        } else if t.dims.len() == 1 {
+            random_tensor(&mut rng, DType::F32, n, 0.05)
+        } else if t.name == "token_embd.weight" {
+            random_tensor(&mut rng, t.dtype, n, 1.0)
+        } else {
+            random_tensor(&mut rng, t.dtype, n, 0.2)
+        };
+        // A 1-D tensor stored in another type is rewritten as f32 values of
+        // its type only where sizes agree; the writer checks them.
+        let data = if t.dims.len() == 1 && t.dtype != DType::F32 {
+            random_tensor(&mut rng, t.dtype, n, 1.0)
+        } else {
+            data
+        };
+        // The writer fails only on duplicate names or size mismatches, which
+        // a template read by the reader cannot produce.
+        let _ = w.add_tensor(t.name.clone(), &t.dims, t.dtype, data);
+    }
+    w.to_bytes()
 }
 
 /// Writes a synthetic Llama model as GGUF bytes, with a byte-level GPT-2
@@ -193,4 +256,47 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Vec<u8> {
     }
     add("output_norm.weight".into(), &[d], DType::F32, 1.0, &mut rng);
     w.to_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::gguf::GgufFile;
+
+    #[test]
+    fn random_tensors_of_every_type_are_finite_and_bounded() {
+        let mut rng = Rng(5);
+        for dtype in DType::ALL {
+            let n = 256 * 8;
+            let data = random_tensor(&mut rng, dtype, n, 0.2);
+            assert_eq!(Some(data.len()), dtype.bytes_for(n), "{dtype}");
+            assert_eq!(dtype.first_non_finite(&data), None, "{dtype}");
+            let mut values = vec![0f32; n];
+            encore_ops::cpu::dequantize_row(dtype, &data, &mut values).unwrap();
+            let max = values.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert!(max > 0.01 && max < 2.0, "{dtype}: largest |value| {max}");
+        }
+    }
+
+    #[test]
+    fn a_model_like_a_template_has_its_metadata_and_tensors() {
+        let template = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(1))).unwrap();
+        let like = GgufFile::from_bytes(synthetic_like(&template, 2)).unwrap();
+        assert_eq!(like.metadata(), template.metadata());
+        let shape = |f: &GgufFile| -> Vec<_> {
+            f.tensors()
+                .iter()
+                .map(|t| (t.name.clone(), t.dims.clone(), t.dtype))
+                .collect()
+        };
+        assert_eq!(shape(&like), shape(&template));
+        let differs = like
+            .tensors()
+            .iter()
+            .zip(template.tensors())
+            .all(|(a, b)| like.tensor_data(a) != template.tensor_data(b));
+        assert!(differs, "every tensor holds new random data");
+    }
 }

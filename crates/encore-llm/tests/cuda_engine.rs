@@ -16,7 +16,7 @@ use std::time::Instant;
 use encore::{Config, Device};
 use encore_llm::gguf::GgufFile;
 use encore_llm::sampler::greedy;
-use encore_llm::synthetic::{synthetic_gguf, SyntheticSpec};
+use encore_llm::synthetic::{synthetic_gguf, synthetic_like, SyntheticSpec};
 use encore_llm::{Engine, EngineOptions, Session};
 use encore_ops::KernelSet;
 
@@ -468,6 +468,86 @@ fn synthetic_model_exact_on_cuda_equals_the_cpu_bit_for_bit() {
             first_difference(&after[1], &after[0]),
             None,
             "{len}-token prompt: logits after {steps} tokens"
+        );
+    }
+}
+
+/// The catalog models' headers (their tensor data need not be there: a
+/// sparse file does), in the folder `ENCORE_MODEL_TEMPLATES` names;
+/// `scripts/gpu-suite.sh` stages them and `scripts/gpu-run.sh` sets it.
+fn model_templates() -> Vec<PathBuf> {
+    let dir = std::env::var_os("ENCORE_MODEL_TEMPLATES")
+        .map(PathBuf::from)
+        .expect("ENCORE_MODEL_TEMPLATES names a folder of model headers");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .gguf in {}", dir.display());
+    files
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn catalog_shaped_models_on_cuda_match_cpu() {
+    // Random weights in the catalog models' architectures and tensor types
+    // (Qwen2.5-Coder's and Gemma 3's Q4_K_M mixes): the prefill (through
+    // the tiled products) and graph-replayed decode steps (through the
+    // fused ones) on CUDA against the CPU, fed the CPU's tokens. With
+    // `ENCORE_SYNTHETIC_DIR` set, each model is also written there for
+    // `encore bench` and llama.cpp's `llama-bench`.
+    for template in model_templates() {
+        let name = template.file_name().unwrap().to_string_lossy().to_string();
+        let bytes = synthetic_like(&GgufFile::open(&template).unwrap(), 3);
+        if let Some(dir) = std::env::var_os("ENCORE_SYNTHETIC_DIR") {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(PathBuf::from(dir).join(&name), &bytes).unwrap();
+        }
+        let file = GgufFile::from_bytes(bytes).unwrap();
+        let cpu = Engine::from_gguf(&file, &device("cpu"), &options(true)).unwrap();
+        let gpu = Engine::from_gguf(&file, &device("cuda"), &options(true)).unwrap();
+        let unfused =
+            Engine::from_gguf(&file, &device_with("cuda", false), &options(true)).unwrap();
+        let exact_gpu = Engine::from_gguf(&file, &device("cuda"), &exact()).unwrap();
+        let vocab = cpu.model().config.vocab as u32;
+        let prompt: Vec<u32> = (0..80u32).map(|i| (i * 7919 + 11) % vocab).collect();
+        let steps = 16;
+        let mut sessions: Vec<Session> = [&cpu, &gpu, &unfused, &exact_gpu]
+            .iter()
+            .map(|e| e.session(prompt.len() + steps + 1).unwrap())
+            .collect();
+        let logits: Vec<Vec<f32>> = sessions
+            .iter_mut()
+            .map(|s| s.prefill(&prompt).unwrap())
+            .collect();
+        let err = relative_error(&logits[1], &logits[0]);
+        eprintln!(
+            "{name}: prefill logits relative error {err:.2e} (unfused {:.2e}, exact {:.2e})",
+            relative_error(&logits[2], &logits[0]),
+            relative_error(&logits[3], &logits[0])
+        );
+        let first = greedy(&logits[0]);
+        let mut exact_equal = 0;
+        let f = follow_cpu(&mut sessions, first, steps, f32::INFINITY, |step, l| {
+            eprintln!(
+                "{name}: step {step}: relative error {:.2e}, unfused {:.2e}, exact {:.2e}",
+                relative_error(&l[1], &l[0]),
+                relative_error(&l[2], &l[0]),
+                relative_error(&l[3], &l[0])
+            );
+            exact_equal += usize::from(l[3] == l[0]);
+        });
+        eprintln!(
+            "{name}: decode {}/{steps} greedy tokens equal ({} near-ties), worst {:.2e}; \
+             exact kernels bit-identical at {exact_equal}/{steps} steps",
+            f.agreed, f.close_calls, f.worst
+        );
+        assert!(
+            err <= REAL_LOGITS_TOLERANCE && f.worst <= REAL_LOGITS_TOLERANCE,
+            "{name}: logits differ by {:.2e}",
+            f.worst.max(err)
         );
     }
 }

@@ -5,7 +5,9 @@
 //! A one-element `add` chain gives the floor of a dependent graph node.
 //!
 //! The prefill products (128 and 512 rows, on tensor cores) and prefill
-//! attention (512 rows from position 0) are timed the same way.
+//! attention (512 rows from position 0) are timed the same way, and a
+//! 1536 x 1536 product in every weight type CUDA has code for (decode and
+//! 128 rows).
 //!
 //! `cargo bench -p encore-ops --bench cuda_kernels` (prints "no CUDA device"
 //! and exits 0 without one). Output: one line per kernel with µs per node
@@ -156,6 +158,28 @@ fn main() {
             });
             let tflops = 2.0 * (rows * w.n * w.k) as f64 / (us * 1e-6) / 1e12;
             let name = format!("gemm {name} rows={rows}");
+            println!("{name:<30} {us:>8.2} {nodes:>6}  {tflops:>6.1} TFLOP/s");
+        }
+    }
+    // Every weight type CUDA has code for, on a product whose rows hold
+    // whole super-blocks (gate-sized, 1536 x 1536): decode and a prefill tile.
+    {
+        let rows = 128;
+        let (input, output) = (floats(&device, rows * ff), floats(&device, rows * ff));
+        for dtype in encore_ops::cuda::WEIGHT_TYPES {
+            let w = weight(&device, dtype, ff, ff);
+            report(
+                &format!("matmul {} 1536x1536", dtype.name()),
+                bytes(&[&w]),
+                time_chain(&ops, &[&output], &|e| {
+                    ops.matmul(e, &w, &input, &output, 1, "m").unwrap()
+                }),
+            );
+            let (us, nodes) = time_chain(&ops, &[&output], &|e| {
+                ops.matmul(e, &w, &input, &output, rows, "gemm").unwrap()
+            });
+            let tflops = 2.0 * (rows * w.n * w.k) as f64 / (us * 1e-6) / 1e12;
+            let name = format!("gemm {} 1536x1536 rows={rows}", dtype.name());
             println!("{name:<30} {us:>8.2} {nodes:>6}  {tflops:>6.1} TFLOP/s");
         }
     }

@@ -6,12 +6,14 @@
 //
 // One block per token, threads over the row's elements; element `i` of a
 // quantized row lives in block `i / 32` at index `i % 32` (Q4: low nibble of
-// byte `i % 16` for the first 16, high nibble for the rest). Values are
+// byte `i % 16` for the first 16, high nibble for the rest); the types of
+// quant_codes.cuh go eight elements a thread. Values are
 // formed as on the CPU, without fused multiply-adds, so they match to the
 // bit. An out-of-range token id writes zeros (the CPU reports it; the
 // session checks ids before they reach the device).
 
 #include "gguf.cuh"
+#include "quant_codes.cuh"
 
 struct EmbedShape {
     unsigned int rows;
@@ -62,5 +64,14 @@ extern "C" __global__ void embed(const unsigned char* __restrict__ table, const 
         return;
     }
     const unsigned char* row = table + (size_t)t * ggml_row_bytes(s.dtype, s.dim);
+    if (ggml_coded(s.dtype)) {
+        for (unsigned int i = 8 * threadIdx.x; i < s.dim; i += 8 * blockDim.x) {
+            float w[8];
+            dequant8_any(s.dtype, row, i, w);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) out[i + e] = w[e];
+        }
+        return;
+    }
     for (unsigned int i = threadIdx.x; i < s.dim; i += blockDim.x) out[i] = embed_element(row, s.dtype, i);
 }

@@ -34,8 +34,15 @@
 // minimum and the row's block sum of the f16 activations. Rows, columns and
 // (float weights) positions past the matrix are zero in shared memory and
 // never stored.
+//
+// The types of quant_codes.cuh (Q5_0, Q5_1, IQ4_NL, the super-blocks) enter
+// as F16 weights do: each thread decodes its 16 weights of a step to f32 as
+// the CPU dequantizes them and rounds them to f16 (one decoder for all of
+// them; Q2_K, Q3_K and Q6_K change scales every 16 positions, within a
+// step, so a block's scale after its products would not do).
 
 #include "gguf.cuh"
+#include "quant_codes.cuh"
 #include "mma.cuh"
 #include "matmul_shape.cuh"
 
@@ -109,6 +116,10 @@ struct GemmStage {
 template <unsigned int TYPE>
 struct GemmTraits {
     static constexpr bool QUANT = TYPE == GGML_Q4_0 || TYPE == GGML_Q4_1 || TYPE == GGML_Q8_0;
+    // Decoded to f16 as they are loaded (quant_codes.cuh).
+    static constexpr bool CODED = TYPE == GGML_Q5_0 || TYPE == GGML_Q5_1 || TYPE == GGML_IQ4_NL ||
+                                  TYPE == GGML_Q2_K || TYPE == GGML_Q3_K || TYPE == GGML_Q4_K ||
+                                  TYPE == GGML_Q5_K || TYPE == GGML_Q6_K || TYPE == GGML_IQ4_XS;
     static constexpr bool BF = TYPE == GGML_BF16 || TYPE == GGML_F32;
     static constexpr int A_PARTS = BF ? 2 : 1;
     static constexpr int B_PARTS = TYPE == GGML_F32 ? 2 : 1;
@@ -167,7 +178,9 @@ __device__ __forceinline__ void gemm_load_x(const float* __restrict__ x, const M
     }
 }
 
-// Weights of step `k0` of weight rows n0.. into registers. Quantized: thread
+// Weights of step `k0` of weight rows n0.. into registers. Coded types:
+// thread tid takes weights 16h..16h+16 (h = tid % 2) of row tid / 2,
+// decoded and rounded to f16 pairs, in w[0..8]. Quantized: thread
 // tid takes half tid % 2 of the block of row tid / 2 (Q4: codes bytes
 // 8h..8h+8 as two words; Q8_0: code bytes 16h..16h+16 as four words) and
 // its head. F16/BF16: rows (tid + 128 i) / 4, 8 elements at 8 (tid % 4) as a
@@ -178,7 +191,18 @@ template <unsigned int TYPE, bool VEC>
 __device__ __forceinline__ void gemm_load_w(const unsigned char* __restrict__ w, const MatmulShape& s,
                                             unsigned long long row_bytes, unsigned int n0, unsigned int k0,
                                             unsigned int tid, GemmStage& st) {
-    if (GemmTraits<TYPE>::QUANT) {
+    if (GemmTraits<TYPE>::CODED) {
+        const unsigned int row = n0 + tid / 2, h = tid % 2;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) st.w[i] = 0u;
+        if (row >= s.n || k0 >= s.k) return;
+        const unsigned char* r = w + row * row_bytes;
+        float f[16];
+        dequant8<TYPE>(r, k0 + 16 * h, f);
+        dequant8<TYPE>(r, k0 + 16 * h + 8, f + 8);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) st.w[i] = pack_f16(f[2 * i], f[2 * i + 1]);
+    } else if (GemmTraits<TYPE>::QUANT) {
         const unsigned int row = n0 + tid / 2, h = tid % 2;
 #pragma unroll
         for (int i = 0; i < 4; ++i) st.w[i] = 0u;
@@ -288,6 +312,10 @@ __device__ __forceinline__ void gemm_store(const GemmSmem<TYPE>& sm, int stage, 
             sm.d[stage * GM_BN + row] = f16_to_f32((f16_bits)(st.head & 0xffffu));
             sm.m[stage * GM_BN + row] = TYPE == GGML_Q4_1 ? f16_to_f32((f16_bits)(st.head >> 16)) : 0.f;
         }
+    } else if (T::CODED) {
+        unsigned short* dst = sm.b_tile(stage, 0) + (tid / 2) * GM_PITCH + 16 * (tid % 2);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(st.w[0], st.w[1], st.w[2], st.w[3]);
+        *reinterpret_cast<uint4*>(dst + 8) = make_uint4(st.w[4], st.w[5], st.w[6], st.w[7]);
     } else if (TYPE == GGML_F32) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -493,6 +521,15 @@ gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __
         case GGML_F16: gemm_typed<GGML_F16>(w, x, y, s, smem); break;
         case GGML_BF16: gemm_typed<GGML_BF16>(w, x, y, s, smem); break;
         case GGML_F32: gemm_typed<GGML_F32>(w, x, y, s, smem); break;
+        case GGML_Q5_0: gemm_typed<GGML_Q5_0>(w, x, y, s, smem); break;
+        case GGML_Q5_1: gemm_typed<GGML_Q5_1>(w, x, y, s, smem); break;
+        case GGML_IQ4_NL: gemm_typed<GGML_IQ4_NL>(w, x, y, s, smem); break;
+        case GGML_Q2_K: gemm_typed<GGML_Q2_K>(w, x, y, s, smem); break;
+        case GGML_Q3_K: gemm_typed<GGML_Q3_K>(w, x, y, s, smem); break;
+        case GGML_Q4_K: gemm_typed<GGML_Q4_K>(w, x, y, s, smem); break;
+        case GGML_Q5_K: gemm_typed<GGML_Q5_K>(w, x, y, s, smem); break;
+        case GGML_Q6_K: gemm_typed<GGML_Q6_K>(w, x, y, s, smem); break;
+        case GGML_IQ4_XS: gemm_typed<GGML_IQ4_XS>(w, x, y, s, smem); break;
         default: break;
     }
 }

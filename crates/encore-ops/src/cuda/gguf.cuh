@@ -33,11 +33,27 @@ __device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
 #define GGML_F16 1u
 #define GGML_Q4_0 2u
 #define GGML_Q4_1 3u
+#define GGML_Q5_0 6u
+#define GGML_Q5_1 7u
 #define GGML_Q8_0 8u
+#define GGML_Q2_K 10u
+#define GGML_Q3_K 11u
+#define GGML_Q4_K 12u
+#define GGML_Q5_K 13u
+#define GGML_Q6_K 14u
+#define GGML_IQ4_NL 20u
+#define GGML_IQ4_XS 23u
 #define GGML_BF16 30u
 
+// Q5_0, Q5_1, IQ4_NL and the super-block types (quant_codes.cuh).
+__device__ __forceinline__ bool ggml_coded(unsigned int dtype) {
+    return dtype == GGML_Q5_0 || dtype == GGML_Q5_1 || dtype == GGML_IQ4_NL || dtype == GGML_Q2_K ||
+           dtype == GGML_Q3_K || dtype == GGML_Q4_K || dtype == GGML_Q5_K || dtype == GGML_Q6_K ||
+           dtype == GGML_IQ4_XS;
+}
+
 __device__ __forceinline__ bool ggml_quantized(unsigned int dtype) {
-    return dtype == GGML_Q4_0 || dtype == GGML_Q4_1 || dtype == GGML_Q8_0;
+    return dtype == GGML_Q4_0 || dtype == GGML_Q4_1 || dtype == GGML_Q8_0 || ggml_coded(dtype);
 }
 
 // Bytes of one row of `k` elements of a ggml type (0 for an unknown type).
@@ -48,6 +64,15 @@ __device__ __forceinline__ unsigned long long ggml_row_bytes(unsigned int dtype,
         case GGML_Q8_0: return 34ull * (k / 32);
         case GGML_Q4_0: return 18ull * (k / 32);
         case GGML_Q4_1: return 20ull * (k / 32);
+        case GGML_Q5_0: return 22ull * (k / 32);
+        case GGML_Q5_1: return 24ull * (k / 32);
+        case GGML_IQ4_NL: return 18ull * (k / 32);
+        case GGML_Q2_K: return 84ull * (k / 256);
+        case GGML_Q3_K: return 110ull * (k / 256);
+        case GGML_Q4_K: return 144ull * (k / 256);
+        case GGML_Q5_K: return 176ull * (k / 256);
+        case GGML_Q6_K: return 210ull * (k / 256);
+        case GGML_IQ4_XS: return 136ull * (k / 256);
         default: return 0;
     }
 }

@@ -31,13 +31,22 @@ use crate::DType;
 /// `fused_matmul`, `embed`) have code for. A dispatch of one of them with
 /// another type fails with [`encore::Error::InvalidDispatch`] naming the
 /// type, before anything runs.
-pub const WEIGHT_TYPES: [DType; 6] = [
+pub const WEIGHT_TYPES: [DType; 15] = [
     DType::F32,
     DType::F16,
     DType::BF16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::IQ4_NL,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::IQ4_XS,
 ];
 
 /// The weight type of ggml id `id` if the CUDA kernels have code for it,
@@ -252,6 +261,7 @@ const FILES: &[(&str, &str)] = &[
     ("gguf.cuh", include_str!("gguf.cuh")),
     ("matmul_shape.cuh", include_str!("matmul_shape.cuh")),
     ("matmul_dots.cuh", include_str!("matmul_dots.cuh")),
+    ("quant_codes.cuh", include_str!("quant_codes.cuh")),
     ("quant_dots_fast.cuh", include_str!("quant_dots_fast.cuh")),
     ("quant_dots_exact.cuh", include_str!("quant_dots_exact.cuh")),
     ("matmul.cuh", include_str!("matmul.cuh")),

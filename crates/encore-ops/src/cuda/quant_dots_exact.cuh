@@ -11,8 +11,17 @@
 // (every row is quantized and summed in the CPU's order): the default
 // version is faster (BENCHMARKS.md, "Bit-identical quantized products on
 // CUDA").
+//
+// Q5_0, Q5_1 and IQ4_NL go through dot_cols_quant as Q4_0 and Q4_1 do (the
+// CPU multiplies all types in blocks of 32 alike), as one instance,
+// GGML_CODED32: their codes are decoded to signed bytes as they are loaded,
+// the type told apart at run time, and the offset term `m s_x` is zero
+// without a minimum. The super-block types go through dot_cols_super,
+// which quantizes the activations to Q8_K as `cpu::quantize_row_q8_k` does
+// and adds each super-block's integer sums as `kquant::accumulate` does.
 
 #include "matmul_dots.cuh"
+#include "quant_codes.cuh"
 
 // Blocks in each of the four chunks of a pass of dot_cols_quant
 // (SmolLM2's longest rows, 1536 values or 48 blocks, take one pass). The
@@ -25,6 +34,8 @@
 #endif
 // Several activation rows of quantized weights go row by row through dot_cols.
 #define MM_QUANT_BY_COLUMN 1
+// The instance of dot_cols_quant for Q5_0, Q5_1 and IQ4_NL (not a ggml id).
+#define GGML_CODED32 0x10000u
 
 // Only float weights come here (quantized weights go through dot_cols).
 template <bool NORM, int TILE>
@@ -102,10 +113,11 @@ __device__ __forceinline__ unsigned int quant_block(unsigned int nb, unsigned in
     return live ? b : nb - 1;
 }
 
-// Loads the weight words of the pass from block `base` on.
+// Loads the weight words of the pass from block `base` on (`dtype` tells
+// the types of GGML_CODED32 apart).
 template <unsigned int TYPE, int N>
 __device__ __forceinline__ void quant_pass_load(const unsigned char* const* rows, unsigned int nb, unsigned int base,
-                                                unsigned int lane, QuantPass<N>& w) {
+                                                unsigned int lane, QuantPass<N>& w, unsigned int dtype) {
     const unsigned int chunk = quant_chunk(nb, base), l = lane & 7u;
 #pragma unroll
     for (int i = 0; i < QCHUNK; ++i) {
@@ -122,6 +134,12 @@ __device__ __forceinline__ void quant_pass_load(const unsigned char* const* rows
                 const unsigned short* h = reinterpret_cast<const unsigned short*>(rows[c] + (size_t)b * 18);
                 w.head[c][i] = h[0];
                 w.code[c][i] = (unsigned int)h[1 + 2 * (l & 3)] | ((unsigned int)h[2 + 2 * (l & 3)] << 16);
+            } else if (TYPE == GGML_CODED32) {
+                // The codes of the lane's group, decoded to signed bytes here.
+                const unsigned char* blk = rows[c] + (size_t)b * coded32_bytes(dtype);
+                const unsigned short* h = reinterpret_cast<const unsigned short*>(blk);
+                w.head[c][i] = dtype == GGML_Q5_1 ? (unsigned int)h[0] | ((unsigned int)h[1] << 16) : h[0];
+                w.code[c][i] = codes4(dtype, blk, l);
             } else {
                 const unsigned short* h = reinterpret_cast<const unsigned short*>(rows[c] + (size_t)b * 34);
                 w.head[c][i] = h[0];
@@ -167,8 +185,9 @@ __device__ __forceinline__ void norm_pass_load(const float* __restrict__ g, unsi
 // kernel instead of following the wait.
 template <unsigned int TYPE, int N>
 __device__ __forceinline__ void quant_pass_first_of(const unsigned char* const* rows, const float* __restrict__ g,
-                                                    unsigned int k, unsigned int lane, QuantPass<N>& w) {
-    quant_pass_load<TYPE, N>(rows, k / 32, 0, lane, w);
+                                                    unsigned int k, unsigned int lane, QuantPass<N>& w,
+                                                    unsigned int dtype) {
+    quant_pass_load<TYPE, N>(rows, k / 32, 0, lane, w, dtype);
     if (g == nullptr) return;
     if (((size_t)g & 15u) == 0) norm_pass_load<true, N>(g, k / 32, 0, lane, w);
     else norm_pass_load<false, N>(g, k / 32, 0, lane, w);
@@ -179,9 +198,12 @@ __device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsig
                                                  const float* __restrict__ g, unsigned int k, unsigned int lane,
                                                  QuantPass<N>& w) {
     switch (dtype) {
-        case GGML_Q4_1: quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w); return;
-        case GGML_Q4_0: quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w); return;
-        case GGML_Q8_0: quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w); return;
+        case GGML_Q4_1: quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w, dtype); return;
+        case GGML_Q4_0: quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w, dtype); return;
+        case GGML_Q8_0: quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w, dtype); return;
+        case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL:
+            quant_pass_first_of<GGML_CODED32, N>(rows, g, k, lane, w, dtype);
+            return;
         default: return;
     }
 }
@@ -212,7 +234,8 @@ __device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsig
 template <unsigned int TYPE, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows, const float* __restrict__ x,
                                                const float* __restrict__ g, unsigned int k, float eps,
-                                               unsigned int lane, bool x16, float* out, const QuantPass<N>* first) {
+                                               unsigned int lane, bool x16, float* out, const QuantPass<N>* first,
+                                               unsigned int dtype) {
     const unsigned int nb = k / 32, l = lane & 7u, part = lane >> 3;
     float scale = 1.f;
     if (NORM && nb > 4 * QCHUNK) {
@@ -230,7 +253,7 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
         if (first != nullptr && base == 0) {
             w = *first;
         } else {
-            quant_pass_load<TYPE, N>(rows, nb, base, lane, w);
+            quant_pass_load<TYPE, N>(rows, nb, base, lane, w, dtype);
             if (NORM && ((size_t)g & 15u) == 0) norm_pass_load<true, N>(g, nb, base, lane, w);
             else if (NORM) norm_pass_load<false, N>(g, nb, base, lane, w);
         }
@@ -264,10 +287,11 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
             for (int c = 0; c < N; ++c) {
                 const float d = f16_to_f32((f16_bits)(w.head[c][i] & 0xffffu));
                 unsigned int code = w.code[c][i];
-                if (TYPE != GGML_Q8_0) code = (l >= 4 ? code >> 4 : code) & 0x0f0f0f0fu;
+                if (TYPE == GGML_Q4_0 || TYPE == GGML_Q4_1) code = (l >= 4 ? code >> 4 : code) & 0x0f0f0f0fu;
                 sums[c][i] = (float)dp4a((int)code, q, 0);
                 dd[c][i] = __fmul_rn(d, dx);
-                om[c][i] = TYPE == GGML_Q4_1 ? __fmul_rn(f16_to_f32((f16_bits)(w.head[c][i] >> 16)), sx)
+                om[c][i] = TYPE == GGML_Q4_1 || TYPE == GGML_CODED32
+                             ? __fmul_rn(f16_to_f32((f16_bits)(w.head[c][i] >> 16)), sx)
                          : TYPE == GGML_Q4_0 ? __fmul_rn(__fmul_rn(-8.f, d), sx)
                                              : 0.f;
             }
@@ -308,6 +332,100 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
     }
 }
 
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The super-block types: the dot products of N weight rows with one
+// activation row, bit for bit as the CPU computes them (`cpu::kdot`): with
+// NORM the row is first normalized as `rms_norm_row` does; each 256 values
+// are quantized to Q8_K as `quantize_row_q8_k` does (the first value of
+// largest magnitude maps to -128, `q = min(127, rint(x * -128 / max))`,
+// `d_x = 1 / (-128 / max)`); per super-block the integer sums
+// `sumi = Σ_g sc_g Σ q_w q_x` and `summ = Σ_g mn_g Σ q_x` (integers, so in
+// any order) are added to the row's sum as `kquant::accumulate` does,
+// `(acc + (d_w d_x) sumi) - (dmin_w d_x) summ`, super-block after
+// super-block. Lane `l` takes values `8l..8l+8` of each super-block (half a
+// group of 16); every lane gets the results in `out`. (Loads are scalar and
+// the super-blocks go one at a time: a version per alignment, or unrolled
+// super-blocks, multiply the code of six decoders in the generic kernels.)
+template <unsigned int TYPE, bool NORM, int N>
+__device__ __forceinline__ void dot_cols_super(const unsigned char* const* rows, const float* __restrict__ x,
+                                               const float* __restrict__ g, unsigned int k, float eps,
+                                               unsigned int lane, float* out) {
+    float scale = 1.f;
+    if (NORM) {
+        double sq = 0.0;
+        for (unsigned int i = lane; i < k; i += 32) sq += (double)__fmul_rn(x[i], x[i]);
+        scale = rms_scale(warp_sum_f64(sq), k, eps);
+    }
+    float acc[N];
+#pragma unroll
+    for (int c = 0; c < N; ++c) acc[c] = 0.f;
+#pragma unroll 1
+    for (unsigned int e = 8 * lane; e < k; e += 256) {
+        float v[8];
+        load4<false>(x + e, v);
+        load4<false>(x + e + 4, v + 4);
+        if (NORM) {
+            float gv[8];
+            load4<false>(g + e, gv);
+            load4<false>(g + e + 4, gv + 4);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) v[t] = __fmul_rn(__fmul_rn(v[t], scale), gv[t]);
+        }
+        // The first value of largest magnitude: the lane's, then the warp's
+        // (on equal magnitudes the lower lane, whose values come first).
+        float amax = 0.f, top = 0.f;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            if (fabsf(v[t]) > amax) {
+                amax = fabsf(v[t]);
+                top = v[t];
+            }
+        }
+        unsigned int owner = lane;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), t2 = __shfl_xor_sync(0xffffffffu, top, o);
+            const unsigned int w2 = __shfl_xor_sync(0xffffffffu, owner, o);
+            if (a2 > amax || (a2 == amax && w2 < owner)) {
+                amax = a2;
+                top = t2;
+                owner = w2;
+            }
+        }
+        int q[8], qsum = 0;
+        float dx = 0.f;
+        if (amax != 0.f) {
+            const float iscale = __fdiv_rn(-128.f, top);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) q[t] = max(-128, min(127, __float2int_rn(__fmul_rn(iscale, v[t]))));
+            dx = __fdiv_rn(1.f, iscale);
+        } else {
+#pragma unroll
+            for (int t = 0; t < 8; ++t) q[t] = 0;
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) qsum += q[t];
+#pragma unroll
+        for (int c = 0; c < N; ++c) {
+            Codes8 w;
+            decode8<TYPE>(rows[c], e, w);
+            int dot = 0;
+#pragma unroll
+            for (int t = 0; t < 8; ++t) dot += w.q[t] * q[t];
+            const int sumi = warp_sum_int(w.sc * dot), summ = warp_sum_int(w.mn * qsum);
+            acc[c] = __fsub_rn(__fadd_rn(acc[c], __fmul_rn(__fmul_rn(w.d, dx), (float)sumi)),
+                               __fmul_rn(__fmul_rn(w.m, dx), (float)summ));
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < N; ++c) out[c] = acc[c];
+}
+
 // N weight rows of type `dtype` against one activation row (decode), with
 // NORM the row normalized by the norm weights `g` first: the finished dot
 // products in `out` on every lane. The quantized types load the activations
@@ -318,9 +436,18 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
                                          float eps, unsigned int lane, bool x16, bool vec_float, float* out,
                                          const QuantPass<N>* first) {
     switch (dtype) {
-        case GGML_Q4_1: dot_cols_quant<GGML_Q4_1, NORM, N>(rows, x, g, k, eps, lane, x16, out, first); return;
-        case GGML_Q4_0: dot_cols_quant<GGML_Q4_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first); return;
-        case GGML_Q8_0: dot_cols_quant<GGML_Q8_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first); return;
+        case GGML_Q4_1: dot_cols_quant<GGML_Q4_1, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
+        case GGML_Q4_0: dot_cols_quant<GGML_Q4_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
+        case GGML_Q8_0: dot_cols_quant<GGML_Q8_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
+        case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL:
+            dot_cols_quant<GGML_CODED32, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype);
+            return;
+        case GGML_Q2_K: dot_cols_super<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q3_K: dot_cols_super<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q4_K: dot_cols_super<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_K: dot_cols_super<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q6_K: dot_cols_super<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_IQ4_XS: dot_cols_super<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
         default: dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out); return;
     }
 }

@@ -22,8 +22,14 @@
 // that is a multiple of 8), else one element at a time.
 //
 // Per block: Q8_0 `d Σ q x`; Q4_0 `d (Σ n x - 8 Σ x)`; Q4_1 `d Σ n x + m Σ x`.
+//
+// The types of quant_codes.cuh (Q5_0, Q5_1, IQ4_NL and the super-blocks)
+// go as float weights do: each lane decodes 8 consecutive weights to f32
+// (the CPU's dequantized values) and multiplies them with the activations,
+// 256 a warp step; several columns take one pass each (dot_cols_coded).
 
 #include "matmul_dots.cuh"
+#include "quant_codes.cuh"
 
 // Steps of 8 blocks a pass of dot_cols_quant (SmolLM2's longest rows, 1536, take one pass).
 #define DOT_STEPS 6
@@ -142,6 +148,33 @@ __device__ void dot_q8_0(const unsigned char* __restrict__ row, const float* __r
     }
 }
 
+// The types of quant_codes.cuh: 8 consecutive weights a lane, decoded to
+// f32, one step of 256 at a time. (Unrolling steps, or a version per
+// alignment of the activations, multiplies the code of nine decoders in
+// every product of the generic kernels, whose compilation it makes minutes
+// long; the warps of other columns hide the latency instead.)
+template <unsigned int TYPE, bool NORM, int TILE>
+__device__ void dot_coded(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                          const float* __restrict__ g, unsigned int k, unsigned int rows, unsigned int lane,
+                          float* acc, float* sq) {
+#pragma unroll 1
+    for (unsigned int i = 8 * lane; i < k; i += 256) {
+        float w[8];
+        dequant8<TYPE>(row, i, w);
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) {
+            if (t < rows) {
+                const float* xb = x + (size_t)t * k + i;
+                float xv[8];
+                load_x4<false, NORM>(xb, g + i, xv, sq[t]);
+                load_x4<false, NORM>(xb + 4, g + i + 4, xv + 4, sq[t]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[t] = fmaf(w[e], xv[e], acc[t]);
+            }
+        }
+    }
+}
+
 // A weight row of any type against a tile of activation rows (per-lane
 // partial sums; see dot_row_float for `x16` and `vec_float`).
 template <bool NORM, int TILE>
@@ -162,6 +195,15 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
             if (x16) dot_q8_0<true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_q8_0<false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
+        case GGML_Q5_0: dot_coded<GGML_Q5_0, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q5_1: dot_coded<GGML_Q5_1, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_IQ4_NL: dot_coded<GGML_IQ4_NL, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q2_K: dot_coded<GGML_Q2_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q3_K: dot_coded<GGML_Q3_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q4_K: dot_coded<GGML_Q4_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q5_K: dot_coded<GGML_Q5_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_Q6_K: dot_coded<GGML_Q6_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        case GGML_IQ4_XS: dot_coded<GGML_IQ4_XS, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
         default:
             dot_row_float<NORM, TILE>(dtype, row, x, g, k, rows, lane, x16, vec_float, acc, sq);
             break;
@@ -347,6 +389,23 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
     }
 }
 
+// The types of quant_codes.cuh against one activation row, N weight rows
+// one at a time (as dot_cols_float): the finished dot products in `out` on
+// every lane.
+template <unsigned int TYPE, bool NORM, int N>
+__device__ __forceinline__ void dot_cols_coded(const unsigned char* const* rows, const float* __restrict__ x,
+                                               const float* __restrict__ g, unsigned int k, float eps,
+                                               unsigned int lane, float* out) {
+    float sq = 0.f;
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+        float other = 0.f;
+        out[c] = 0.f;
+        dot_coded<TYPE, NORM, 1>(rows[c], x, g, k, 1, lane, out + c, c == 0 ? &sq : &other);
+    }
+    dot_cols_finish<NORM, N>(out, sq, k, eps);
+}
+
 // N weight rows of type `dtype` against one activation row (decode), with
 // NORM the norm folded in: the finished dot products in `out` on every
 // lane. The quantized types load the activations once for all rows.
@@ -371,6 +430,15 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
             if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
+        case GGML_Q5_0: dot_cols_coded<GGML_Q5_0, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_1: dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_IQ4_NL: dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q2_K: dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q3_K: dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q4_K: dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_K: dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q6_K: dot_cols_coded<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_IQ4_XS: dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
         default:
             dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out);
             return;

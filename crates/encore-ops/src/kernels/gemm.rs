@@ -26,6 +26,15 @@
 //! by part (four products): within about `2^-15 Σ|w x|` of the f32
 //! product, over f32's whole range.
 //!
+//! Q5_0, Q5_1, IQ4_NL and the super-block types (K-quants, IQ4_XS) are
+//! decoded to f32 as the CPU dequantizes them and rounded to f16 as they
+//! are loaded (one decoder for all of them; Q2_K, Q3_K and Q6_K change
+//! scales every 16 positions, within a step), then multiplied as F16
+//! weights are: weights and activations
+//! each within `2^-12` of their values, so the result is within about
+//! `2^-11 Σ|w x|` of the f32 product. Model weights lie far inside f16's
+//! range; one beyond it would become infinite.
+//!
 //! CUDA: `cuda/gemm.cu`, with the tensor-core helpers it shares with the
 //! prefill attention in `cuda/mma.cuh`.
 

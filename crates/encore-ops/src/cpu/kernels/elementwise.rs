@@ -391,6 +391,57 @@ pub(crate) fn silu_mul(a: &CpuArgs<'_>) -> Result<(), String> {
     Ok(())
 }
 
+/// GELU, tanh approximation, in f32.
+#[inline]
+pub fn gelu(v: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * (1.0 + COEF_A * v * v)).tanh())
+}
+
+/// GELU as llama.cpp's CPU backend computes it: 0 below -10, the identity
+/// above 10, and between them [`gelu`] of the input rounded to f16, itself
+/// rounded to f16 (ggml's lookup table).
+#[inline]
+pub fn gelu_like_ggml(v: f32) -> f32 {
+    use half::f16;
+    if v <= -10.0 {
+        0.0
+    } else if v >= 10.0 {
+        v
+    } else {
+        f16::from_f32(gelu(f16::from_f32(v).to_f32())).to_f32()
+    }
+}
+
+/// The CPU body of `gelu_mul`.
+pub(crate) fn gelu_mul(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = GeluMulArgs::from_cpu(a)?;
+    let n = args.n as usize;
+    let (g, u, y) = (
+        args.g.read::<f32>()?,
+        args.u.read::<f32>()?,
+        args.y.write::<f32>()?,
+    );
+    super::need("g", g, n)?;
+    super::need("u", u, n)?;
+    super::need("y", y, n)?;
+    for ((y, g), u) in y[..n].iter_mut().zip(g).zip(u) {
+        *y = gelu_like_ggml(*g) * u;
+    }
+    Ok(())
+}
+
+/// The CPU body of `scale`.
+pub(crate) fn scale(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = ScaleArgs::from_cpu(a)?;
+    let (n, s) = (args.shape.n as usize, args.shape.s);
+    let y = args.y.write::<f32>()?;
+    super::need("y", y, n)?;
+    y[..n].iter_mut().for_each(|v| *v *= s);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,55 +577,4 @@ mod tests {
             assert_eq!(ggml_expf(x).to_bits(), bits, "e^{x}");
         }
     }
-}
-
-/// GELU, tanh approximation, in f32.
-#[inline]
-pub fn gelu(v: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const COEF_A: f32 = 0.044_715;
-    0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * (1.0 + COEF_A * v * v)).tanh())
-}
-
-/// GELU as llama.cpp's CPU backend computes it: 0 below -10, the identity
-/// above 10, and between them [`gelu`] of the input rounded to f16, itself
-/// rounded to f16 (ggml's lookup table).
-#[inline]
-pub fn gelu_like_ggml(v: f32) -> f32 {
-    use half::f16;
-    if v <= -10.0 {
-        0.0
-    } else if v >= 10.0 {
-        v
-    } else {
-        f16::from_f32(gelu(f16::from_f32(v).to_f32())).to_f32()
-    }
-}
-
-/// The CPU body of `gelu_mul`.
-pub(crate) fn gelu_mul(a: &CpuArgs<'_>) -> Result<(), String> {
-    let args = GeluMulArgs::from_cpu(a)?;
-    let n = args.n as usize;
-    let (g, u, y) = (
-        args.g.read::<f32>()?,
-        args.u.read::<f32>()?,
-        args.y.write::<f32>()?,
-    );
-    super::need("g", g, n)?;
-    super::need("u", u, n)?;
-    super::need("y", y, n)?;
-    for ((y, g), u) in y[..n].iter_mut().zip(g).zip(u) {
-        *y = gelu_like_ggml(*g) * u;
-    }
-    Ok(())
-}
-
-/// The CPU body of `scale`.
-pub(crate) fn scale(a: &CpuArgs<'_>) -> Result<(), String> {
-    let args = ScaleArgs::from_cpu(a)?;
-    let (n, s) = (args.shape.n as usize, args.shape.s);
-    let y = args.y.write::<f32>()?;
-    super::need("y", y, n)?;
-    y[..n].iter_mut().for_each(|v| *v *= s);
-    Ok(())
 }

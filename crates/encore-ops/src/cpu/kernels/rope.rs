@@ -159,16 +159,23 @@ mod tests {
         for neox in [false, true] {
             let mut x = x0.clone();
             rope_head_scaled(&mut x, pos, d, base, neox, Some(&factors));
-            for i in 0..d / 2 {
-                let (ia, ib) = if neox { (i, i + d / 2) } else { (2 * i, 2 * i + 1) };
+            for (i, &factor) in factors.iter().enumerate() {
+                let (ia, ib) = if neox {
+                    (i, i + d / 2)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let theta = f64::from(pos) * f64::from(base).powf(-2.0 * i as f64 / d as f64)
-                    / f64::from(factors[i]);
+                    / f64::from(factor);
                 let (s, c) = theta.sin_cos();
                 let (a, b) = (f64::from(x0[ia]), f64::from(x0[ib]));
                 // The f32 angle recurrence drifts by ~1e-6 relative over the
                 // pairs: at angles near 3000 that is a few 1e-3.
                 for (got, want) in [(x[ia], a * c - b * s), (x[ib], a * s + b * c)] {
-                    assert!((f64::from(got) - want).abs() < 1e-2, "pair {i}: {got} vs {want}");
+                    assert!(
+                        (f64::from(got) - want).abs() < 1e-2,
+                        "pair {i}: {got} vs {want}"
+                    );
                 }
             }
             // Without factors the rotation differs: the test sees them.
