@@ -10,6 +10,11 @@ use encore::{parallel, CpuArgs};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+#[cfg(target_arch = "x86_64")]
+use super::elementwise::avx512;
+#[cfg(not(target_arch = "x86_64"))]
+use super::elementwise::ggml_expf_avx512;
+use super::elementwise::{ggml_expf, GgmlVector};
 use crate::kernels::attention::{AttnArgs, AttnShape, KvArgs, MAX_HEAD_DIM};
 
 /// The CPU body of `kv_store`.
@@ -405,8 +410,8 @@ pub fn transpose_k_tiles(k: &[f32], len: usize, kv_heads: usize, hd: usize, kt: 
 /// Per tile of [`FA_TILE_KV`] positions: f32 scores, each a chain of fused
 /// multiply-adds over the dimensions, times `scale`; the running maximum
 /// moves to the tile's, rescaling the sum and the f32 accumulator by `exp`;
-/// the weights are [`ggml_expf`](super::elementwise::ggml_expf) of the score
-/// minus the maximum, summed eight lanes at a time into an f64 total; each
+/// the weights are `e^x` of the score minus the maximum, in this CPU's
+/// [`GgmlVector`] form, summed a vector at a time into an f64 total; each
 /// output element adds the tile's `weight * V` in position order, fused.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_head_tiled(
@@ -462,6 +467,7 @@ fn attend_head_tiled_with(
     let hd = q.len().min(out.len());
     let acc = &mut out[..hd];
     acc.fill(0.0);
+    let form = GgmlVector::detect();
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
     let mut p = [0.0f32; T];
     let (first, len) = (span.start, span.end);
@@ -494,20 +500,7 @@ fn attend_head_tiled_with(
             sum *= ms;
         }
         m = m_new;
-        let mut total = 0.0f64;
-        for lanes in p.chunks_exact_mut(8) {
-            for x in lanes.iter_mut() {
-                *x = super::elementwise::ggml_expf(*x - m);
-            }
-            // ggml's horizontal sum of eight lanes.
-            let w = [
-                lanes[0] + lanes[4],
-                lanes[1] + lanes[5],
-                lanes[2] + lanes[6],
-                lanes[3] + lanes[7],
-            ];
-            total += f64::from((w[0] + w[2]) + (w[1] + w[3]));
-        }
+        let total = softmax_weights(form, &mut p, m);
         sum = (f64::from(sum) + total) as f32;
         for (j, &pj) in p[..n].iter().enumerate() {
             let base = (t0 + j) * kv_dim + kv_off;
@@ -518,6 +511,48 @@ fn attend_head_tiled_with(
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     acc.iter_mut().for_each(|a| *a *= inv);
+}
+
+/// Replaces each score `x` of a tile with its weight `e^(x - m)` and returns
+/// their sum, as ggml's `ggml_vec_soft_max_f32` computes them in `form`: the
+/// lanes of each vector summed across (8 lanes: halves, then pairs; 16: as
+/// GCC's `_mm512_reduce_add_ps`), each vector's sum added to an f64 total.
+#[inline(always)]
+fn softmax_weights(form: GgmlVector, p: &mut [f32; FA_TILE_KV], m: f32) -> f64 {
+    let mut total = 0.0f64;
+    match form {
+        GgmlVector::Avx2 => {
+            for lanes in p.chunks_exact_mut(8) {
+                for x in lanes.iter_mut() {
+                    *x = ggml_expf(*x - m);
+                }
+                let w: [f32; 4] = std::array::from_fn(|i| lanes[i] + lanes[i + 4]);
+                total += f64::from((w[0] + w[2]) + (w[1] + w[3]));
+            }
+        }
+        GgmlVector::Avx512 => {
+            for lanes in p.chunks_exact_mut(16) {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    use std::arch::x86_64::*;
+                    // SAFETY: `detect` returns Avx512 only where the CPU has
+                    // AVX-512 F and DQ; `lanes` holds 16 floats.
+                    unsafe {
+                        let x = _mm512_sub_ps(_mm512_loadu_ps(lanes.as_ptr()), _mm512_set1_ps(m));
+                        _mm512_storeu_ps(lanes.as_mut_ptr(), avx512::expf(x));
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                for x in lanes.iter_mut() {
+                    *x = ggml_expf_avx512(*x - m);
+                }
+                let h: [f32; 8] = std::array::from_fn(|i| lanes[i + 8] + lanes[i]);
+                let q: [f32; 4] = std::array::from_fn(|i| h[i + 4] + h[i]);
+                total += f64::from((q[0] + q[2]) + (q[1] + q[3]));
+            }
+        }
+    }
+    total
 }
 
 /// Per-thread scratch of the tiled CPU attention: the cache's K and V widened to

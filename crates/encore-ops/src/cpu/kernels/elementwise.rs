@@ -1,6 +1,7 @@
 //! The CPU bodies of the elementwise operations
 //! ([`crate::kernels::elementwise`]), and the math they share with the
-//! fused kernels: `e^x` as [`ggml_expf`], as in llama.cpp's SwiGLU.
+//! fused kernels: `e^x` as [`ggml_expf`] (or [`ggml_expf_avx512`], see
+//! [`GgmlVector`]), as in llama.cpp's SwiGLU.
 
 use encore::CpuArgs;
 
@@ -46,15 +47,106 @@ pub fn ggml_expf(x: f32) -> f32 {
     }
 }
 
-/// `v / (1 + e^-v)` with [`ggml_expf`], as ggml's `ggml_v_silu`.
+/// `e^x` as ggml's AVX-512 `ggml_v_expf` computes it, one lane at a time:
+/// the polynomial of [`ggml_expf`], but with its leading 1 added inside the
+/// last fused multiply-add, and scaled by `2^n` with one rounding
+/// (`vscalefps`); past `|n| > 192`, 0 or infinity.
 #[inline]
-pub fn silu(v: f32) -> f32 {
-    v / (1.0 + ggml_expf(0.0 - v))
+pub fn ggml_expf_avx512(x: f32) -> f32 {
+    const SHIFT: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+    const C0: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+    const C1: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+    const C2: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+    const C3: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+    const C4: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+    /// `2^e` for a normal exponent `e`.
+    fn pow2(e: i32) -> f32 {
+        f32::from_bits(((e + 127) as u32) << 23)
+    }
+    let z = x.mul_add(LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let u = b * b;
+    let j = C0
+        .mul_add(b, C1)
+        .mul_add(u, C2.mul_add(b, C3))
+        .mul_add(u, C4.mul_add(b, 1.0));
+    if n.is_nan() {
+        return n;
+    }
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // `n` is an integer here. Within ±126 `2^n` is a normal float and one
+    // product rounds once, as `scalef` does; further out, a first exact
+    // product brings the exponent within range of the second, which rounds.
+    let n = n as i32;
+    if n.abs() <= 126 {
+        j * pow2(n)
+    } else if n > 0 {
+        j * pow2(n - 100) * pow2(100)
+    } else {
+        j * pow2(n + 100) * pow2(-100)
+    }
 }
 
-fn silu_mul_rows(g: &[f32], u: &[f32], y: &mut [f32]) {
+/// Which of ggml's vector forms llama.cpp follows on this CPU. A native
+/// llama.cpp build on a CPU with AVX-512 (F and DQ) computes `e^x` (SwiGLU,
+/// the softmax of its flash attention) with `ggml_v_expf`'s AVX-512 form,
+/// which rounds differently from the AVX2 form, and sums softmax weights 16
+/// lanes at a time. Small as they are, these differences flip the rounding
+/// of 8-bit activations now and then, and from there the two engines'
+/// results part, by as much as a different quantization would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlVector {
+    /// [`ggml_expf`]; softmax weights summed 8 lanes at a time.
+    Avx2,
+    /// [`ggml_expf_avx512`]; softmax weights summed 16 lanes at a time.
+    Avx512,
+}
+
+impl GgmlVector {
+    /// The form for this CPU: [`GgmlVector::Avx512`] where it has AVX-512 F
+    /// and DQ, else [`GgmlVector::Avx2`].
+    #[inline]
+    pub fn detect() -> GgmlVector {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
+            return GgmlVector::Avx512;
+        }
+        GgmlVector::Avx2
+    }
+
+    /// `e^x` in this form.
+    #[inline]
+    pub fn expf(self, x: f32) -> f32 {
+        match self {
+            GgmlVector::Avx2 => ggml_expf(x),
+            GgmlVector::Avx512 => ggml_expf_avx512(x),
+        }
+    }
+
+    /// `v / (1 + e^-v)` in this form, as ggml's `ggml_v_silu`.
+    #[inline]
+    pub fn silu(self, v: f32) -> f32 {
+        v / (1.0 + self.expf(0.0 - v))
+    }
+}
+
+/// `v / (1 + e^-v)` with [`ggml_expf`], as ggml's AVX2 `ggml_v_silu`.
+#[inline]
+pub fn silu(v: f32) -> f32 {
+    GgmlVector::Avx2.silu(v)
+}
+
+fn silu_mul_rows(form: GgmlVector, g: &[f32], u: &[f32], y: &mut [f32]) {
     for ((y, g), u) in y.iter_mut().zip(g).zip(u) {
-        *y = silu(*g) * u;
+        *y = form.silu(*g) * u;
     }
 }
 
@@ -141,7 +233,96 @@ mod avx2 {
                 _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
             }
         }
-        super::silu_mul_rows(&g[body..n], &u[body..n], &mut y[body..n]);
+        super::silu_mul_rows(
+            super::GgmlVector::Avx2,
+            &g[body..n],
+            &u[body..n],
+            &mut y[body..n],
+        );
+    }
+}
+
+/// AVX-512 versions of [`ggml_expf_avx512`] and [`silu_mul_rows`], 16 lanes
+/// at a time: ggml's AVX-512 `ggml_v_expf` and `ggml_v_silu` instruction for
+/// instruction.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// [`ggml_expf_avx512`](super::ggml_expf_avx512) of each lane.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(in super::super) fn expf(x: __m512) -> __m512 {
+        let r = _mm512_set1_ps(f32::from_bits(0x4b40_0000));
+        let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(
+            n,
+            _mm512_set1_ps(f32::from_bits(0x35bf_be8e)),
+            _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x3f31_7200)), x),
+        );
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(
+                    _mm512_set1_ps(f32::from_bits(0x3c07_2010)),
+                    b,
+                    _mm512_set1_ps(f32::from_bits(0x3d2b_9f17)),
+                ),
+                u,
+                _mm512_fmadd_ps(
+                    _mm512_set1_ps(f32::from_bits(0x3e2a_af33)),
+                    b,
+                    _mm512_set1_ps(f32::from_bits(0x3eff_fedb)),
+                ),
+            ),
+            u,
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(f32::from_bits(0x3f7f_fff6)),
+                b,
+                _mm512_set1_ps(1.0),
+            ),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let zero = _mm512_setzero_ps();
+        let alt = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
+            _mm512_set1_ps(f32::INFINITY),
+            zero,
+        );
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    /// [`silu_mul_rows`](super::silu_mul_rows), 16 elements at a time and
+    /// the rest one at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F and DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn silu_mul_rows(g: &[f32], u: &[f32], y: &mut [f32]) {
+        let n = y.len().min(g.len()).min(u.len());
+        let body = n - n % 16;
+        let one = _mm512_set1_ps(1.0);
+        for i in (0..body).step_by(16) {
+            // SAFETY: i + 16 <= n for all three slices; accesses are unaligned.
+            unsafe {
+                let x = _mm512_loadu_ps(g.as_ptr().add(i));
+                let e = expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
+                let silu = _mm512_div_ps(x, _mm512_add_ps(one, e));
+                let r = _mm512_mul_ps(silu, _mm512_loadu_ps(u.as_ptr().add(i)));
+                _mm512_storeu_ps(y.as_mut_ptr().add(i), r);
+            }
+        }
+        super::silu_mul_rows(
+            super::GgmlVector::Avx512,
+            &g[body..n],
+            &u[body..n],
+            &mut y[body..n],
+        );
     }
 }
 
@@ -150,16 +331,24 @@ pub fn add_into(y: &mut [f32], x: &[f32]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += x);
 }
 
-/// `y[i] = silu(g[i]) * u[i]`, in AVX2 where the CPU has it (the results are
-/// the same either way: `mul_add` is always fused).
+/// `y[i] = silu(g[i]) * u[i]` in this CPU's [`GgmlVector`] form, with SIMD
+/// where the CPU has it (the results are the same either way: `mul_add` is
+/// always fused).
 pub fn silu_mul_into(g: &[f32], u: &[f32], y: &mut [f32]) {
+    let form = GgmlVector::detect();
+    #[cfg(target_arch = "x86_64")]
+    if form == GgmlVector::Avx512 {
+        // SAFETY: `detect` found AVX-512 F and DQ.
+        unsafe { avx512::silu_mul_rows(g, u, y) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU features were just detected.
         unsafe { avx2::silu_mul_rows(g, u, y) };
         return;
     }
-    silu_mul_rows(g, u, y);
+    silu_mul_rows(form, g, u, y);
 }
 
 /// The CPU body of `add`.
@@ -289,7 +478,7 @@ mod tests {
             .map(|_| (next() >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0)
             .collect();
         let mut scalar = vec![0.0; g.len()];
-        silu_mul_rows(&g, &u, &mut scalar);
+        silu_mul_rows(GgmlVector::detect(), &g, &u, &mut scalar);
         let mut fast = vec![0.0; g.len()];
         silu_mul_into(&g, &u, &mut fast);
         for (i, (a, b)) in fast.iter().zip(&scalar).enumerate() {
@@ -322,6 +511,40 @@ mod tests {
             unsafe { _mm256_storeu_ps(got.as_mut_ptr(), avx2::expf(_mm256_loadu_ps(c.as_ptr()))) };
             for (x, g) in c.iter().zip(got) {
                 let want = ggml_expf(*x);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "e^{x}: {g} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_ggml_expf_equals_the_scalar_one() {
+        use std::arch::x86_64::*;
+        if GgmlVector::detect() != GgmlVector::Avx512 {
+            return;
+        }
+        // Every 997th float, both signs, and the edges of the scaling ranges.
+        let mut xs: Vec<f32> = (0..u32::MAX / 997)
+            .map(|i| f32::from_bits(i * 997))
+            .filter(|x| !x.is_nan())
+            .collect();
+        for e in [
+            -87.0f32, -87.4, -88.0, -88.8, -100.0, -103.9, -104.0, -133.0, -134.0,
+        ] {
+            xs.extend([e, e - 0.3, e + 0.3, -e, -e + 0.3, -e - 0.3]);
+        }
+        xs.resize(xs.len().next_multiple_of(16), 0.0);
+        for c in xs.chunks_exact(16) {
+            let mut got = [0.0f32; 16];
+            // SAFETY: `detect` found AVX-512 F and DQ; `c` and `got` hold 16 floats.
+            unsafe {
+                _mm512_storeu_ps(got.as_mut_ptr(), avx512::expf(_mm512_loadu_ps(c.as_ptr())))
+            };
+            for (x, g) in c.iter().zip(got) {
+                let want = ggml_expf_avx512(*x);
                 assert!(
                     g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
                     "e^{x}: {g} vs {want}"
