@@ -410,8 +410,20 @@ pub fn gelu_like_ggml(v: f32) -> f32 {
     } else if v >= 10.0 {
         v
     } else {
-        f16::from_f32(gelu(f16::from_f32(v).to_f32())).to_f32()
+        gelu_table()[f16::from_f32(v).to_bits() as usize].to_f32()
     }
+}
+
+/// [`gelu`] of every f16 value, rounded to f16, by the value's bits: built
+/// once (65 536 entries, 128 KiB), so that GELU costs a lookup.
+fn gelu_table() -> &'static [half::f16] {
+    use half::f16;
+    static TABLE: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| f16::from_f32(gelu(f16::from_bits(bits).to_f32())))
+            .collect()
+    })
 }
 
 /// The CPU body of `gelu_mul`.
@@ -426,9 +438,14 @@ pub(crate) fn gelu_mul(a: &CpuArgs<'_>) -> Result<(), String> {
     super::need("g", g, n)?;
     super::need("u", u, n)?;
     super::need("y", y, n)?;
-    for ((y, g), u) in y[..n].iter_mut().zip(g).zip(u) {
-        *y = gelu_like_ggml(*g) * u;
-    }
+    // Chunks of 4096 elements across the worker threads.
+    const CHUNK: usize = 4096;
+    encore::parallel::for_each_chunk_mut(&mut y[..n], CHUNK, |c, y| {
+        let at = c * CHUNK;
+        for ((y, g), u) in y.iter_mut().zip(&g[at..]).zip(&u[at..]) {
+            *y = gelu_like_ggml(*g) * u;
+        }
+    });
     Ok(())
 }
 
@@ -575,6 +592,31 @@ mod tests {
             (f32::NEG_INFINITY, 0),
         ] {
             assert_eq!(ggml_expf(x).to_bits(), bits, "e^{x}");
+        }
+    }
+
+    #[test]
+    fn gelu_follows_ggml_table_semantics() {
+        use half::f16;
+        for i in 0..20_000 {
+            let v = (i as f32 - 10_000.0) / 800.0; // -12.5 .. 12.5
+            let got = gelu_like_ggml(v);
+            // The lookup is the f32 formula of the f16 input, rounded to f16.
+            let direct = if v <= -10.0 {
+                0.0
+            } else if v >= 10.0 {
+                v
+            } else {
+                f16::from_f32(gelu(f16::from_f32(v).to_f32())).to_f32()
+            };
+            assert_eq!(got.to_bits(), direct.to_bits(), "gelu({v})");
+            // And the formula is GELU: against f64 where f32 does not cancel.
+            if (-3.0..10.0).contains(&v) {
+                let x = f64::from(f16::from_f32(v).to_f32());
+                let want = 0.5 * x * (1.0 + (0.797_884_560_8 * (x + 0.044_715 * x * x * x)).tanh());
+                let tol = want.abs().max(1e-4) / 512.0;
+                assert!((f64::from(got) - want).abs() <= tol, "gelu({v}) = {got}, want {want}");
+            }
         }
     }
 }
