@@ -615,7 +615,10 @@ mod tests {
                 let x = f64::from(f16::from_f32(v).to_f32());
                 let want = 0.5 * x * (1.0 + (0.797_884_560_8 * (x + 0.044_715 * x * x * x)).tanh());
                 let tol = want.abs().max(1e-4) / 512.0;
-                assert!((f64::from(got) - want).abs() <= tol, "gelu({v}) = {got}, want {want}");
+                assert!(
+                    (f64::from(got) - want).abs() <= tol,
+                    "gelu({v}) = {got}, want {want}"
+                );
             }
         }
     }
