@@ -10,7 +10,8 @@
 //
 // Lane layout: in Q8_0, Q4_0 and Q4_1 four lanes share a 32-weight block,
 // each taking 8 weights (Q4: bytes `4s..4s+4` of `qs`, i.e. weights
-// `4s..4s+4` and `16+4s..16+4s+4`), so a warp step covers 8 consecutive
+// `4s..4s+4` and `16+4s..16+4s+4`; Q5_0 in one activation row the same,
+// with the fifth bits from `qh`), so a warp step covers 8 consecutive
 // blocks; float weights take 8 consecutive elements a lane, 256 a step.
 // Every element of a row is touched by exactly one lane. Each lane loads the
 // weights of `MM_STEPS` steps into registers before using any, so that many
@@ -27,6 +28,9 @@
 // go as float weights do: each lane decodes 8 consecutive weights to f32
 // (the CPU's dequantized values) and multiplies them with the activations,
 // 256 a warp step; several columns take one pass each (dot_cols_coded).
+// Q5_0 against one activation row (decode) goes as Q4_0 does instead
+// (dot_cols_quant): `d Σ (q - 16) x`, its codes formed as signed bytes
+// from the nibbles and the fifth bits; Q6_K as dot_q6_k says.
 
 #include "matmul_dots.cuh"
 #include "quant_codes.cuh"
@@ -212,8 +216,8 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
 
 // The weight words of one pass of dot_cols_quant over N rows: each row's
 // scale word and codes for every step (Q8_0: 8 codes in lo and hi; Q4: 8
-// nibbles in lo), and with a norm folded in, the lane's norm weights of
-// each step.
+// nibbles in lo; Q5_0: 8 nibbles in lo and the block's fifth bits `qh` in
+// hi), and with a norm folded in, the lane's norm weights of each step.
 template <int N>
 struct QuantPass {
     unsigned int head[N][DOT_STEPS], lo[N][DOT_STEPS], hi[N][DOT_STEPS];
@@ -221,7 +225,7 @@ struct QuantPass {
 };
 
 // The first and the fifth of the 8 activations a lane takes in block `b`
-// (Q8_0: 8 consecutive; Q4: 4 and the 4 that sit 16 further).
+// (Q8_0: 8 consecutive; Q4 and Q5_0: 4 and the 4 that sit 16 further).
 template <unsigned int TYPE>
 __device__ __forceinline__ void quant_lane_elements(unsigned int b, unsigned int lane, unsigned int& e,
                                                     unsigned int& e2) {
@@ -250,7 +254,7 @@ __device__ __forceinline__ void norm_pass_load(const float* __restrict__ g, unsi
 template <unsigned int TYPE, int N>
 __device__ __forceinline__ void quant_pass_load(const unsigned char* const* rows, unsigned int nb, unsigned int base,
                                                 unsigned int lane, QuantPass<N>& w) {
-    const unsigned int bytes = TYPE == GGML_Q4_1 ? 20u : TYPE == GGML_Q4_0 ? 18u : 34u;
+    const unsigned int bytes = TYPE == GGML_Q4_1 ? 20u : TYPE == GGML_Q4_0 ? 18u : TYPE == GGML_Q5_0 ? 22u : 34u;
     const unsigned int sub = lane & 3;
 #pragma unroll
     for (int u = 0; u < DOT_STEPS; ++u) {
@@ -268,6 +272,11 @@ __device__ __forceinline__ void quant_pass_load(const unsigned char* const* rows
             } else if (TYPE == GGML_Q4_0) {
                 w.head[c][u] = h[0];
                 w.lo[c][u] = (unsigned int)h[1 + 2 * sub] | ((unsigned int)h[2 + 2 * sub] << 16);
+            } else if (TYPE == GGML_Q5_0) {
+                // d, qh (2 bytes on), qs (6 bytes on).
+                w.head[c][u] = h[0];
+                w.hi[c][u] = (unsigned int)h[1] | ((unsigned int)h[2] << 16);
+                w.lo[c][u] = (unsigned int)h[3 + 2 * sub] | ((unsigned int)h[4 + 2 * sub] << 16);
             } else {
                 w.head[c][u] = h[0];
                 w.lo[c][u] = (unsigned int)h[1 + 4 * sub] | ((unsigned int)h[2 + 4 * sub] << 16);
@@ -299,14 +308,16 @@ __device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsig
         case GGML_Q4_1: quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w); return;
         case GGML_Q4_0: quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w); return;
         case GGML_Q8_0: quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w); return;
+        case GGML_Q5_0: quant_pass_first_of<GGML_Q5_0, N>(rows, g, k, lane, w); return;
         default: return;
     }
 }
 
-// Q4_0, Q4_1 and Q8_0: per-lane partial dot products of N weight rows
+// Q4_0, Q4_1, Q5_0 and Q8_0: per-lane partial dot products of N weight rows
 // (`rows[c]`) with one activation row, whose elements each lane loads once
 // for all N rows (and, with NORM, multiplies by `g` and squares into `sq`).
-// Lane layout and arithmetic as in dot_q4 and dot_q8_0.
+// Lane layout and arithmetic as in dot_q4 and dot_q8_0; Q5_0 as Q4_0 with
+// signed codes `q - 16` (so `d Σ (q - 16) x`).
 //
 // A pass covers DOT_STEPS steps of 8 blocks. Every load of a pass (weights,
 // activations, norm weights) is issued before any of them is used, from
@@ -373,6 +384,23 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
                         dot = fmaf((float)(signed char)((word >> (8 * (i & 3))) & 0xffu), xv[u][i], dot);
                     }
                     acc[c] = live[u] ? fmaf(d, dot, acc[c]) : acc[c];
+                } else if (TYPE == GGML_Q5_0) {
+                    // Weights 4s..4s+4 take the low nibbles and bits 4s..4s+4
+                    // of qh, weights 16+4s.. the high nibbles and bits 16+4s..
+                    const unsigned int sub = lane & 3;
+                    const unsigned int qh = w.hi[c][u];
+                    const unsigned int nl = w.lo[c][u] & 0x0f0f0f0fu, nh = (w.lo[c][u] >> 4) & 0x0f0f0f0fu;
+                    // q - 16 as a signed byte: the nibble where the fifth bit
+                    // is set, else the nibble with its byte's top four bits set.
+                    const unsigned int ql = nl | ((~fifth_bits4(qh, sub) & 0x10101010u) * 15u);
+                    const unsigned int qu = nh | ((~fifth_bits4(qh, 4 + sub) & 0x10101010u) * 15u);
+                    float dot = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        dot = fmaf((float)(signed char)((ql >> (8 * i)) & 0xffu), xv[u][i], dot);
+                        dot = fmaf((float)(signed char)((qu >> (8 * i)) & 0xffu), xv[u][4 + i], dot);
+                    }
+                    acc[c] = live[u] ? fmaf(d, dot, acc[c]) : acc[c];
                 } else {
                     float nx = 0.f;
 #pragma unroll
@@ -387,6 +415,92 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
             }
         }
     }
+}
+
+// Super-blocks of Q6_K a pass of dot_q6_k.
+#define Q6_STEPS 4
+
+// Q6_K against one activation row: per-lane partial sums of one weight row
+// (`acc`; with NORM, the squares of the activations in `sq`). Lane `l` takes
+// weights `8l..8l+8` of each super-block (within one 16-weight scale
+// group), so a warp step is one super-block and every lane of a step is
+// live; Q6_STEPS steps' weights and activations are loaded before any is
+// used. Per lane and super-block: `(d sc) Σ (q - 32) x`. Blocks are 210
+// bytes, so their fields are read as 16-bit words.
+template <bool VEC, bool NORM>
+__device__ __forceinline__ void dot_q6_k(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                                         const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                         float& acc, float& sq) {
+    const unsigned int nb = k / 256;
+    // Weight 8 lane = 128 h + 32 s + l: low bits in ql[64 h + 32 (s % 2) + l]
+    // (high nibbles for s >= 2), high bits in qh[32 h + l] from bit 2 s.
+    const unsigned int h = lane / 16, s = (lane % 16) / 4, l = 8 * (lane % 4);
+    const unsigned int ql_at = 64 * h + 32 * (s % 2) + l, qh_at = 128 + 32 * h + l;
+    const unsigned int low_shift = s >= 2 ? 4 : 0;
+    for (unsigned int b0 = 0; b0 < nb; b0 += Q6_STEPS) {
+        unsigned int lo[Q6_STEPS][2], hi[Q6_STEPS][2], head[Q6_STEPS];
+        float xv[Q6_STEPS][8], gv[Q6_STEPS][8];
+#pragma unroll
+        for (int u = 0; u < Q6_STEPS; ++u) {
+            if (b0 + u >= nb) break;
+            const unsigned char* blk = row + (size_t)(b0 + u) * 210;
+            const unsigned short* ql = reinterpret_cast<const unsigned short*>(blk + ql_at);
+            const unsigned short* qh = reinterpret_cast<const unsigned short*>(blk + qh_at);
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                lo[u][w] = (unsigned int)ql[2 * w] | ((unsigned int)ql[2 * w + 1] << 16);
+                hi[u][w] = (unsigned int)qh[2 * w] | ((unsigned int)qh[2 * w + 1] << 16);
+            }
+            // d, and the lane's scale (byte 192 + lane / 2) in the top half.
+            head[u] = (unsigned int)*reinterpret_cast<const unsigned short*>(blk + 208) |
+                      ((unsigned int)blk[192 + lane / 2] << 16);
+            const unsigned int e = (b0 + u) * 256 + 8 * lane;
+            load4<VEC>(x + e, xv[u]);
+            load4<VEC>(x + e + 4, xv[u] + 4);
+            if (NORM) {
+                load4<VEC>(g + e, gv[u]);
+                load4<VEC>(g + e + 4, gv[u] + 4);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < Q6_STEPS; ++u) {
+            if (b0 + u >= nb) break;
+            if (NORM) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    sq = fmaf(xv[u][i], xv[u][i], sq);
+                    xv[u][i] *= gv[u][i];
+                }
+            }
+            float dot = 0.f;
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                const unsigned int q =
+                    ((lo[u][w] >> low_shift) & 0x0f0f0f0fu) | (((hi[u][w] >> (2 * s)) & 0x03030303u) << 4);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) dot = fmaf((float)((int)((q >> (8 * i)) & 0xffu) - 32), xv[u][4 * w + i], dot);
+            }
+            const float d = f16_to_f32((f16_bits)(head[u] & 0xffffu));
+            const float sc = (float)(signed char)(head[u] >> 16);
+            acc = fmaf(__fmul_rn(d, sc), dot, acc);
+        }
+    }
+}
+
+// Q6_K against one activation row, N weight rows one at a time: the
+// finished dot products in `out` on every lane.
+template <bool VEC, bool NORM, int N>
+__device__ __forceinline__ void dot_cols_q6_k(const unsigned char* const* rows, const float* __restrict__ x,
+                                              const float* __restrict__ g, unsigned int k, float eps,
+                                              unsigned int lane, float* out) {
+    float sq = 0.f;
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+        float other = 0.f;
+        out[c] = 0.f;
+        dot_q6_k<VEC, NORM>(rows[c], x, g, k, lane, out[c], c == 0 ? sq : other);
+    }
+    dot_cols_finish<NORM, N>(out, sq, k, eps);
 }
 
 // The types of quant_codes.cuh against one activation row, N weight rows
@@ -430,14 +544,20 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
             if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
-        case GGML_Q5_0: dot_cols_coded<GGML_Q5_0, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_0:
+            if (x16) dot_cols_quant<GGML_Q5_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            else dot_cols_quant<GGML_Q5_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
+            break;
         case GGML_Q5_1: dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, eps, lane, out); return;
         case GGML_IQ4_NL: dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, eps, lane, out); return;
         case GGML_Q2_K: dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
         case GGML_Q3_K: dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
         case GGML_Q4_K: dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
         case GGML_Q5_K: dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q6_K: dot_cols_coded<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q6_K:
+            if (x16) dot_cols_q6_k<true, NORM, N>(rows, x, g, k, eps, lane, out);
+            else dot_cols_q6_k<false, NORM, N>(rows, x, g, k, eps, lane, out);
+            return;
         case GGML_IQ4_XS: dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
         default:
             dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out);
