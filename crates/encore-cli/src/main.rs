@@ -428,6 +428,13 @@ fn model_path(arg: &Option<OsString>) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// The model as `--model` named it, or the default catalog name.
+fn model_label(args: &ModelArgs) -> std::borrow::Cow<'_, str> {
+    args.model
+        .as_ref()
+        .map_or(catalog::DEFAULT.into(), |m| m.to_string_lossy())
+}
+
 /// Opens the device (tracing from the start when asked) and loads the model.
 fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
     let mut config = Config::from_env().map_err(|e| e.to_string())?;
@@ -552,7 +559,7 @@ fn perplexity_on(a: &PerplexityArgs, text: &str, device: &Device) -> CliResult {
     let mut out = Out::new();
     if a.json {
         let json = serde_json::json!({
-            "model": a.model.model.as_ref().map_or(catalog::DEFAULT.into(), |m| m.to_string_lossy()),
+            "model": model_label(&a.model),
             "device": device.name(),
             "ctx_size": a.ctx_size,
             "chunks": result.total_chunks,
@@ -641,7 +648,7 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
     if a.json {
         out.line(
             &serde_json::json!({
-                "model": a.model.model.as_ref().map_or(catalog::DEFAULT.into(), |m| m.to_string_lossy()),
+                "model": model_label(&a.model),
                 "device": device.name(),
                 "threads": device.config().cpu_threads(),
                 "prompt_tokens": a.prompt_tokens,

@@ -153,23 +153,14 @@ pub fn synthetic_like(template: &crate::gguf::GgufFile, seed: u64) -> Vec<u8> {
     }
     for t in template.tensors() {
         let n = t.n_elements as usize;
-        let data = if t.dims.len() == 1 && t.name.ends_with("norm.weight") {
-            (0..n)
+        let data = match (t.dims.len() == 1, t.dtype) {
+            (true, DType::F32) if t.name.ends_with("norm.weight") => (0..n)
                 .flat_map(|_| rng.uniform(0.8, 1.2).to_le_bytes())
-                .collect()
-        } else if t.dims.len() == 1 {
-            random_tensor(&mut rng, DType::F32, n, 0.05)
-        } else if t.name == "token_embd.weight" {
-            random_tensor(&mut rng, t.dtype, n, 1.0)
-        } else {
-            random_tensor(&mut rng, t.dtype, n, 0.2)
-        };
-        // A 1-D tensor stored in another type is rewritten as f32 values of
-        // its type only where sizes agree; the writer checks them.
-        let data = if t.dims.len() == 1 && t.dtype != DType::F32 {
-            random_tensor(&mut rng, t.dtype, n, 1.0)
-        } else {
-            data
+                .collect(),
+            (true, DType::F32) => random_tensor(&mut rng, DType::F32, n, 0.05),
+            (true, dtype) => random_tensor(&mut rng, dtype, n, 1.0),
+            _ if t.name == "token_embd.weight" => random_tensor(&mut rng, t.dtype, n, 1.0),
+            _ => random_tensor(&mut rng, t.dtype, n, 0.2),
         };
         // The writer fails only on duplicate names or size mismatches, which
         // a template read by the reader cannot produce.
