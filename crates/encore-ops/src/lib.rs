@@ -58,8 +58,10 @@ pub mod cpu;
 pub mod cuda;
 pub mod dtype;
 pub mod fusion;
+mod include;
 pub mod kernels;
 mod ops;
+pub mod wgsl;
 
 pub use args::CpuArg;
 pub use dtype::DType;

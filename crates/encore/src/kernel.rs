@@ -82,16 +82,7 @@ impl CudaKernel {
         CudaKernel {
             source: format!("{CUDA_PRELUDE}{}", source.into()),
             entry: entry.into(),
-            geometry: Arc::new(move |value: &[u8]| {
-                let v: T = bytemuck::try_pod_read_unaligned(value).map_err(|_| {
-                    format!(
-                        "launch geometry needs a value of {} bytes, got {}",
-                        std::mem::size_of::<T>(),
-                        value.len()
-                    )
-                })?;
-                geometry(&v)
-            }),
+            geometry: typed_geometry(geometry),
         }
     }
 
@@ -130,6 +121,95 @@ impl fmt::Debug for CudaKernel {
     }
 }
 
+/// The size of the word-offset table at the head of a WGSL kernel's
+/// argument block: at most this many buffer arguments per dispatch.
+pub const WGSL_MAX_BUFFERS: usize = 16;
+
+/// A WGSL implementation, for the wgpu backend: full source, the name of
+/// its `@compute` entry point, and how many workgroups a dispatch launches.
+///
+/// # The binding convention
+///
+/// - Buffer argument `i` (in the op's argument order) is
+///   `@group(0) @binding(i) var<storage, read> name: array<T>` when the
+///   dispatch reads it and `var<storage, read_write>` when it writes it,
+///   `T` a 4-byte type (`f32`, `u32`, `i32` or an atomic). The runtime binds
+///   the allocation from an aligned offset at or before the argument's first
+///   byte, so a kernel indexes element `j` of argument `i` as
+///   `name[args.off[i] + j]`.
+/// - The arguments' offsets and the dispatch's value come in
+///   `@group(1) @binding(0) var<storage, read> args: Args`, where `Args`
+///   begins with `off: array<u32, 16>` ([`WGSL_MAX_BUFFERS`]: the word offset
+///   of each buffer argument's first byte in its binding) and continues with
+///   the value's fields (the op's `#[repr(C)]` shape, field by field, all
+///   4-byte scalars or arrays of them).
+/// - A buffer argument of length zero is bound to a small placeholder.
+///
+/// The launch is `grid` workgroups (each at most 65,535); the workgroup size
+/// is the shader's own `@workgroup_size`, so [`Launch::block`] is unused.
+#[derive(Clone)]
+pub struct WgpuKernel {
+    pub source: String,
+    pub entry: String,
+    geometry: Geometry,
+}
+
+impl WgpuKernel {
+    /// `source` with entry point `entry`, launched as `geometry` computes
+    /// from the dispatch's value (one `Pod` of type `T`), or refused with
+    /// the reason it gives (a weight type it has no code for, say).
+    pub fn checked<T: bytemuck::Pod>(
+        source: impl Into<String>,
+        entry: impl Into<String>,
+        geometry: impl Fn(&T) -> std::result::Result<Launch, String> + Send + Sync + 'static,
+    ) -> WgpuKernel {
+        WgpuKernel {
+            source: source.into(),
+            entry: entry.into(),
+            geometry: typed_geometry(geometry),
+        }
+    }
+
+    /// Like [`WgpuKernel::checked`], for a kernel that launches every value.
+    pub fn new<T: bytemuck::Pod>(
+        source: impl Into<String>,
+        entry: impl Into<String>,
+        geometry: impl Fn(&T) -> Launch + Send + Sync + 'static,
+    ) -> WgpuKernel {
+        WgpuKernel::checked(source, entry, move |v: &T| Ok(geometry(v)))
+    }
+
+    /// The launch of a dispatch whose inline bytes are `value`.
+    pub fn launch(&self, value: &[u8]) -> std::result::Result<Launch, String> {
+        (self.geometry)(value)
+    }
+}
+
+impl fmt::Debug for WgpuKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WgpuKernel")
+            .field("entry", &self.entry)
+            .field("source_bytes", &self.source.len())
+            .finish()
+    }
+}
+
+/// A geometry function over raw value bytes from one over a typed value.
+fn typed_geometry<T: bytemuck::Pod>(
+    geometry: impl Fn(&T) -> std::result::Result<Launch, String> + Send + Sync + 'static,
+) -> Geometry {
+    Arc::new(move |value: &[u8]| {
+        let v: T = bytemuck::try_pod_read_unaligned(value).map_err(|_| {
+            format!(
+                "launch geometry needs a value of {} bytes, got {}",
+                std::mem::size_of::<T>(),
+                value.len()
+            )
+        })?;
+        geometry(&v)
+    })
+}
+
 /// A CPU implementation: a definition string (hashed into the kernel's key)
 /// and the body.
 #[derive(Clone)]
@@ -143,6 +223,7 @@ pub struct CpuKernel {
 pub enum Implementation {
     Cpu(CpuKernel),
     Cuda(CudaKernel),
+    Wgpu(WgpuKernel),
 }
 
 impl Implementation {
@@ -151,6 +232,7 @@ impl Implementation {
         match self {
             Implementation::Cpu(_) => BackendKind::Cpu,
             Implementation::Cuda(_) => BackendKind::Cuda,
+            Implementation::Wgpu(_) => BackendKind::Wgpu,
         }
     }
 
@@ -160,6 +242,7 @@ impl Implementation {
         match self {
             Implementation::Cpu(c) => [&c.definition, ""],
             Implementation::Cuda(c) => [&c.source, &c.entry],
+            Implementation::Wgpu(w) => [&w.source, &w.entry],
         }
     }
 }
@@ -233,6 +316,11 @@ impl KernelDef {
     /// Adds the CUDA implementation.
     pub fn cuda(self, kernel: CudaKernel) -> KernelDef {
         self.implementation(Implementation::Cuda(kernel))
+    }
+
+    /// Adds the WGSL implementation (see [`WgpuKernel`] for its bindings).
+    pub fn wgpu(self, kernel: WgpuKernel) -> KernelDef {
+        self.implementation(Implementation::Wgpu(kernel))
     }
 
     /// Declares that the CUDA kernel may be launched before the dispatches it
@@ -321,6 +409,13 @@ impl KernelDef {
     pub fn cpu_impl(&self) -> Option<&CpuFn> {
         match self.implementation_for(BackendKind::Cpu)? {
             Implementation::Cpu(c) => Some(&c.body),
+            _ => None,
+        }
+    }
+
+    pub fn wgpu_impl(&self) -> Option<&WgpuKernel> {
+        match self.implementation_for(BackendKind::Wgpu)? {
+            Implementation::Wgpu(w) => Some(w),
             _ => None,
         }
     }

@@ -80,6 +80,9 @@ pub enum BackendKind {
     Cpu,
     /// NVIDIA GPUs through the CUDA driver API and NVRTC.
     Cuda,
+    /// Any GPU through the `wgpu` crate (Vulkan, Metal, DirectX 12), with
+    /// WGSL kernels.
+    Wgpu,
 }
 
 impl BackendKind {
@@ -88,6 +91,7 @@ impl BackendKind {
         match self {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
         }
     }
 }

@@ -296,15 +296,11 @@ const FILES: &[(&str, &str)] = &[
     ("advance.cu", include_str!("advance.cu")),
 ];
 
-/// The text of `file` (a name in this folder) with every `#include
-/// "name.cuh"` line replaced by that header's text, itself expanded, each
-/// header at most once (as `#pragma once` would). A file or header that
-/// does not exist becomes an `#error` line, which NVRTC reports by name.
+/// The text of `file` (a name in this folder) with its `#include
+/// "name.cuh"` lines expanded (see [`crate::include`]); a file that does
+/// not exist becomes an `#error` line, which NVRTC reports by name.
 pub(crate) fn source(file: &str) -> String {
-    let mut out = String::new();
-    let mut included = Vec::new();
-    expand(file, &mut included, &mut out);
-    out
+    crate::include::expand(FILES, file, |f| format!("#error \"no CUDA file {f}\"\n"))
 }
 
 /// [`source`] after one `#define NAME VALUE` line for each of `defines`:
@@ -317,41 +313,6 @@ pub(crate) fn source_with(file: &str, defines: &[(&str, String)]) -> String {
         .collect();
     out.push_str(&source(file));
     out
-}
-
-/// Appends `file`'s text to `out`, its includes expanded; `included` holds
-/// the headers already in `out`.
-fn expand(file: &str, included: &mut Vec<&'static str>, out: &mut String) {
-    match FILES.iter().find(|(name, _)| *name == file) {
-        Some(&(_, text)) => expand_text(text, included, out),
-        None => out.push_str(&format!("#error \"no CUDA file {file}\"\n")),
-    }
-}
-
-/// Appends `text` to `out`, its includes expanded (see [`expand`]).
-fn expand_text(text: &'static str, included: &mut Vec<&'static str>, out: &mut String) {
-    for line in text.lines() {
-        match included_name(line) {
-            Some(header) if included.contains(&header) => {}
-            Some(header) => {
-                included.push(header);
-                expand(header, included, out);
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-    }
-}
-
-/// The file a line `#include "name"` names.
-fn included_name(line: &str) -> Option<&str> {
-    line.trim()
-        .strip_prefix("#include")?
-        .trim()
-        .strip_prefix('"')?
-        .strip_suffix('"')
 }
 
 #[cfg(test)]
@@ -377,15 +338,10 @@ mod tests {
         }
     }
 
-    /// A header comes once however often it is included, and an unknown
-    /// one becomes an `#error` line instead of a panic.
+    /// A header shared by several files comes once, and a missing file
+    /// becomes an `#error` line NVRTC reports.
     #[test]
-    fn headers_expand_once_and_unknown_ones_become_errors() {
-        let mut out = String::new();
-        let text = "#include \"gguf.cuh\"\n  #include \"gguf.cuh\"\n#include \"missing.cuh\"\n";
-        expand_text(text, &mut Vec::new(), &mut out);
-        assert_eq!(out.matches("float f16_to_f32(").count(), 1);
-        assert!(out.ends_with("#error \"no CUDA file missing.cuh\"\n"));
+    fn headers_expand_once_and_missing_files_become_errors() {
         assert_eq!(source("no_such.cu"), "#error \"no CUDA file no_such.cu\"\n");
         let fused = source("fused_matmul.cu");
         assert_eq!(fused.matches("float f16_to_f32(").count(), 1);

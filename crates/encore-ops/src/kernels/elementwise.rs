@@ -55,6 +55,7 @@ pub fn add_def() -> KernelDef {
         .op("add")
         .cpu("add f32 v1", cpu::add)
         .cuda(cuda::add())
+        .wgpu(crate::wgsl::add())
         .programmatic()
 }
 

@@ -137,6 +137,7 @@ fn content(def: &KernelDef, backend: encore::BackendKind) -> Option<String> {
     match def.implementation_for(backend)? {
         encore::Implementation::Cpu(c) => Some(c.definition.clone()),
         encore::Implementation::Cuda(c) => Some(format!("{}\0{}", c.source, c.entry)),
+        encore::Implementation::Wgpu(w) => Some(format!("{}\0{}", w.source, w.entry)),
     }
 }
 

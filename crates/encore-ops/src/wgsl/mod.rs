@@ -1,0 +1,104 @@
+//! The wgpu backend of the kernels: one `.wgsl` file per kernel entry point
+//! and headers for what several kernels share, all in this folder, and one
+//! function per kernel that turns its file into the kernel's
+//! [`WgpuKernel`] implementation, its launch (workgroup counts) computed
+//! from the dispatch's value.
+//!
+//! WGSL has no preprocessor: a kernel names the headers it needs with
+//! `// #include "name.wgsl"` lines, which [`source`] expands. Every kernel
+//! follows the runtime's binding convention (see [`WgpuKernel`]): buffer
+//! argument `i` at `@group(0) @binding(i)`, indexed from `args.off[i]`, and
+//! the value's fields after `off` in `@group(1) @binding(0)`.
+
+use encore::{Launch, WgpuKernel};
+
+/// The most workgroups a grid dimension may hold (WebGPU's default limit).
+pub const MAX_WORKGROUPS: u32 = 65_535;
+
+/// A launch of `groups` workgroups in one dimension, folded into a second
+/// when they exceed [`MAX_WORKGROUPS`]; kernels recover the linear index
+/// with `linear_index` (`common.wgsl`) and skip the overhang.
+pub fn linear_launch(groups: u32) -> Launch {
+    let groups = groups.max(1);
+    if groups <= MAX_WORKGROUPS {
+        return Launch::new(groups, 1);
+    }
+    let rows = groups.div_ceil(MAX_WORKGROUPS);
+    Launch::grid3([groups.div_ceil(rows), rows, 1], [1, 1, 1])
+}
+
+/// A launch of one invocation per element for `n` elements, in workgroups
+/// of `size`.
+pub fn elementwise_launch(n: u32, size: u32) -> Launch {
+    linear_launch(n.div_ceil(size))
+}
+
+pub(crate) fn add() -> WgpuKernel {
+    WgpuKernel::new(source("add.wgsl"), "add", |n: &u32| {
+        elementwise_launch(*n, 256)
+    })
+}
+
+/// Every WGSL file of this folder, by name.
+const FILES: &[(&str, &str)] = &[
+    // Headers.
+    ("common.wgsl", include_str!("common.wgsl")),
+    // Kernels.
+    ("add.wgsl", include_str!("add.wgsl")),
+];
+
+/// The text of `file` (a name in this folder) with its `// #include
+/// "name.wgsl"` lines expanded (see [`crate::include`]); a file that does
+/// not exist becomes a line naga refuses, naming it.
+pub(crate) fn source(file: &str) -> String {
+    crate::include::expand(FILES, file, |f| format!("no WGSL file {f};\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses and validates `source` with naga, as wgpu will.
+    fn validate(name: &str, source: &str) {
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+    }
+
+    /// Every kernel's WGSL, default and exact sets, parses and validates.
+    #[test]
+    fn every_wgsl_kernel_validates_with_naga() {
+        let sets = [crate::KernelSet::Default, crate::KernelSet::Exact];
+        let mut seen = 0;
+        for def in sets.into_iter().flat_map(|s| s.defs().all()) {
+            if let Some(wgsl) = def.wgpu_impl() {
+                validate(def.name(), &wgsl.source);
+                seen += 1;
+            }
+        }
+        assert!(seen > 0, "no kernel has WGSL");
+    }
+
+    /// A missing file is an error naga reports, not a panic.
+    #[test]
+    fn a_missing_file_fails_to_parse() {
+        let text = source("no_such.wgsl");
+        assert!(text.contains("no_such.wgsl"));
+        assert!(naga::front::wgsl::parse_str(&text).is_err());
+    }
+
+    /// Large launches fold into two dimensions that cover every workgroup.
+    #[test]
+    fn linear_launch_folds_large_grids() {
+        for groups in [1, 65_535, 65_536, 200_000, 1 << 24] {
+            let l = linear_launch(groups);
+            assert!(l.grid[0] <= MAX_WORKGROUPS && l.grid[1] <= MAX_WORKGROUPS);
+            assert!(u64::from(l.grid[0]) * u64::from(l.grid[1]) >= u64::from(groups));
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Attention: decode and prefill, grouped-query, windowed.

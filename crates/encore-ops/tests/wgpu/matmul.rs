@@ -1,0 +1,1 @@
+//! Matrix products and embedding lookups, every weight type.

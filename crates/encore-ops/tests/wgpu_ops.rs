@@ -1,0 +1,81 @@
+//! Every op's WGSL kernel against its CPU body, on random inputs.
+//!
+//! Each test runs one op through [`Ops`] on the CPU device and on a wgpu
+//! device with the same inputs and compares, with the tolerance stated at
+//! the test. The wgpu device is `ENCORE_TEST_WGPU` (default `wgpu:0`, the
+//! first adapter: Mesa's lavapipe where no GPU exists, which `.ci/run`
+//! installs); without any adapter the tests fail and say how to get one.
+//! The tests by op family live in `tests/wgpu/`.
+
+// Helpers fail a test the way assertions do: by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use encore::{Config, Device, Encoder, Result};
+use encore_ops::{KernelSet, Ops};
+
+mod common;
+
+#[path = "wgpu/attention.rs"]
+mod attention;
+#[path = "wgpu/elementwise.rs"]
+mod elementwise;
+#[path = "wgpu/matmul.rs"]
+mod matmul;
+
+/// The name of the wgpu device under test.
+fn wgpu_name() -> String {
+    std::env::var("ENCORE_TEST_WGPU")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "wgpu:0".into())
+}
+
+/// The ops of `kernels` on device `name`.
+fn open_with(name: &str, kernels: KernelSet) -> Ops {
+    let device = Device::open(name, &Config::default()).unwrap_or_else(|e| {
+        panic!(
+            "device {name}: {e} (the wgpu tests need a Vulkan, Metal or DirectX 12 \
+             adapter; on Debian `apt-get install mesa-vulkan-drivers` gives lavapipe)"
+        )
+    });
+    Ops::new(&device, kernels).unwrap_or_else(|e| panic!("ops on {name}: {e}"))
+}
+
+/// The CPU and the wgpu ops, in that order.
+fn both() -> [Ops; 2] {
+    [
+        open_with("cpu", KernelSet::Default),
+        open_with(&wgpu_name(), KernelSet::Default),
+    ]
+}
+
+/// Encodes one op with `f` and waits for it.
+fn run(ops: &Ops, f: impl FnOnce(&Ops, &mut Encoder) -> Result<()>) {
+    let mut enc = ops.device().encoder();
+    f(ops, &mut enc).unwrap_or_else(|e| panic!("{}: encode: {e}", ops.device().name()));
+    enc.commit_and_wait()
+        .unwrap_or_else(|e| panic!("{}: run: {e}", ops.device().name()));
+}
+
+/// Asserts `|gpu - cpu| <= rel * |cpu| + abs` elementwise, naming the worst element.
+fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], rel: f32, abs: f32) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let mut worst = (0usize, 0f32);
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{what}: element {i} is {g} on wgpu (CPU {c})"
+        );
+        let excess = (g - c).abs() - (rel * c.abs() + abs);
+        if excess > worst.1 {
+            worst = (i, excess);
+        }
+    }
+    let (i, excess) = worst;
+    assert!(
+        excess <= 0.0,
+        "{what}: element {i}: wgpu {} vs CPU {} (tolerance {rel} relative + {abs})",
+        gpu[i],
+        cpu[i]
+    );
+}
