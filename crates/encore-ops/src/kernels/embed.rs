@@ -25,6 +25,7 @@ pub fn def() -> KernelDef {
         .op("embed")
         .cpu("embed v1", crate::cpu::kernels::embed::embed)
         .cuda(crate::cuda::embed())
+        .wgpu(crate::wgsl::embed())
         .programmatic()
         .specializable()
 }

@@ -103,10 +103,15 @@ impl<B> FusedArgs<B> {
 /// The `fused_matmul` kernel; with `exact`, its CUDA code gives the CPU's
 /// results bit for bit for quantized weights (see the module docs).
 pub fn def(exact: bool) -> KernelDef {
-    KernelDef::new("fused_matmul")
+    let def = KernelDef::new("fused_matmul")
         .op("fused_matmul")
         .cpu("fused_matmul v1", crate::cpu::kernels::fused::fused_matmul)
-        .cuda(crate::cuda::fused_matmul(exact))
-        .programmatic()
-        .specializable()
+        .cuda(crate::cuda::fused_matmul(exact));
+    // The WGSL products are not the CPU's bit for bit: the default set only.
+    let def = if exact {
+        def
+    } else {
+        def.wgpu(crate::wgsl::fused_matmul())
+    };
+    def.programmatic().specializable()
 }

@@ -38,10 +38,15 @@ crate::op_args! {
 // The closure inlines the CPU body (see there for why).
 #[allow(clippy::redundant_closure)]
 pub fn def(exact: bool) -> KernelDef {
-    KernelDef::new("matmul")
+    let def = KernelDef::new("matmul")
         .op("matmul")
         .cpu("matmul v1", |a| crate::cpu::kernels::matmul::matmul(a))
-        .cuda(crate::cuda::matmul(exact))
-        .programmatic()
-        .specializable()
+        .cuda(crate::cuda::matmul(exact));
+    // The WGSL product is not the CPU's bit for bit: the default set only.
+    let def = if exact {
+        def
+    } else {
+        def.wgpu(crate::wgsl::matmul())
+    };
+    def.programmatic().specializable()
 }

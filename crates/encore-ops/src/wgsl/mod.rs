@@ -12,6 +12,11 @@
 
 use encore::{Launch, WgpuKernel};
 
+use crate::kernels::embed::EmbedShape;
+use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
+use crate::kernels::matmul::MatmulShape;
+use crate::DType;
+
 /// The most workgroups a grid dimension may hold (WebGPU's default limit).
 pub const MAX_WORKGROUPS: u32 = 65_535;
 
@@ -39,12 +44,94 @@ pub(crate) fn add() -> WgpuKernel {
     })
 }
 
+/// The weight types the WGSL kernels (`quant.wgsl`) have code for.
+pub const WEIGHT_TYPES: [DType; 15] = DType::ALL;
+
+/// The weight type of ggml id `id`, or why `kernel` refuses it.
+fn weight_type(kernel: &str, id: u32) -> Result<DType, String> {
+    match DType::from_ggml_id(id) {
+        Some(dtype) if WEIGHT_TYPES.contains(&dtype) => Ok(dtype),
+        Some(dtype) => Err(format!(
+            "{kernel} on wgpu has no code for {dtype} weights (it has for {})",
+            WEIGHT_TYPES.map(DType::name).join(", ")
+        )),
+        None => Err(format!(
+            "{kernel} has no code for ggml type {id} ({})",
+            crate::dtype::ggml_type_name(id)
+        )),
+    }
+}
+
+/// Output columns a workgroup of `matmul` and `fused_matmul` computes.
+const MATMUL_COLS: u32 = 4;
+/// Activation rows those workgroups multiply per read of their weights.
+const MATMUL_TILE: u32 = 8;
+
+/// The constants the products' sources take from Rust.
+fn matmul_constants() -> String {
+    format!(
+        "const MATMUL_COLS: u32 = {MATMUL_COLS}u;\nconst MATMUL_TILE: u32 = {MATMUL_TILE}u;\n\
+         const EPILOGUE_STORE: u32 = {EPILOGUE_STORE}u;\n\
+         const EPILOGUE_ACCUMULATE: u32 = {EPILOGUE_ACCUMULATE}u;\n\
+         const EPILOGUE_SWIGLU: u32 = {EPILOGUE_SWIGLU}u;\n"
+    )
+}
+
+/// Workgroups for `columns` output columns of `rows` activation rows.
+fn matmul_launch(columns: u32, rows: u32) -> Launch {
+    linear_launch(columns.div_ceil(MATMUL_COLS) * rows.div_ceil(MATMUL_TILE))
+}
+
+pub(crate) fn matmul() -> WgpuKernel {
+    let source = matmul_constants() + &source("matmul.wgsl");
+    WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
+        weight_type("matmul", s.dtype)?;
+        Ok(matmul_launch(s.n, s.rows))
+    })
+}
+
+pub(crate) fn fused_matmul() -> WgpuKernel {
+    let source = matmul_constants() + &source("fused_matmul.wgsl");
+    WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
+        let used = if s.epilogue == EPILOGUE_SWIGLU {
+            2
+        } else {
+            s.weights.min(3)
+        };
+        for &id in &s.dtype[..used as usize] {
+            weight_type("fused_matmul", id)?;
+        }
+        // Each weight's columns in whole tiles (the SwiGLU epilogue walks
+        // the gate's, which the up weight shares).
+        let tiles: u32 = if s.epilogue == EPILOGUE_SWIGLU {
+            s.n[0].div_ceil(MATMUL_COLS)
+        } else {
+            s.n[..used as usize]
+                .iter()
+                .map(|n| n.div_ceil(MATMUL_COLS))
+                .sum()
+        };
+        Ok(linear_launch(tiles * s.rows.div_ceil(MATMUL_TILE)))
+    })
+}
+
+pub(crate) fn embed() -> WgpuKernel {
+    WgpuKernel::checked(source("embed.wgsl"), "embed", |s: &EmbedShape| {
+        weight_type("embed", s.dtype)?;
+        Ok(linear_launch(s.rows))
+    })
+}
+
 /// Every WGSL file of this folder, by name.
 const FILES: &[(&str, &str)] = &[
     // Headers.
     ("common.wgsl", include_str!("common.wgsl")),
+    ("quant.wgsl", include_str!("quant.wgsl")),
     // Kernels.
     ("add.wgsl", include_str!("add.wgsl")),
+    ("embed.wgsl", include_str!("embed.wgsl")),
+    ("fused_matmul.wgsl", include_str!("fused_matmul.wgsl")),
+    ("matmul.wgsl", include_str!("matmul.wgsl")),
 ];
 
 /// The text of `file` (a name in this folder) with its `// #include
