@@ -11,8 +11,18 @@
 // and multiply them with every row of the tile, so weights are read once per
 // tile of rows rather than once per row. The lanes' sums meet in workgroup
 // memory. Workgroups go tile of rows fastest, so the tiles that share a
-// column's weights run together and find them in cache. `MATMUL_COLS` and
-// `MATMUL_TILE` come from Rust, prepended to the source (`wgsl/mod.rs`).
+// column's weights run together and find them in cache.
+//
+// From `MATMUL_GEMM_ROWS` activation rows on (and rows a whole number of
+// 32-element steps long), a workgroup instead computes a tile of 32 output
+// columns by 32 activation rows (`gemm_tile`): per step of 32 elements it
+// dequantizes the weights' 32 by 32 into workgroup memory once (one
+// `decode8` an invocation), stages the activations' 32 by 32 beside them,
+// and each invocation sums a 2-column by 4-row block out of both, so each
+// weight is decoded once per 32 rows and each activation read once per 32
+// columns. `MATMUL_COLS`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
+// Rust, prepended to the source (`wgsl/mod.rs`), which launches the
+// workgroups of either path.
 
 // #include "quant.wgsl"
 
@@ -39,12 +49,87 @@ const MATMUL_THREADS: u32 = MATMUL_COLS * MATMUL_LANES;
 // Each invocation's partial sums, by tile row.
 var<workgroup> partial: array<f32, MATMUL_TILE * MATMUL_THREADS>;
 
+// The tiled path's weights and activations for one step, element-major:
+// `gemm_w[kk][c]` pairs of columns, `gemm_x[kk][r]` fours of rows.
+var<workgroup> gemm_w: array<vec2<f32>, 512>;
+var<workgroup> gemm_x: array<vec4<f32>, 256>;
+
+// Whether a launch takes the tiled path (as `matmul_launch` in Rust decides).
+fn use_gemm() -> bool {
+    return args.rows >= MATMUL_GEMM_ROWS && args.k % 32u == 0u;
+}
+
+// The 32-column by 32-row tile `group` of the output (rows fastest).
+fn gemm_tile(lid: u32, group: u32) {
+    let row_tiles = (args.rows + 31u) / 32u;
+    let c0 = (group / row_tiles) * 32u;
+    if c0 >= args.n {
+        return;
+    }
+    let r0 = (group % row_tiles) * 32u;
+    let k = args.k;
+    // What this invocation loads: weight column `lc` elements `8 lu ..`
+    // of the step, activation row `lc` the same elements (a column or row
+    // past the end repeats the last; its sums are not stored).
+    let lc = lid / 4u;
+    let lu = lid % 4u;
+    let row = 4u * args.off[0] + min(c0 + lc, args.n - 1u) * row_bytes(args.dtype, k);
+    let xrow = args.off[1] + min(r0 + lc, args.rows - 1u) * k;
+    // What it sums: columns `2 tc, 2 tc + 1` and rows `4 tr .. 4 tr + 4`.
+    let tc = lid % 16u;
+    let tr = lid / 16u;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < k; k0 += 32u) {
+        let e = k0 + 8u * lu;
+        let q = decode8(0u, row, e, args.dtype);
+        let wlo = q.d * q.lo + q.m;
+        let whi = q.d * q.hi + q.m;
+        let a = xrow + e;
+        let half = lc % 2u;
+        let quad = lc % 4u;
+        let wi = 8u * lu * 16u + lc / 2u;
+        let xi = 8u * lu * 8u + lc / 4u;
+        for (var t = 0u; t < 4u; t++) {
+            gemm_w[wi + 16u * t][half] = wlo[t];
+            gemm_w[wi + 16u * (t + 4u)][half] = whi[t];
+            gemm_x[xi + 8u * t][quad] = x[a + t];
+            gemm_x[xi + 8u * (t + 4u)][quad] = x[a + 4u + t];
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < 32u; kk++) {
+            let wv = gemm_w[kk * 16u + tc];
+            let xv = gemm_x[kk * 8u + tr];
+            acc0 += wv.x * xv;
+            acc1 += wv.y * xv;
+        }
+        workgroupBarrier();
+    }
+    let j = c0 + 2u * tc;
+    for (var i = 0u; i < 4u; i++) {
+        let r = r0 + 4u * tr + i;
+        if r < args.rows {
+            let out = args.off[2] + r * args.n + j;
+            if j < args.n {
+                y[out] = acc0[i];
+            }
+            if j + 1u < args.n {
+                y[out + 1u] = acc1[i];
+            }
+        }
+    }
+}
+
 @compute @workgroup_size(MATMUL_THREADS)
 fn matmul(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
+    if use_gemm() {
+        gemm_tile(lid, wid.y * groups.x + wid.x);
+        return;
+    }
     let row_tiles = (args.rows + MATMUL_TILE - 1u) / MATMUL_TILE;
     let group = wid.y * groups.x + wid.x;
     let col_tile = group / max(row_tiles, 1u);

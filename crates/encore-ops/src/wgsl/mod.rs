@@ -67,10 +67,15 @@ const MATMUL_COLS: u32 = 4;
 /// Activation rows those workgroups multiply per read of their weights.
 const MATMUL_TILE: u32 = 8;
 
+/// From this many activation rows on, `matmul` multiplies tiles of 32
+/// output columns by 32 rows (where rows are whole steps of 32 elements).
+const MATMUL_GEMM_ROWS: u32 = 32;
+
 /// The constants the products' sources take from Rust.
 fn matmul_constants() -> String {
     format!(
         "const MATMUL_COLS: u32 = {MATMUL_COLS}u;\nconst MATMUL_TILE: u32 = {MATMUL_TILE}u;\n\
+         const MATMUL_GEMM_ROWS: u32 = {MATMUL_GEMM_ROWS}u;\n\
          const EPILOGUE_STORE: u32 = {EPILOGUE_STORE}u;\n\
          const EPILOGUE_ACCUMULATE: u32 = {EPILOGUE_ACCUMULATE}u;\n\
          const EPILOGUE_SWIGLU: u32 = {EPILOGUE_SWIGLU}u;\n"
@@ -86,6 +91,9 @@ pub(crate) fn matmul() -> WgpuKernel {
     let source = matmul_constants() + &source("matmul.wgsl");
     WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
         weight_type("matmul", s.dtype)?;
+        if s.rows >= MATMUL_GEMM_ROWS && s.k.is_multiple_of(32) {
+            return Ok(linear_launch(s.n.div_ceil(32) * s.rows.div_ceil(32)));
+        }
         Ok(matmul_launch(s.n, s.rows))
     })
 }

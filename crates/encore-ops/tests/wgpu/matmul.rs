@@ -74,8 +74,8 @@ fn weight(ops: &Ops, dtype: DType, bytes: &[u8], n: usize, k: usize) -> Weight {
     }
 }
 
-/// Every weight type, for one row (decode), three, and more than one
-/// tile of rows; output columns not a whole number of workgroup tiles; x
+/// Every weight type, for one row (decode), three, more than one tile of
+/// rows and the tiled path of many rows; output columns not a whole number of workgroup tiles; x
 /// read from an offset. Float weights also with rows that are not a whole
 /// number of eight-element groups.
 #[test]
@@ -86,7 +86,11 @@ fn matmul_matches_cpu_for_every_weight_type() {
     let shapes = [
         (1usize, 70usize, 512usize, 0usize),
         (3, 37, 256, 1),
+        // From 32 rows on, tiles of 32 columns by 32 rows: one, and several
+        // of each, neither filled.
         (67, 21, 256, 0),
+        (40, 70, 64, 1),
+        (33, 35, 96, 0),
         (1, 9, 96, 0),
         (9, 13, 64, 3),
         // Float weights only: k not a multiple of 8.
