@@ -179,6 +179,61 @@ mod tests {
         assert!(seen > 0, "no kernel has WGSL");
     }
 
+    /// The weight kernels launch every type of [`WEIGHT_TYPES`] and refuse
+    /// another, naming the kernel and the type.
+    #[test]
+    fn weight_kernels_refuse_types_without_wgsl_code() {
+        let kernels = [matmul(), fused_matmul(), embed()];
+        let unsupported = 16; // IQ2_XXS
+        let ids = WEIGHT_TYPES.map(DType::ggml_id);
+        for id in ids.into_iter().chain([unsupported]) {
+            let m = MatmulShape {
+                rows: 1,
+                n: 64,
+                k: 256,
+                dtype: id,
+            };
+            let f = FusedShape {
+                rows: 1,
+                k: 256,
+                n: [64, 64, 0],
+                dtype: [id, id, 0],
+                weights: 2,
+                epilogue: EPILOGUE_SWIGLU,
+                norm: 0,
+                eps: 1e-5,
+            };
+            let e = EmbedShape {
+                rows: 1,
+                dim: 256,
+                vocab: 10,
+                dtype: id,
+            };
+            let values = [
+                bytemuck::bytes_of(&m),
+                bytemuck::bytes_of(&f),
+                bytemuck::bytes_of(&e),
+            ];
+            for ((kernel, value), name) in
+                kernels
+                    .iter()
+                    .zip(values)
+                    .zip(["matmul", "fused_matmul", "embed"])
+            {
+                let launch = kernel.launch(value);
+                if id == unsupported {
+                    let reason = launch.expect_err(name);
+                    assert!(
+                        reason.contains(name) && reason.contains("IQ2_XXS"),
+                        "{reason}"
+                    );
+                } else {
+                    assert!(launch.is_ok(), "{name} type {id}: {launch:?}");
+                }
+            }
+        }
+    }
+
     /// A missing file is an error naga reports, not a panic.
     #[test]
     fn a_missing_file_fails_to_parse() {
