@@ -74,7 +74,8 @@ struct ModelArgs {
     /// fetched on first use [default: smollm2-135m].
     #[arg(long, value_name = "PATH|NAME")]
     model: Option<OsString>,
-    /// Device: auto, cpu, cuda or cuda:N.
+    /// Device: auto, cpu, cuda, cuda:N, wgpu (the first hardware adapter)
+    /// or wgpu:N (see `encore devices`).
     #[arg(long, default_value = "auto")]
     device: String,
     /// Compute exactly what the CPU backend computes, bit for bit, so that

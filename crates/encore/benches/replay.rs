@@ -1,13 +1,49 @@
-//! Replay versus eager encoding on the CPU backend: the same N dispatches of
-//! an empty three-argument kernel, either encoded, committed and waited for
-//! every step, or recorded once and replayed. Reports time per step; divide
-//! by N for the per-node cost. Also the cost of instantiating such a graph
-//! as it grows.
+//! Replay versus eager encoding: the same N dispatches of an empty
+//! three-argument kernel, either encoded, committed and waited for every
+//! step, or recorded once and replayed. Reports time per step; divide by N
+//! for the per-node cost. Also the cost of instantiating such a graph as it
+//! grows.
+//!
+//! Runs on the CPU and on the first wgpu adapter when there is one (on a
+//! wgpu device, a replay re-encodes the instantiated program's passes, and
+//! eager encoding also builds its bind groups); `ENCORE_BENCH_DEVICES`
+//! (comma-separated device names) chooses others.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use encore::{Arg, Buffer, Device, Encoder, Graph, Kernel, KernelDef, Params};
+use encore::{
+    Arg, Buffer, Config, Device, Encoder, Graph, Kernel, KernelDef, Launch, Params, WgpuKernel,
+};
+
+/// An empty kernel on every backend that runs this benchmark.
+fn empty() -> KernelDef {
+    let wgsl = "struct Args { off: array<u32, 16> }\n\
+        @group(0) @binding(0) var<storage, read> x: array<u32>;\n\
+        @group(0) @binding(1) var<storage, read> pos: array<u32>;\n\
+        @group(0) @binding(2) var<storage, read_write> y: array<u32>;\n\
+        @group(1) @binding(0) var<storage, read> args: Args;\n\
+        @compute @workgroup_size(1) fn empty() {}\n";
+    KernelDef::new("empty")
+        .cpu("empty", |_| Ok(()))
+        .wgpu(WgpuKernel::fixed(wgsl, "empty", Launch::new(1, 1)))
+}
+
+/// The devices to measure: `ENCORE_BENCH_DEVICES`, else the CPU and the
+/// first wgpu adapter if there is one.
+fn devices() -> Vec<Device> {
+    let names = std::env::var("ENCORE_BENCH_DEVICES").unwrap_or_else(|_| "cpu,wgpu:0".into());
+    names
+        .split(',')
+        .filter_map(|name| match Device::open(name.trim(), &Config::default()) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("skipping device {name}: {e}");
+                None
+            }
+        })
+        .collect()
+}
 
 /// An empty kernel, its input, a `pos` parameter and 8 output views.
 struct Fixture {
@@ -21,11 +57,8 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new() -> Fixture {
-        let device = Device::cpu().expect("cpu");
-        let kernel = device
-            .load_kernel(&KernelDef::new("empty").cpu("empty", |_| Ok(())))
-            .expect("kernel");
+    fn new(device: Device) -> Fixture {
+        let kernel = device.load_kernel(&empty()).expect("kernel");
         let x = device.alloc(4096).expect("alloc");
         let params = Params::new(&device, &["pos"]).expect("params");
         let pos = params.slot("pos").expect("slot");
@@ -73,8 +106,13 @@ impl Fixture {
 }
 
 fn replay_vs_eager(c: &mut Criterion) {
-    let f = Fixture::new();
-    let mut group = c.benchmark_group("step");
+    for device in devices() {
+        replay_vs_eager_on(c, Fixture::new(device));
+    }
+}
+
+fn replay_vs_eager_on(c: &mut Criterion, f: Fixture) {
+    let mut group = c.benchmark_group(format!("step/{}", f.device.name()));
     for n in [64usize, 512] {
         group.throughput(Throughput::Elements(n as u64));
         group.bench_with_input(BenchmarkId::new("eager", n), &n, |b, &n| {
@@ -103,7 +141,7 @@ fn replay_vs_eager(c: &mut Criterion) {
 /// multi-step or 80-layer graphs are as cheap to prepare per node as one
 /// step of a small model.
 fn instantiate(c: &mut Criterion) {
-    let f = Fixture::new();
+    let f = Fixture::new(Device::cpu().expect("cpu"));
     let mut group = c.benchmark_group("instantiate");
     for n in [155usize, 1240, 2480] {
         let graph = f.graph(n);

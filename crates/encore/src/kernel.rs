@@ -179,6 +179,19 @@ impl WgpuKernel {
         WgpuKernel::checked(source, entry, move |v: &T| Ok(geometry(v)))
     }
 
+    /// Like [`WgpuKernel::new`], always launched as `launch`.
+    pub fn fixed(
+        source: impl Into<String>,
+        entry: impl Into<String>,
+        launch: Launch,
+    ) -> WgpuKernel {
+        WgpuKernel {
+            source: source.into(),
+            entry: entry.into(),
+            geometry: Arc::new(move |_: &[u8]| Ok(launch)),
+        }
+    }
+
     /// The launch of a dispatch whose inline bytes are `value`.
     pub fn launch(&self, value: &[u8]) -> std::result::Result<Launch, String> {
         (self.geometry)(value)

@@ -342,28 +342,21 @@ impl Pipeline {
     }
 }
 
-/// `source` with every read-only storage binding made `read_write`.
+/// `source` with every read-only buffer argument (a `@group(0)` storage
+/// binding, declared on one line as the convention has it) made
+/// `read_write`.
 fn all_writable(source: &str) -> String {
-    let mut out = String::with_capacity(source.len() + 64);
-    let mut rest = source;
-    while let Some(at) = rest.find("var<storage") {
-        let (head, tail) = rest.split_at(at);
-        out.push_str(head);
-        let Some(close) = tail.find('>') else {
-            rest = tail;
-            break;
-        };
-        let inner = &tail["var<storage".len()..close];
-        let access = inner.trim().trim_start_matches(',').trim();
-        if access == "read" {
-            out.push_str("var<storage, read_write>");
-        } else {
-            out.push_str(&tail[..=close]);
-        }
-        rest = &tail[close + 1..];
-    }
-    out.push_str(rest);
-    out
+    source
+        .lines()
+        .map(|line| {
+            if line.contains("@group(0)") {
+                line.replacen("var<storage, read>", "var<storage, read_write>", 1)
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Compiles `source`'s `entry` with buffer bindings `bindings`.
