@@ -210,22 +210,26 @@ fn fused_on(
     yb.iter().map(|y| y.download::<f32>().unwrap()).collect()
 }
 
-/// Every epilogue, with and without the norm, for float weights (with rows
-/// that are not a whole number of eight-element groups), blocks of 32 and
-/// super-blocks, for one row and more than one tile of rows, against the
-/// exact products of the (normalized) input and, more loosely, the CPU.
+/// Every epilogue, with and without the norm, for every weight type (float
+/// rows not a whole number of eight-element groups; blocks of 32 in rows
+/// of 96) and three different types in one dispatch, for one row and more
+/// than one tile of rows, against the exact products of the (normalized)
+/// input and, more loosely, the CPU.
 #[test]
 fn fused_matmul_matches_cpu_for_every_epilogue() {
     let mut rng = Rng::new();
     let pair = both();
-    // (weight type, k)
-    let types = [
-        (DType::F16, 100usize),
-        (DType::Q4_1, 96),
-        (DType::Q5_K, 256),
-        (DType::IQ4_XS, 256),
-    ];
-    for (dtype, k) in types {
+    // (weight types, k)
+    let k_for = |t: DType| match t.block_len() {
+        1 => 100usize,
+        32 => 96,
+        _ => 256,
+    };
+    let cases = DType::ALL
+        .map(|t| ([t; 3], k_for(t)))
+        .into_iter()
+        .chain([([DType::Q4_K, DType::Q6_K, DType::Q8_0], 256)]);
+    for (dtypes, k) in cases {
         for rows in [1usize, 19] {
             for norm in [false, true] {
                 for epilogue in [EPILOGUE_STORE, EPILOGUE_ACCUMULATE, EPILOGUE_SWIGLU] {
@@ -236,10 +240,15 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                     };
                     let w: Vec<Vec<u8>> = ns
                         .iter()
-                        .map(|&n| random_weights(&mut rng, dtype, n, k))
+                        .zip(dtypes)
+                        .map(|(&n, t)| random_weights(&mut rng, t, n, k))
                         .collect();
-                    let weights: Vec<(DType, &[u8], usize)> =
-                        w.iter().zip(ns).map(|(w, &n)| (dtype, &w[..], n)).collect();
+                    let weights: Vec<(DType, &[u8], usize)> = w
+                        .iter()
+                        .zip(ns)
+                        .zip(dtypes)
+                        .map(|((w, &n), t)| (t, &w[..], n))
+                        .collect();
                     let x = rng.vec(rows * k);
                     let g: Vec<f32> = (0..k).map(|_| rng.range(0.5, 1.5)).collect();
                     let g = norm.then_some(&g[..]);
@@ -255,11 +264,13 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                     let products: Vec<_> = w
                         .iter()
                         .zip(ns)
-                        .map(|(w, &n)| exact_product(&dequantize(dtype, w, n, k), &xn, rows, n, k))
+                        .zip(dtypes)
+                        .map(|((w, &n), t)| exact_product(&dequantize(t, w, n, k), &xn, rows, n, k))
                         .collect();
-                    let what =
-                        format!("fused {dtype} k={k} rows={rows} norm={norm} epilogue={epilogue}");
-                    let cpu_tol = if dtype.is_quantized() {
+                    let what = format!(
+                        "fused {dtypes:?} k={k} rows={rows} norm={norm} epilogue={epilogue}"
+                    );
+                    let cpu_tol = if dtypes[0].is_quantized() {
                         CPU_QUANT_TOL
                     } else {
                         EXACT_TOL
