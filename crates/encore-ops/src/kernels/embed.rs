@@ -1,6 +1,7 @@
 //! Embedding lookup: `y[r, :] = dequantize(table[tokens[r], :])`.
 //!
-//! CPU: [`crate::cpu::kernels::embed`]; CUDA: `cuda/embed.cu`.
+//! CPU: [`crate::cpu::kernels::embed`]; CUDA: `cuda/embed.cu`; wgpu:
+//! `wgsl/embed.wgsl` (bit for bit the CPU's dequantization).
 
 use encore::{Access, KernelDef};
 

@@ -20,7 +20,9 @@
 //! dot product by `1 / rms`.
 //!
 //! CUDA: `cuda/fused_matmul.cu` and `cuda/fused_matmul_exact.cu`, the
-//! kernel in `cuda/fused_matmul.cuh` over the products of `matmul`.
+//! kernel in `cuda/fused_matmul.cuh` over the products of `matmul`. wgpu
+//! (default set only: not bit for bit): `wgsl/fused_matmul.wgsl`, which folds
+//! the norm into the product as the fast CUDA kernel does.
 
 use encore::{Access, KernelDef};
 

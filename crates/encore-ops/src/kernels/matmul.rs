@@ -13,7 +13,9 @@
 //! which the fused products use as well. On CUDA, from
 //! [`super::gemm::GEMM_MIN_ROWS`] rows on, `Ops::matmul` dispatches the
 //! tiled tensor-core kernel of [`super::gemm`] instead of this one where the
-//! device has it (not in the exact set: it is not bit-identical).
+//! device has it (not in the exact set: it is not bit-identical). wgpu
+//! (default set only) multiplies dequantized weights with f32 `x` as well
+//! (`wgsl/matmul.wgsl`), in tiles of activation rows per weight read.
 
 use encore::{Access, KernelDef};
 
