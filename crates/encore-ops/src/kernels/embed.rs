@@ -1,6 +1,7 @@
 //! Embedding lookup: `y[r, :] = dequantize(table[tokens[r], :])`.
 //!
-//! CPU: [`crate::cpu::kernels::embed`]; CUDA: `cuda/embed.cu`.
+//! CPU: [`crate::cpu::kernels::embed`]; CUDA: `cuda/embed.cu`; wgpu:
+//! `wgsl/embed.wgsl` (bit for bit the CPU's dequantization).
 
 use encore::{Access, KernelDef};
 
@@ -25,6 +26,7 @@ pub fn def() -> KernelDef {
         .op("embed")
         .cpu("embed v1", crate::cpu::kernels::embed::embed)
         .cuda(crate::cuda::embed())
+        .wgpu(crate::wgsl::embed())
         .programmatic()
         .specializable()
 }

@@ -20,7 +20,9 @@
 //! dot product by `1 / rms`.
 //!
 //! CUDA: `cuda/fused_matmul.cu` and `cuda/fused_matmul_exact.cu`, the
-//! kernel in `cuda/fused_matmul.cuh` over the products of `matmul`.
+//! kernel in `cuda/fused_matmul.cuh` over the products of `matmul`. wgpu
+//! (default set only: not bit for bit): `wgsl/fused_matmul.wgsl`, which folds
+//! the norm into the product as the fast CUDA kernel does.
 
 use encore::{Access, KernelDef};
 
@@ -103,10 +105,15 @@ impl<B> FusedArgs<B> {
 /// The `fused_matmul` kernel; with `exact`, its CUDA code gives the CPU's
 /// results bit for bit for quantized weights (see the module docs).
 pub fn def(exact: bool) -> KernelDef {
-    KernelDef::new("fused_matmul")
+    let def = KernelDef::new("fused_matmul")
         .op("fused_matmul")
         .cpu("fused_matmul v1", crate::cpu::kernels::fused::fused_matmul)
-        .cuda(crate::cuda::fused_matmul(exact))
-        .programmatic()
-        .specializable()
+        .cuda(crate::cuda::fused_matmul(exact));
+    // The WGSL products are not the CPU's bit for bit: the default set only.
+    let def = if exact {
+        def
+    } else {
+        def.wgpu(crate::wgsl::fused_matmul())
+    };
+    def.programmatic().specializable()
 }

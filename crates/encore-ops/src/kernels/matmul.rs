@@ -13,7 +13,9 @@
 //! which the fused products use as well. On CUDA, from
 //! [`super::gemm::GEMM_MIN_ROWS`] rows on, `Ops::matmul` dispatches the
 //! tiled tensor-core kernel of [`super::gemm`] instead of this one where the
-//! device has it (not in the exact set: it is not bit-identical).
+//! device has it (not in the exact set: it is not bit-identical). wgpu
+//! (default set only) multiplies dequantized weights with f32 `x` as well
+//! (`wgsl/matmul.wgsl`), in tiles of activation rows per weight read.
 
 use encore::{Access, KernelDef};
 
@@ -38,10 +40,15 @@ crate::op_args! {
 // The closure inlines the CPU body (see there for why).
 #[allow(clippy::redundant_closure)]
 pub fn def(exact: bool) -> KernelDef {
-    KernelDef::new("matmul")
+    let def = KernelDef::new("matmul")
         .op("matmul")
         .cpu("matmul v1", |a| crate::cpu::kernels::matmul::matmul(a))
-        .cuda(crate::cuda::matmul(exact))
-        .programmatic()
-        .specializable()
+        .cuda(crate::cuda::matmul(exact));
+    // The WGSL product is not the CPU's bit for bit: the default set only.
+    let def = if exact {
+        def
+    } else {
+        def.wgpu(crate::wgsl::matmul())
+    };
+    def.programmatic().specializable()
 }

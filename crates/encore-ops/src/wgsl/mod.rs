@@ -12,6 +12,11 @@
 
 use encore::{Launch, WgpuKernel};
 
+use crate::kernels::embed::EmbedShape;
+use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
+use crate::kernels::matmul::MatmulShape;
+use crate::DType;
+
 /// The most workgroups a grid dimension may hold (WebGPU's default limit).
 pub const MAX_WORKGROUPS: u32 = 65_535;
 
@@ -39,12 +44,102 @@ pub(crate) fn add() -> WgpuKernel {
     })
 }
 
+/// The weight types the WGSL kernels (`quant.wgsl`) have code for.
+pub const WEIGHT_TYPES: [DType; 15] = DType::ALL;
+
+/// The weight type of ggml id `id`, or why `kernel` refuses it.
+fn weight_type(kernel: &str, id: u32) -> Result<DType, String> {
+    match DType::from_ggml_id(id) {
+        Some(dtype) if WEIGHT_TYPES.contains(&dtype) => Ok(dtype),
+        Some(dtype) => Err(format!(
+            "{kernel} on wgpu has no code for {dtype} weights (it has for {})",
+            WEIGHT_TYPES.map(DType::name).join(", ")
+        )),
+        None => Err(format!(
+            "{kernel} has no code for ggml type {id} ({})",
+            crate::dtype::ggml_type_name(id)
+        )),
+    }
+}
+
+/// Output columns a workgroup of `matmul` and `fused_matmul` computes.
+const MATMUL_COLS: u32 = 4;
+/// Activation rows those workgroups multiply per read of their weights.
+const MATMUL_TILE: u32 = 8;
+
+/// From this many activation rows on, `matmul` multiplies tiles of 32
+/// output columns by 32 rows (where rows are whole steps of 32 elements).
+const MATMUL_GEMM_ROWS: u32 = 32;
+
+/// The constants the products' sources take from Rust.
+fn matmul_constants() -> String {
+    format!(
+        "const MATMUL_COLS: u32 = {MATMUL_COLS}u;\nconst MATMUL_TILE: u32 = {MATMUL_TILE}u;\n\
+         const MATMUL_GEMM_ROWS: u32 = {MATMUL_GEMM_ROWS}u;\n\
+         const EPILOGUE_STORE: u32 = {EPILOGUE_STORE}u;\n\
+         const EPILOGUE_ACCUMULATE: u32 = {EPILOGUE_ACCUMULATE}u;\n\
+         const EPILOGUE_SWIGLU: u32 = {EPILOGUE_SWIGLU}u;\n"
+    )
+}
+
+/// Workgroups for `columns` output columns of `rows` activation rows.
+fn matmul_launch(columns: u32, rows: u32) -> Launch {
+    linear_launch(columns.div_ceil(MATMUL_COLS) * rows.div_ceil(MATMUL_TILE))
+}
+
+pub(crate) fn matmul() -> WgpuKernel {
+    let source = matmul_constants() + &source("matmul.wgsl");
+    WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
+        weight_type("matmul", s.dtype)?;
+        if s.rows >= MATMUL_GEMM_ROWS && s.k.is_multiple_of(32) {
+            return Ok(linear_launch(s.n.div_ceil(32) * s.rows.div_ceil(32)));
+        }
+        Ok(matmul_launch(s.n, s.rows))
+    })
+}
+
+pub(crate) fn fused_matmul() -> WgpuKernel {
+    let source = matmul_constants() + &source("fused_matmul.wgsl");
+    WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
+        let used = if s.epilogue == EPILOGUE_SWIGLU {
+            2
+        } else {
+            s.weights.min(3)
+        };
+        for &id in &s.dtype[..used as usize] {
+            weight_type("fused_matmul", id)?;
+        }
+        // Each weight's columns in whole tiles (the SwiGLU epilogue walks
+        // the gate's, which the up weight shares).
+        let tiles: u32 = if s.epilogue == EPILOGUE_SWIGLU {
+            s.n[0].div_ceil(MATMUL_COLS)
+        } else {
+            s.n[..used as usize]
+                .iter()
+                .map(|n| n.div_ceil(MATMUL_COLS))
+                .sum()
+        };
+        Ok(linear_launch(tiles * s.rows.div_ceil(MATMUL_TILE)))
+    })
+}
+
+pub(crate) fn embed() -> WgpuKernel {
+    WgpuKernel::checked(source("embed.wgsl"), "embed", |s: &EmbedShape| {
+        weight_type("embed", s.dtype)?;
+        Ok(linear_launch(s.rows))
+    })
+}
+
 /// Every WGSL file of this folder, by name.
 const FILES: &[(&str, &str)] = &[
     // Headers.
     ("common.wgsl", include_str!("common.wgsl")),
+    ("quant.wgsl", include_str!("quant.wgsl")),
     // Kernels.
     ("add.wgsl", include_str!("add.wgsl")),
+    ("embed.wgsl", include_str!("embed.wgsl")),
+    ("fused_matmul.wgsl", include_str!("fused_matmul.wgsl")),
+    ("matmul.wgsl", include_str!("matmul.wgsl")),
 ];
 
 /// The text of `file` (a name in this folder) with its `// #include
@@ -82,6 +177,61 @@ mod tests {
             }
         }
         assert!(seen > 0, "no kernel has WGSL");
+    }
+
+    /// The weight kernels launch every type of [`WEIGHT_TYPES`] and refuse
+    /// another, naming the kernel and the type.
+    #[test]
+    fn weight_kernels_refuse_types_without_wgsl_code() {
+        let kernels = [matmul(), fused_matmul(), embed()];
+        let unsupported = 16; // IQ2_XXS
+        let ids = WEIGHT_TYPES.map(DType::ggml_id);
+        for id in ids.into_iter().chain([unsupported]) {
+            let m = MatmulShape {
+                rows: 1,
+                n: 64,
+                k: 256,
+                dtype: id,
+            };
+            let f = FusedShape {
+                rows: 1,
+                k: 256,
+                n: [64, 64, 0],
+                dtype: [id, id, 0],
+                weights: 2,
+                epilogue: EPILOGUE_SWIGLU,
+                norm: 0,
+                eps: 1e-5,
+            };
+            let e = EmbedShape {
+                rows: 1,
+                dim: 256,
+                vocab: 10,
+                dtype: id,
+            };
+            let values = [
+                bytemuck::bytes_of(&m),
+                bytemuck::bytes_of(&f),
+                bytemuck::bytes_of(&e),
+            ];
+            for ((kernel, value), name) in
+                kernels
+                    .iter()
+                    .zip(values)
+                    .zip(["matmul", "fused_matmul", "embed"])
+            {
+                let launch = kernel.launch(value);
+                if id == unsupported {
+                    let reason = launch.expect_err(name);
+                    assert!(
+                        reason.contains(name) && reason.contains("IQ2_XXS"),
+                        "{reason}"
+                    );
+                } else {
+                    assert!(launch.is_ok(), "{name} type {id}: {launch:?}");
+                }
+            }
+        }
     }
 
     /// A missing file is an error naga reports, not a panic.

@@ -1,0 +1,189 @@
+// `matmul`: `y[r, j] = sum_i w[j, i] x[r, i]`, weights of any type of
+// quant.wgsl, multiplied dequantized with f32 activations.
+//
+// Arguments: `w: dtype[n, k]` (read, GGUF blocks), `x: f32[rows, k]`
+// (read), `y: f32[rows, n]` (write), `MatmulShape` (value: rows, n, k, the
+// weights' ggml type id).
+//
+// A workgroup computes `MATMUL_COLS` output columns (weight rows) for a
+// tile of up to `MATMUL_TILE` activation rows: `MATMUL_LANES` invocations a
+// column walk its weight row eight weights at a time, decode each eight once
+// and multiply them with every row of the tile, so weights are read once per
+// tile of rows rather than once per row. The lanes' sums meet in workgroup
+// memory. Workgroups go tile of rows fastest, so the tiles that share a
+// column's weights run together and find them in cache.
+//
+// From `MATMUL_GEMM_ROWS` activation rows on (and rows a whole number of
+// 32-element steps long), a workgroup instead computes a tile of 32 output
+// columns by 32 activation rows (`gemm_tile`): per step of 32 elements it
+// dequantizes the weights' 32 by 32 into workgroup memory once (one
+// `decode8` an invocation), stages the activations' 32 by 32 beside them,
+// and each invocation sums a 2-column by 4-row block out of both, so each
+// weight is decoded once per 32 rows and each activation read once per 32
+// columns. `MATMUL_COLS`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
+// Rust, prepended to the source (`wgsl/mod.rs`), which launches the
+// workgroups of either path.
+
+// #include "quant.wgsl"
+
+struct Args {
+    off: array<u32, 16>,
+    rows: u32,
+    n: u32,
+    k: u32,
+    dtype: u32,
+}
+
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(1) @binding(0) var<storage, read> args: Args;
+
+fn weight_word(sel: u32, i: u32) -> u32 {
+    return w[i];
+}
+
+const MATMUL_LANES: u32 = 32u;
+const MATMUL_THREADS: u32 = MATMUL_COLS * MATMUL_LANES;
+
+// Each invocation's partial sums, by tile row.
+var<workgroup> partial: array<f32, MATMUL_TILE * MATMUL_THREADS>;
+
+// The tiled path's weights and activations for one step, element-major:
+// `gemm_w[kk][c]` pairs of columns, `gemm_x[kk][r]` fours of rows.
+var<workgroup> gemm_w: array<vec2<f32>, 512>;
+var<workgroup> gemm_x: array<vec4<f32>, 256>;
+
+// Whether a launch takes the tiled path (as `matmul_launch` in Rust decides).
+fn use_gemm() -> bool {
+    return args.rows >= MATMUL_GEMM_ROWS && args.k % 32u == 0u;
+}
+
+// The 32-column by 32-row tile `group` of the output (rows fastest).
+fn gemm_tile(lid: u32, group: u32) {
+    let row_tiles = (args.rows + 31u) / 32u;
+    let c0 = (group / row_tiles) * 32u;
+    if c0 >= args.n {
+        return;
+    }
+    let r0 = (group % row_tiles) * 32u;
+    let k = args.k;
+    // What this invocation loads: weight column `lc` elements `8 lu ..`
+    // of the step, activation row `lc` the same elements (a column or row
+    // past the end repeats the last; its sums are not stored).
+    let lc = lid / 4u;
+    let lu = lid % 4u;
+    let row = 4u * args.off[0] + min(c0 + lc, args.n - 1u) * row_bytes(args.dtype, k);
+    let xrow = args.off[1] + min(r0 + lc, args.rows - 1u) * k;
+    // What it sums: columns `2 tc, 2 tc + 1` and rows `4 tr .. 4 tr + 4`.
+    let tc = lid % 16u;
+    let tr = lid / 16u;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < k; k0 += 32u) {
+        let e = k0 + 8u * lu;
+        let q = decode8(0u, row, e, args.dtype);
+        let wlo = q.d * q.lo + q.m;
+        let whi = q.d * q.hi + q.m;
+        let a = xrow + e;
+        let half = lc % 2u;
+        let quad = lc % 4u;
+        let wi = 8u * lu * 16u + lc / 2u;
+        let xi = 8u * lu * 8u + lc / 4u;
+        for (var t = 0u; t < 4u; t++) {
+            gemm_w[wi + 16u * t][half] = wlo[t];
+            gemm_w[wi + 16u * (t + 4u)][half] = whi[t];
+            gemm_x[xi + 8u * t][quad] = x[a + t];
+            gemm_x[xi + 8u * (t + 4u)][quad] = x[a + 4u + t];
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < 32u; kk++) {
+            let wv = gemm_w[kk * 16u + tc];
+            let xv = gemm_x[kk * 8u + tr];
+            acc0 += wv.x * xv;
+            acc1 += wv.y * xv;
+        }
+        workgroupBarrier();
+    }
+    let j = c0 + 2u * tc;
+    for (var i = 0u; i < 4u; i++) {
+        let r = r0 + 4u * tr + i;
+        if r < args.rows {
+            let out = args.off[2] + r * args.n + j;
+            if j < args.n {
+                y[out] = acc0[i];
+            }
+            if j + 1u < args.n {
+                y[out + 1u] = acc1[i];
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(MATMUL_THREADS)
+fn matmul(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    if use_gemm() {
+        gemm_tile(lid, wid.y * groups.x + wid.x);
+        return;
+    }
+    let row_tiles = (args.rows + MATMUL_TILE - 1u) / MATMUL_TILE;
+    let group = wid.y * groups.x + wid.x;
+    let col_tile = group / max(row_tiles, 1u);
+    if args.rows == 0u || col_tile * MATMUL_COLS >= args.n {
+        return;
+    }
+    let r0 = (group % row_tiles) * MATMUL_TILE;
+    let nr = min(MATMUL_TILE, args.rows - r0);
+    let k = args.k;
+    let lane = lid % MATMUL_LANES;
+    // A column past `n` repeats the last one; its sum is not stored.
+    let j = min(col_tile * MATMUL_COLS + lid / MATMUL_LANES, args.n - 1u);
+    let row = 4u * args.off[0] + j * row_bytes(args.dtype, k);
+    let xt = args.off[1] + r0 * k;
+
+    var acc: array<f32, MATMUL_TILE>;
+    for (var u = lane; u < k / 8u; u += MATMUL_LANES) {
+        let e = 8u * u;
+        let q = decode8(0u, row, e, args.dtype);
+        for (var r = 0u; r < MATMUL_TILE; r++) {
+            if r < nr {
+                let a = xt + r * k + e;
+                let x0 = vec4<f32>(x[a], x[a + 1u], x[a + 2u], x[a + 3u]);
+                let x1 = vec4<f32>(x[a + 4u], x[a + 5u], x[a + 6u], x[a + 7u]);
+                acc[r] += q.d * (dot(q.lo, x0) + dot(q.hi, x1)) + q.m * dot(x0 + x1, vec4<f32>(1.0));
+            }
+        }
+    }
+    // Float rows whose length is not a multiple of 8: the last elements.
+    for (var e = (k & ~7u) + lane; e < k; e += MATMUL_LANES) {
+        let v = float_at(0u, row, e, args.dtype);
+        for (var r = 0u; r < MATMUL_TILE; r++) {
+            if r < nr {
+                acc[r] += v * x[xt + r * k + e];
+            }
+        }
+    }
+
+    for (var r = 0u; r < MATMUL_TILE; r++) {
+        partial[r * MATMUL_THREADS + lid] = acc[r];
+    }
+    workgroupBarrier();
+    // Invocation (c, r) sums column c's lanes for tile row r.
+    if lid < MATMUL_COLS * MATMUL_TILE {
+        let c = lid / MATMUL_TILE;
+        let r = lid % MATMUL_TILE;
+        let jc = col_tile * MATMUL_COLS + c;
+        if r < nr && jc < args.n {
+            let base = r * MATMUL_THREADS + c * MATMUL_LANES;
+            var s = 0.0;
+            for (var l = 0u; l < MATMUL_LANES; l++) {
+                s += partial[base + l];
+            }
+            y[args.off[2] + (r0 + r) * args.n + jc] = s;
+        }
+    }
+}
