@@ -27,5 +27,6 @@ pub fn def() -> KernelDef {
         .op("advance")
         .cpu("advance v1", crate::cpu::kernels::advance::advance)
         .cuda(crate::cuda::advance())
+        .wgpu(crate::wgsl::advance())
         .programmatic()
 }

@@ -22,6 +22,7 @@ pub fn def() -> KernelDef {
         .op("argmax")
         .cpu("argmax f32 v1", crate::cpu::kernels::argmax::argmax_op)
         .cuda(crate::cuda::argmax())
+        .wgpu(crate::wgsl::argmax())
         .programmatic()
         .specializable()
 }

@@ -84,6 +84,7 @@ pub fn kv_store_def() -> KernelDef {
         .op("kv_store")
         .cpu("kv_store f16 v1", crate::cpu::kernels::attention::kv_store)
         .cuda(crate::cuda::kv_store())
+        .wgpu(crate::wgsl::kv_store())
         .programmatic()
 }
 
@@ -92,5 +93,6 @@ pub fn attention_def() -> KernelDef {
         .op("attention")
         .cpu(ATTENTION_CPU, crate::cpu::kernels::attention::attention)
         .cuda(crate::cuda::attention())
+        .wgpu(crate::wgsl::attention())
         .programmatic()
 }

@@ -24,6 +24,7 @@ pub fn def() -> KernelDef {
         .op("rms_norm")
         .cpu("rms_norm f32 v1", crate::cpu::kernels::norm::rms_norm)
         .cuda(crate::cuda::rms_norm())
+        .wgpu(crate::wgsl::rms_norm())
         .programmatic()
         .specializable()
 }

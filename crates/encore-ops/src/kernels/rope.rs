@@ -73,6 +73,7 @@ pub fn def() -> KernelDef {
         .op("rope")
         .cpu("rope f32 fma factors v3", crate::cpu::kernels::rope::rope)
         .cuda(crate::cuda::rope())
+        .wgpu(crate::wgsl::rope())
         .programmatic()
 }
 
@@ -81,5 +82,6 @@ pub fn rope_store_def() -> KernelDef {
         .op("rope_store")
         .cpu("rope_store f16 v1", crate::cpu::kernels::rope::rope_store)
         .cuda(crate::cuda::rope_store())
+        .wgpu(crate::wgsl::rope_store())
         .programmatic()
 }
