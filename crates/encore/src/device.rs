@@ -55,18 +55,21 @@ pub fn list_devices() -> Vec<DeviceInfo> {
         name: "cpu".into(),
         description: crate::backend::cpu::describe(),
     };
+    let mut all = vec![cpu];
     #[cfg(feature = "cuda")]
-    return std::iter::once(cpu)
-        .chain(crate::backend::cuda::list())
-        .collect();
-    #[cfg(not(feature = "cuda"))]
-    vec![cpu]
+    all.extend(crate::backend::cuda::list());
+    #[cfg(feature = "wgpu")]
+    all.extend(crate::backend::wgpu::list());
+    all
 }
 
 impl Device {
-    /// Opens a device by name: `cpu`, `cuda`, `cuda:N`, or `auto`. `auto`
+    /// Opens a device by name: `cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N` or
+    /// `auto`. `wgpu` is the first hardware wgpu adapter; `wgpu:N` is adapter
+    /// `N` as [`list_devices`] numbers them, software ones included. `auto`
     /// opens [`Config::device`] when that names a device (`ENCORE_DEVICE`),
-    /// else CUDA when a driver and a device exist, else the CPU.
+    /// else CUDA when a driver and a device exist, else the first hardware
+    /// wgpu adapter, else the CPU (never a software adapter).
     pub fn open(name: &str, config: &Config) -> Result<Device> {
         let name = name.trim();
         let backend: Arc<dyn Backend> = match name {
@@ -78,22 +81,28 @@ impl Device {
                 if crate::backend::cuda::device_count() > 0 {
                     return Device::open("cuda:0", config);
                 }
+                #[cfg(feature = "wgpu")]
+                if let Some(index) = crate::backend::wgpu::first_hardware() {
+                    return Device::open(&format!("wgpu:{index}"), config);
+                }
                 Arc::new(CpuBackend::new(config)?)
             }
             "cpu" => Arc::new(CpuBackend::new(config)?),
-            _ => match name.strip_prefix("cuda") {
-                Some(rest) => {
-                    let ordinal = match rest {
-                        "" => 0,
-                        _ => rest
-                            .strip_prefix(':')
-                            .and_then(|n| n.parse::<usize>().ok())
-                            .ok_or_else(|| Error::UnknownDevice(name.to_string()))?,
-                    };
-                    open_cuda(ordinal, config)?
+            "wgpu" => open_wgpu(None)?,
+            _ => {
+                let ordinal = |rest: &str| {
+                    rest.strip_prefix(':')
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .ok_or_else(|| Error::UnknownDevice(name.to_string()))
+                };
+                if let Some(rest) = name.strip_prefix("cuda") {
+                    open_cuda(if rest.is_empty() { 0 } else { ordinal(rest)? }, config)?
+                } else if let Some(rest) = name.strip_prefix("wgpu") {
+                    open_wgpu(Some(ordinal(rest)?))?
+                } else {
+                    return Err(Error::UnknownDevice(name.to_string()));
                 }
-                None => return Err(Error::UnknownDevice(name.to_string())),
-            },
+            }
         };
         Ok(Device::from_backend(backend, config.clone()))
     }
@@ -411,6 +420,29 @@ impl Drop for Shared {
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize, config: &Config) -> Result<Arc<dyn Backend>> {
     crate::backend::cuda::CudaBackend::open(ordinal, config)
+}
+
+/// Opens wgpu adapter `index`, or the first hardware one.
+#[cfg(feature = "wgpu")]
+fn open_wgpu(index: Option<usize>) -> Result<Arc<dyn Backend>> {
+    let index = match index {
+        Some(i) => i,
+        None => crate::backend::wgpu::first_hardware().ok_or_else(|| Error::DeviceUnavailable {
+            name: "wgpu".into(),
+            reason: "no hardware wgpu adapter (Vulkan, Metal or DirectX 12 GPU); \
+                     `encore devices` lists software ones, which `wgpu:N` opens"
+                .into(),
+        })?,
+    };
+    crate::backend::wgpu::WgpuBackend::open(index)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn open_wgpu(index: Option<usize>) -> Result<Arc<dyn Backend>> {
+    Err(Error::DeviceUnavailable {
+        name: index.map_or_else(|| "wgpu".into(), |i| format!("wgpu:{i}")),
+        reason: "Encore was built without the `wgpu` feature".into(),
+    })
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -8,6 +8,8 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "wgpu")]
+pub(crate) mod wgpu;
 
 use std::any::Any;
 use std::sync::Arc;

@@ -1,0 +1,504 @@
+//! Programs on wgpu: bind groups built once per program, passes encoded per
+//! launch, completion and timestamps read back.
+//!
+//! A [`Prepared`] program holds, per dispatch, its pipeline and its bind
+//! group of buffers, and one argument buffer with every dispatch's block
+//! (offset table and value) at a stride the device's dynamic offsets allow.
+//! An eager submission prepares and launches once; a graph's executable
+//! prepares once and launches every replay, which only re-encodes the
+//! passes: its graph parameters live in device buffers that the launch's
+//! uploads rewrite first.
+//!
+//! Each concurrent group is one compute pass; wgpu orders passes by the
+//! buffers they use. With timing asked for and timestamp queries inside
+//! passes, a timestamp brackets every dispatch; with timestamps only at
+//! pass boundaries, each dispatch gets a pass of its own; the first and
+//! last timestamps give the submission's device time.
+
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::{binding_size, caught, message, Pipeline, Shared, OFFSETS_BYTES};
+use crate::backend::{BackendSubmission, Executable, Timing};
+use crate::error::{Error, Result};
+use crate::kernel::WGSL_MAX_BUFFERS;
+use crate::program::{DispatchRec, Program};
+use crate::record::{ArgRec, Upload};
+
+/// The most queries one query set holds (WebGPU's limit).
+const MAX_QUERIES: u32 = 4096;
+
+/// One dispatch, ready to encode.
+struct Ready {
+    pipeline: wgpu::ComputePipeline,
+    buffers: wgpu::BindGroup,
+    grid: [u32; 3],
+}
+
+/// A program with its bind groups and argument blocks built.
+pub(crate) struct Prepared {
+    shared: Arc<Shared>,
+    /// Retains the program's kernels and describes its groups.
+    program: Arc<Program>,
+    ready: Vec<Ready>,
+    args: wgpu::BindGroup,
+    stride: u32,
+}
+
+/// Says why dispatch `d` cannot be bound.
+fn invalid(d: &DispatchRec, reason: String) -> Error {
+    Error::InvalidDispatch {
+        kernel: d.kernel.name().to_string(),
+        label: d.label.to_string(),
+        reason,
+    }
+}
+
+impl Prepared {
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        args_layout: &wgpu::BindGroupLayout,
+        program: Arc<Program>,
+    ) -> Result<Prepared> {
+        shared.usable()?;
+        let align = shared.storage_align as usize;
+        let value_len = |d: &DispatchRec| -> usize {
+            program
+                .args_of(d)
+                .iter()
+                .map(|a| match a {
+                    ArgRec::Bytes { len, .. } => *len as usize,
+                    ArgRec::Buffer { .. } => 0,
+                })
+                .sum()
+        };
+        let widest = program.dispatches.iter().map(value_len).max().unwrap_or(0);
+        let stride = (OFFSETS_BYTES + widest).next_multiple_of(align);
+        let mut blocks = vec![0u8; stride * program.dispatches.len().max(1)];
+        let scope = shared
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut ready = Vec::with_capacity(program.dispatches.len());
+        for (i, d) in program.dispatches.iter().enumerate() {
+            let Some(pipeline) = d.kernel.artifact().downcast_ref::<Pipeline>() else {
+                return Err(invalid(d, "not a wgpu kernel".into()));
+            };
+            let block = &mut blocks[i * stride..(i + 1) * stride];
+            // Each buffer argument's binding; `None` for an empty one.
+            let mut buffers: Vec<Option<(wgpu::Buffer, u64, Option<NonZeroU64>)>> = Vec::new();
+            let mut value_at = OFFSETS_BYTES;
+            for arg in program.args_of(d) {
+                match *arg {
+                    ArgRec::Buffer {
+                        mem, offset, len, ..
+                    } => {
+                        let index = buffers.len();
+                        if index == WGSL_MAX_BUFFERS {
+                            return Err(invalid(
+                                d,
+                                format!("more than {WGSL_MAX_BUFFERS} buffer arguments"),
+                            ));
+                        }
+                        if len == 0 {
+                            buffers.push(None);
+                            continue;
+                        }
+                        if offset % 4 != 0 {
+                            return Err(invalid(
+                                d,
+                                format!(
+                                    "buffer argument {index} starts at byte {offset}, \
+                                     not a multiple of 4"
+                                ),
+                            ));
+                        }
+                        let start = offset - offset % align;
+                        let words = ((offset - start) / 4) as u32;
+                        block[index * 4..index * 4 + 4].copy_from_slice(&words.to_le_bytes());
+                        let size = binding_size(start as u64, offset as u64, len as u64);
+                        buffers.push(Some((shared.buffer(mem)?, start as u64, size)));
+                    }
+                    ArgRec::Bytes { start, len } => {
+                        let (start, len) = (start as usize, len as usize);
+                        let bytes = program.bytes.get(start..start + len).ok_or_else(|| {
+                            invalid(d, "value outside the program's bytes".into())
+                        })?;
+                        block[value_at..value_at + len].copy_from_slice(bytes);
+                        value_at += len;
+                    }
+                }
+            }
+            let bound = |read_only: bool| {
+                pipeline
+                    .bindings
+                    .iter()
+                    .filter(move |&&(_, r)| r == read_only)
+                    .filter_map(|&(b, _)| buffers.get(b as usize)?.as_ref())
+                    .map(|(buffer, ..)| buffer)
+            };
+            let aliasing = bound(true).any(|r| bound(false).any(|w| w == r));
+            let compiled = pipeline.variant(shared, args_layout, aliasing)?;
+            let mut entries = Vec::with_capacity(pipeline.bindings.len());
+            for &(binding, read_only) in &pipeline.bindings {
+                let Some(bound) = buffers.get(binding as usize) else {
+                    return Err(invalid(
+                        d,
+                        format!(
+                            "the shader binds buffer {binding}, the dispatch has {}",
+                            buffers.len()
+                        ),
+                    ));
+                };
+                let placeholder = &shared.placeholders[usize::from(read_only)];
+                let (buffer, offset, size) = match bound {
+                    Some((buffer, offset, size)) => (buffer, *offset, *size),
+                    None => (placeholder, 0, None),
+                };
+                entries.push(wgpu::BindGroupEntry {
+                    binding,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer,
+                        offset,
+                        size,
+                    }),
+                });
+            }
+            let group = shared.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &compiled.buffers,
+                entries: &entries,
+            });
+            ready.push(Ready {
+                pipeline: compiled.pipeline.clone(),
+                buffers: group,
+                grid: d.launch.grid,
+            });
+        }
+        let args_buffer = shared.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("encore argument blocks"),
+            size: blocks.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        shared.queue.write_buffer(&args_buffer, 0, &blocks);
+        let args = shared.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("encore arguments"),
+            layout: args_layout,
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &args_buffer,
+                    offset: 0,
+                    size: NonZeroU64::new(stride as u64),
+                }),
+            }],
+        });
+        shared.scoped("binding a program's buffers", caught(scope))?;
+        Ok(Prepared {
+            shared: shared.clone(),
+            program,
+            ready,
+            args,
+            stride: stride as u32,
+        })
+    }
+
+    /// Writes `uploads`, then encodes and submits the program.
+    pub(crate) fn launch(&self, uploads: &[Upload], timing: bool) -> Result<WgpuSubmission> {
+        let s = &self.shared;
+        s.usable()?;
+        for u in uploads {
+            s.write(u.mem, u.offset, &u.bytes)?;
+        }
+        let n = self.ready.len() as u32;
+        let mode = match (s.features.timestamps, timing) {
+            (false, _) => Stamps::None,
+            (true, false) => Stamps::Ends,
+            (true, true) if s.features.timestamps_in_passes => Stamps::Dispatches,
+            (true, true) => Stamps::PassPerDispatch,
+        };
+        let queries = match mode {
+            Stamps::None => 0,
+            Stamps::Ends => 2,
+            Stamps::Dispatches | Stamps::PassPerDispatch => 2 * n,
+        };
+        let oom = s.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let scope = s.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let sets: Vec<wgpu::QuerySet> = (0..queries.div_ceil(MAX_QUERIES))
+            .map(|k| {
+                s.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: None,
+                    ty: wgpu::QueryType::Timestamp,
+                    count: (queries - k * MAX_QUERIES).min(MAX_QUERIES),
+                })
+            })
+            .collect();
+        let slot = |q: u32| (&sets[(q / MAX_QUERIES) as usize], q % MAX_QUERIES);
+        let mut encoder = s
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let groups: Vec<std::ops::Range<usize>> = match mode {
+            Stamps::PassPerDispatch => (0..self.ready.len()).map(|i| i..i + 1).collect(),
+            _ => self.program.groups().collect(),
+        };
+        let last = groups.len().saturating_sub(1);
+        for (g, range) in groups.into_iter().enumerate() {
+            let writes = match mode {
+                Stamps::Ends if g == 0 || g == last => {
+                    let (set, _) = slot(0);
+                    Some(wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: (g == 0).then_some(0),
+                        end_of_pass_write_index: (g == last).then_some(1),
+                    })
+                }
+                Stamps::PassPerDispatch => {
+                    let (set, at) = slot(2 * range.start as u32);
+                    Some(wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: Some(at),
+                        end_of_pass_write_index: Some(at + 1),
+                    })
+                }
+                _ => None,
+            };
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: writes,
+            });
+            pass.set_bind_group(1, &self.args, &[0]);
+            for i in range {
+                let r = &self.ready[i];
+                pass.set_pipeline(&r.pipeline);
+                pass.set_bind_group(0, &r.buffers, &[]);
+                pass.set_bind_group(1, &self.args, &[i as u32 * self.stride]);
+                if mode == Stamps::Dispatches {
+                    let (set, at) = slot(2 * i as u32);
+                    pass.write_timestamp(set, at);
+                }
+                let [x, y, z] = r.grid;
+                if x > 0 && y > 0 && z > 0 {
+                    pass.dispatch_workgroups(x, y, z);
+                }
+                if mode == Stamps::Dispatches {
+                    let (set, at) = slot(2 * i as u32 + 1);
+                    pass.write_timestamp(set, at);
+                }
+            }
+        }
+        let readback = (queries > 0).then(|| {
+            let bytes = u64::from(queries) * 8;
+            let resolved = s.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("encore timestamps"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let staging = s.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("encore timestamps read"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            for (k, set) in sets.iter().enumerate() {
+                let count = (queries - k as u32 * MAX_QUERIES).min(MAX_QUERIES);
+                encoder.resolve_query_set(set, 0..count, &resolved, k as u64 * 8 * 4096);
+            }
+            encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, bytes);
+            staging
+        });
+        let started = Instant::now();
+        let index = s.queue.submit([encoder.finish()]);
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        s.queue
+            .on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        let stamps = readback.map(|staging| {
+            let mapped = Arc::new(Mutex::new(None));
+            let result = mapped.clone();
+            staging.map_async(wgpu::MapMode::Read, .., move |r| {
+                *result.lock() = Some(r.is_ok())
+            });
+            Readback {
+                staging,
+                mapped,
+                mode,
+                read: Mutex::new(None),
+            }
+        });
+        let error = [caught(scope), caught(oom)]
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|e| {
+                let cause = format!("submitting a program: {}", message(&e));
+                s.fail(cause.clone());
+                cause
+            });
+        Ok(WgpuSubmission {
+            shared: s.clone(),
+            index,
+            done,
+            error,
+            stamps,
+            started,
+            dispatches: self.ready.len(),
+        })
+    }
+}
+
+/// Which timestamps a launch writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stamps {
+    /// The device has no timestamp queries.
+    None,
+    /// The start of the first pass and the end of the last.
+    Ends,
+    /// Before and after every dispatch, inside passes.
+    Dispatches,
+    /// Every dispatch in a pass of its own, stamped at its ends.
+    PassPerDispatch,
+}
+
+/// Timestamps on their way back to the host.
+struct Readback {
+    staging: wgpu::Buffer,
+    /// `Some(mapped)` once the map has completed.
+    mapped: Arc<Mutex<Option<bool>>>,
+    mode: Stamps,
+    /// The times, once read (the staging buffer is unmapped then).
+    read: Mutex<Option<std::result::Result<Timing, String>>>,
+}
+
+/// A launched program.
+pub(crate) struct WgpuSubmission {
+    shared: Arc<Shared>,
+    index: wgpu::SubmissionIndex,
+    done: Arc<AtomicBool>,
+    /// Why the submission failed, found when it was made.
+    error: Option<String>,
+    stamps: Option<Readback>,
+    started: Instant,
+    dispatches: usize,
+}
+
+impl WgpuSubmission {
+    fn failed(&self, cause: &str) -> Error {
+        Error::DeviceFailed {
+            device: self.shared.name.clone(),
+            cause: cause.to_string(),
+        }
+    }
+
+    /// The outcome once the work and the timestamps' map have completed.
+    fn outcome(&self) -> Option<Result<Timing>> {
+        if let Some(cause) = &self.error {
+            return Some(Err(self.failed(cause)));
+        }
+        if let Some(cause) = self.shared.failure.lock().clone() {
+            return Some(Err(self.failed(&cause)));
+        }
+        if !self.done.load(Ordering::Acquire) {
+            return None;
+        }
+        let Some(r) = &self.stamps else {
+            return Some(Ok(Timing {
+                elapsed: self.started.elapsed(),
+                started: Some(self.started),
+                ..Timing::default()
+            }));
+        };
+        match *r.mapped.lock() {
+            None => None,
+            Some(false) => Some(Err(self
+                .shared
+                .driver_error("reading timestamps", "the map failed".into()))),
+            Some(true) => {
+                let mut read = r.read.lock();
+                if read.is_none() {
+                    *read = Some(self.timing(r).map_err(|e| e.to_string()));
+                }
+                read.clone()
+                    .map(|t| t.map_err(|e| self.shared.driver_error("reading timestamps", e)))
+            }
+        }
+    }
+
+    /// Device times from the mapped timestamps.
+    fn timing(&self, r: &Readback) -> Result<Timing> {
+        let ticks = r.staging.get_mapped_range(..).map(|view| {
+            view.chunks_exact(8)
+                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect::<Vec<u64>>()
+        });
+        r.staging.unmap();
+        let ticks = ticks.map_err(|e| {
+            self.shared
+                .driver_error("reading timestamps", e.to_string())
+        })?;
+        let period = self.shared.timestamp_period;
+        let span =
+            |a: u64, b: u64| Duration::from_nanos((b.saturating_sub(a) as f64 * period) as u64);
+        let first = ticks.first().copied().unwrap_or(0);
+        let end = ticks.last().copied().unwrap_or(first);
+        let mut timing = Timing {
+            elapsed: span(first, end),
+            started: Some(self.started),
+            ..Timing::default()
+        };
+        if r.mode != Stamps::Ends {
+            for pair in ticks.chunks_exact(2).take(self.dispatches) {
+                timing.dispatch_starts.push(span(first, pair[0]));
+                timing.dispatches.push(span(pair[0], pair[1]));
+            }
+        }
+        Ok(timing)
+    }
+}
+
+impl BackendSubmission for WgpuSubmission {
+    fn poll(&self) -> Option<Result<Timing>> {
+        if self.error.is_none() {
+            if let Err(e) = self.shared.device.poll(wgpu::PollType::Poll) {
+                self.shared.fail(format!("polling: {e}"));
+            }
+        }
+        self.outcome()
+    }
+
+    fn wait(&self) -> Result<Timing> {
+        if self.error.is_none() {
+            let wait = wgpu::PollType::Wait {
+                submission_index: Some(self.index.clone()),
+                timeout: None,
+            };
+            if let Err(e) = self.shared.device.poll(wait) {
+                self.shared.fail(format!("waiting for a submission: {e}"));
+            }
+        }
+        // The work is done, but a callback (completion, map) may not have
+        // run yet: waiting for everything runs them.
+        for _ in 0..64 {
+            if let Some(outcome) = self.outcome() {
+                return outcome;
+            }
+            self.shared.wait_idle("waiting for a submission")?;
+        }
+        let cause = "a completed submission never reported its completion";
+        self.shared.fail(cause.into());
+        Err(self.failed(cause))
+    }
+}
+
+/// A graph's program, prepared once and launched every replay.
+pub(crate) struct WgpuExecutable(pub(crate) Prepared);
+
+impl Executable for WgpuExecutable {
+    fn launch(&self, uploads: &[Upload], timing: bool) -> Result<Box<dyn BackendSubmission>> {
+        Ok(Box::new(self.0.launch(uploads, timing)?))
+    }
+}
