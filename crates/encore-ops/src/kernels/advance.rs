@@ -5,7 +5,8 @@
 //! or past the history's capacity appends nothing (the position still moves
 //! on).
 //!
-//! CPU: [`crate::cpu::kernels::advance`]; CUDA: `cuda/advance.cu`.
+//! CPU: [`crate::cpu::kernels::advance`]; CUDA: `cuda/advance.cu`; wgpu:
+//! `wgsl/advance.wgsl`.
 
 use encore::{Access, KernelDef};
 

@@ -5,7 +5,8 @@
 //! of many blocks (CUDA's): it must be zero before a dispatch and is zero
 //! again after it (see [`crate::Ops::argmax_buffer`]).
 //!
-//! CPU: [`crate::cpu::kernels::argmax`]; CUDA: `cuda/argmax.cu`.
+//! CPU: [`crate::cpu::kernels::argmax`]; CUDA: `cuda/argmax.cu`; wgpu:
+//! `wgsl/argmax.wgsl`.
 
 use encore::{Access, KernelDef};
 

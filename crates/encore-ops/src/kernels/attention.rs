@@ -14,7 +14,8 @@
 //! CPU: [`crate::cpu::kernels::attention`], which follows llama.cpp's CPU
 //! flash attention step by step; CUDA: `cuda/kv_store.cu` and
 //! `cuda/attention.cu`, the parts the attention kernels share in
-//! `cuda/attention_common.cuh`. The `attention` op has three more kernels:
+//! `cuda/attention_common.cuh`; wgpu: `wgsl/kv_store.wgsl` and
+//! `wgsl/attention.wgsl`. The `attention` op has three more kernels:
 //! [`super::prefill_attention`], [`super::attention_exact`] and
 //! [`super::attention_step`].
 

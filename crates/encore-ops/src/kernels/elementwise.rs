@@ -11,7 +11,8 @@
 //! - `scale`: `y[i] *= s` over `n` elements (Gemma scales its embeddings).
 //!
 //! CPU: [`crate::cpu::kernels::elementwise`]; CUDA: `cuda/add.cu`,
-//! `cuda/add_rows.cu`, `cuda/silu_mul.cu`, `cuda/gelu_mul.cu`, `cuda/scale.cu`.
+//! `cuda/add_rows.cu`, `cuda/silu_mul.cu`, `cuda/gelu_mul.cu`, `cuda/scale.cu`;
+//! wgpu: the `.wgsl` files of the same names in `wgsl/`.
 
 use encore::{Access, KernelDef};
 

@@ -2,7 +2,8 @@
 //! the squares summed in f64 as ggml sums them, so the scale matches
 //! llama.cpp's to the last bit.
 //!
-//! CPU: [`crate::cpu::kernels::norm`]; CUDA: `cuda/rms_norm.cu`.
+//! CPU: [`crate::cpu::kernels::norm`]; CUDA: `cuda/rms_norm.cu`; wgpu:
+//! `wgsl/rms_norm.wgsl`.
 
 use encore::{Access, KernelDef};
 

@@ -16,7 +16,9 @@
 //! as it was. Built by the fusion pass from `rope` then `kv_store`.
 //!
 //! CPU: [`crate::cpu::kernels::rope`]; CUDA: `cuda/rope.cu` and
-//! `cuda/rope_store.cu`, the rotation shared in `cuda/rope_common.cuh`.
+//! `cuda/rope_store.cu`, the rotation shared in `cuda/rope_common.cuh`;
+//! wgpu: `wgsl/rope.wgsl` and `wgsl/rope_store.wgsl`, likewise sharing
+//! `wgsl/rope_common.wgsl`.
 
 use encore::{Access, KernelDef};
 

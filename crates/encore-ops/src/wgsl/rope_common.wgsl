@@ -33,16 +33,21 @@ fn rope_theta(s: RopeShape, i: u32, p: u32) -> f32 {
 }
 
 // The sine and cosine of `y`, within a few ulp of the correctly rounded
-// ones for every angle RoPE makes: WGSL's `sin` and `cos` promise
-// accuracy only within [-pi, pi] and GPUs differ past it, so the angle is
-// reduced here by multiples of pi/2 (pi/2 in three f32 parts, Cody and
-// Waite's method, each step one fused multiply-add) and the quadrant's
-// polynomial (Cephes' `sinf` and `cosf`, for |r| <= pi/4) is evaluated.
+// ones for every angle RoPE makes (below 2^17): WGSL's `sin` and `cos`
+// promise accuracy only within [-pi, pi] and GPUs differ past it, so the
+// angle is reduced here by `n` times pi/2 and the quadrant's polynomial
+// (Cephes' `sinf` and `cosf`, for |r| <= pi/4) is evaluated. WGSL's `fma`
+// need not fuse (lavapipe's does not), so the reduction takes pi/2 in five
+// parts, the first four of 7 significant bits, whose products with `n` are
+// exact in plain f32 (Cody and Waite's method); each subtraction is exact
+// but the last two, which round once each.
 fn rope_sincos(y: f32) -> vec2<f32> {
     let n = round(y * bitcast<f32>(0x3f22f983u)); // 2/pi
-    var r = fma(-n, bitcast<f32>(0x3fc90fdbu), y);
-    r = fma(-n, bitcast<f32>(0xb33bbd2eu), r);
-    r = fma(-n, bitcast<f32>(0xa6f72cedu), r);
+    var r = y - n * bitcast<f32>(0x3fc80000u);
+    r = r - n * bitcast<f32>(0x3c060000u);
+    r = r - n * bitcast<f32>(0x38f60000u);
+    r = r - n * bitcast<f32>(0x34a80000u);
+    r = r - n * bitcast<f32>(0x30885a31u);
     let z = r * r;
     let sn = fma(fma(fma(-1.9515295891e-4, z, 8.3321608736e-3), z, -1.6666654611e-1) * z, r, r);
     let cs = fma(fma(fma(2.443315711809948e-5, z, -1.388731625493765e-3), z, 4.166664568298827e-2) * z, z, fma(-0.5, z, 1.0));
@@ -63,8 +68,8 @@ fn rope_index(s: RopeShape, i: u32) -> vec2<u32> {
 }
 
 // The pair `(a, b)` rotated by the angle whose sine and cosine are `sc`:
-// each output one fused multiply-add over the other product, rounded
-// alone, as on the CPU.
+// each output a multiply-add over the other product, rounded alone, as on
+// the CPU (fused where the device fuses `fma`).
 fn rope_apply(a: f32, b: f32, sc: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(fma(a, sc.y, -(b * sc.x)), fma(a, sc.x, b * sc.y));
 }
