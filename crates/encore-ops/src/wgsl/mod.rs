@@ -78,7 +78,10 @@ pub(crate) fn rms_norm() -> WgpuKernel {
 /// One invocation per rotated pair.
 pub(crate) fn rope() -> WgpuKernel {
     WgpuKernel::new(source("rope.wgsl"), "rope", |s: &RopeShape| {
-        let pairs = s.rows.saturating_mul(s.heads).saturating_mul(s.rope_dim / 2);
+        let pairs = s
+            .rows
+            .saturating_mul(s.heads)
+            .saturating_mul(s.rope_dim / 2);
         elementwise_launch(pairs, 256)
     })
 }
@@ -92,11 +95,15 @@ fn f16_words(elements: u32) -> u32 {
 
 /// One invocation per word of the cache.
 pub(crate) fn rope_store() -> WgpuKernel {
-    WgpuKernel::new(source("rope_store.wgsl"), "rope_store", |s: &RopeStoreShape| {
-        let r = s.rope;
-        let n = r.rows.saturating_mul(r.heads).saturating_mul(r.head_dim);
-        elementwise_launch(f16_words(n), 256)
-    })
+    WgpuKernel::new(
+        source("rope_store.wgsl"),
+        "rope_store",
+        |s: &RopeStoreShape| {
+            let r = s.rope;
+            let n = r.rows.saturating_mul(r.heads).saturating_mul(r.head_dim);
+            elementwise_launch(f16_words(n), 256)
+        },
+    )
 }
 
 /// One invocation per word of the cache.
@@ -130,7 +137,9 @@ pub(crate) fn argmax() -> WgpuKernel {
 
 /// One invocation.
 pub(crate) fn advance() -> WgpuKernel {
-    WgpuKernel::new(source("advance.wgsl"), "advance", |_: &u32| Launch::new(1, 1))
+    WgpuKernel::new(source("advance.wgsl"), "advance", |_: &u32| {
+        Launch::new(1, 1)
+    })
 }
 
 /// Every WGSL file of this folder, by name.

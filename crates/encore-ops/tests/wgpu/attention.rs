@@ -8,12 +8,17 @@ use super::common::{upload, Rng};
 use super::{assert_close, both, run};
 
 /// Runs `attention` on the CPU and on wgpu over random queries and caches
-/// (`|q|, |k|, |v| < 1`) and compares. Scores are summed in another order,
-/// and the CPU keeps its weighted sum of V in f16 below 64 rows (rounded at
-/// every position, 2^-11 relative) where wgpu keeps f32; with |v| < 1 every
-/// output is within 1e-3 of the CPU's.
+/// (`|q|, |k|, |v| < 1`) and compares. Below 64 rows the CPU keeps its
+/// weighted sum of V in f16 (llama.cpp's recurrence, rounded at every
+/// position, 2^-11 relative) where wgpu keeps f32: every output within 1e-3
+/// of the CPU's. From 64 rows on the CPU stays in f32 (llama.cpp's tiled
+/// path) and only the order of the sums differs: within 1e-4.
 fn check(pair: &[Ops; 2], rng: &mut Rng, shape: AttnShape, pos: u32) {
-    let (rows, heads, hd) = (shape.rows as usize, shape.heads as usize, shape.head_dim as usize);
+    let (rows, heads, hd) = (
+        shape.rows as usize,
+        shape.heads as usize,
+        shape.head_dim as usize,
+    );
     let kv_dim = shape.kv_heads as usize * hd;
     let q = rng.vec(rows * heads * hd);
     let cache = |rng: &mut Rng| -> Vec<u16> {
@@ -37,7 +42,8 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, shape: AttnShape, pos: u32) {
         "attention rows={rows} heads={heads}/{} head_dim={hd} pos={pos} max_seq={} window={}",
         shape.kv_heads, shape.max_seq, shape.window
     );
-    assert_close(&what, &out[1], &out[0], 0.0, 1e-3);
+    let tol = if rows >= 64 { 1e-4 } else { 1e-3 };
+    assert_close(&what, &out[1], &out[0], 0.0, tol);
 }
 
 fn shape(rows: usize, heads: usize, kv_heads: usize, head_dim: usize, max_seq: usize) -> AttnShape {
@@ -72,7 +78,12 @@ fn attention_matches_cpu_for_decode_and_prefill() {
         (2, 4, 2, 10, 32, 5),
         (70, 9, 3, 64, 400, 300),
     ] {
-        check(&pair, &mut rng, shape(rows, heads, kv_heads, head_dim, max_seq), pos);
+        check(
+            &pair,
+            &mut rng,
+            shape(rows, heads, kv_heads, head_dim, max_seq),
+            pos,
+        );
     }
 }
 
