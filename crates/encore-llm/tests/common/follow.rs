@@ -96,4 +96,3 @@ pub fn follow_cpu(
     }
     f
 }
-

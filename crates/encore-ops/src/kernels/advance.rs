@@ -5,7 +5,8 @@
 //! or past the history's capacity appends nothing (the position still moves
 //! on).
 //!
-//! CPU: [`crate::cpu::kernels::advance`]; CUDA: `cuda/advance.cu`.
+//! CPU: [`crate::cpu::kernels::advance`]; CUDA: `cuda/advance.cu`; wgpu:
+//! `wgsl/advance.wgsl`.
 
 use encore::{Access, KernelDef};
 
@@ -27,5 +28,6 @@ pub fn def() -> KernelDef {
         .op("advance")
         .cpu("advance v1", crate::cpu::kernels::advance::advance)
         .cuda(crate::cuda::advance())
+        .wgpu(crate::wgsl::advance())
         .programmatic()
 }

@@ -5,7 +5,8 @@
 //! of many blocks (CUDA's): it must be zero before a dispatch and is zero
 //! again after it (see [`crate::Ops::argmax_buffer`]).
 //!
-//! CPU: [`crate::cpu::kernels::argmax`]; CUDA: `cuda/argmax.cu`.
+//! CPU: [`crate::cpu::kernels::argmax`]; CUDA: `cuda/argmax.cu`; wgpu:
+//! `wgsl/argmax.wgsl`.
 
 use encore::{Access, KernelDef};
 
@@ -22,6 +23,7 @@ pub fn def() -> KernelDef {
         .op("argmax")
         .cpu("argmax f32 v1", crate::cpu::kernels::argmax::argmax_op)
         .cuda(crate::cuda::argmax())
+        .wgpu(crate::wgsl::argmax())
         .programmatic()
         .specializable()
 }

@@ -14,7 +14,8 @@
 //! CPU: [`crate::cpu::kernels::attention`], which follows llama.cpp's CPU
 //! flash attention step by step; CUDA: `cuda/kv_store.cu` and
 //! `cuda/attention.cu`, the parts the attention kernels share in
-//! `cuda/attention_common.cuh`. The `attention` op has three more kernels:
+//! `cuda/attention_common.cuh`; wgpu: `wgsl/kv_store.wgsl` and
+//! `wgsl/attention.wgsl`. The `attention` op has three more kernels:
 //! [`super::prefill_attention`], [`super::attention_exact`] and
 //! [`super::attention_step`].
 
@@ -84,6 +85,7 @@ pub fn kv_store_def() -> KernelDef {
         .op("kv_store")
         .cpu("kv_store f16 v1", crate::cpu::kernels::attention::kv_store)
         .cuda(crate::cuda::kv_store())
+        .wgpu(crate::wgsl::kv_store())
         .programmatic()
 }
 
@@ -92,5 +94,6 @@ pub fn attention_def() -> KernelDef {
         .op("attention")
         .cpu(ATTENTION_CPU, crate::cpu::kernels::attention::attention)
         .cuda(crate::cuda::attention())
+        .wgpu(crate::wgsl::attention())
         .programmatic()
 }

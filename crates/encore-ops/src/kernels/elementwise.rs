@@ -11,7 +11,8 @@
 //! - `scale`: `y[i] *= s` over `n` elements (Gemma scales its embeddings).
 //!
 //! CPU: [`crate::cpu::kernels::elementwise`]; CUDA: `cuda/add.cu`,
-//! `cuda/add_rows.cu`, `cuda/silu_mul.cu`, `cuda/gelu_mul.cu`, `cuda/scale.cu`.
+//! `cuda/add_rows.cu`, `cuda/silu_mul.cu`, `cuda/gelu_mul.cu`, `cuda/scale.cu`;
+//! wgpu: the `.wgsl` files of the same names in `wgsl/`.
 
 use encore::{Access, KernelDef};
 
@@ -64,6 +65,7 @@ pub fn add_rows_def() -> KernelDef {
         .op("add_rows")
         .cpu("add_rows f32 v1", cpu::add_rows)
         .cuda(cuda::add_rows())
+        .wgpu(crate::wgsl::add_rows())
         .programmatic()
 }
 
@@ -72,6 +74,7 @@ pub fn silu_mul_def() -> KernelDef {
         .op("silu_mul")
         .cpu("silu_mul f32 ggml-exp v2", cpu::silu_mul)
         .cuda(cuda::silu_mul())
+        .wgpu(crate::wgsl::silu_mul())
         .programmatic()
 }
 
@@ -80,6 +83,7 @@ pub fn gelu_mul_def() -> KernelDef {
         .op("gelu_mul")
         .cpu("gelu_mul f32 tanh f16-table v2", cpu::gelu_mul)
         .cuda(cuda::gelu_mul())
+        .wgpu(crate::wgsl::gelu_mul())
         .programmatic()
 }
 
@@ -88,5 +92,6 @@ pub fn scale_def() -> KernelDef {
         .op("scale")
         .cpu("scale f32 v1", cpu::scale)
         .cuda(cuda::scale())
+        .wgpu(crate::wgsl::scale())
         .programmatic()
 }

@@ -2,7 +2,8 @@
 //! the squares summed in f64 as ggml sums them, so the scale matches
 //! llama.cpp's to the last bit.
 //!
-//! CPU: [`crate::cpu::kernels::norm`]; CUDA: `cuda/rms_norm.cu`.
+//! CPU: [`crate::cpu::kernels::norm`]; CUDA: `cuda/rms_norm.cu`; wgpu:
+//! `wgsl/rms_norm.wgsl`.
 
 use encore::{Access, KernelDef};
 
@@ -24,6 +25,7 @@ pub fn def() -> KernelDef {
         .op("rms_norm")
         .cpu("rms_norm f32 v1", crate::cpu::kernels::norm::rms_norm)
         .cuda(crate::cuda::rms_norm())
+        .wgpu(crate::wgsl::rms_norm())
         .programmatic()
         .specializable()
 }

@@ -16,7 +16,9 @@
 //! as it was. Built by the fusion pass from `rope` then `kv_store`.
 //!
 //! CPU: [`crate::cpu::kernels::rope`]; CUDA: `cuda/rope.cu` and
-//! `cuda/rope_store.cu`, the rotation shared in `cuda/rope_common.cuh`.
+//! `cuda/rope_store.cu`, the rotation shared in `cuda/rope_common.cuh`;
+//! wgpu: `wgsl/rope.wgsl` and `wgsl/rope_store.wgsl`, likewise sharing
+//! `wgsl/rope_common.wgsl`.
 
 use encore::{Access, KernelDef};
 
@@ -73,6 +75,7 @@ pub fn def() -> KernelDef {
         .op("rope")
         .cpu("rope f32 fma factors v3", crate::cpu::kernels::rope::rope)
         .cuda(crate::cuda::rope())
+        .wgpu(crate::wgsl::rope())
         .programmatic()
 }
 
@@ -81,5 +84,6 @@ pub fn rope_store_def() -> KernelDef {
         .op("rope_store")
         .cpu("rope_store f16 v1", crate::cpu::kernels::rope::rope_store)
         .cuda(crate::cuda::rope_store())
+        .wgpu(crate::wgsl::rope_store())
         .programmatic()
 }

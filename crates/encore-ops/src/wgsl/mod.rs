@@ -12,9 +12,13 @@
 
 use encore::{Launch, WgpuKernel};
 
+use crate::kernels::attention::{AttnShape, KvShape};
+use crate::kernels::elementwise::ScaleShape;
 use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::kernels::matmul::MatmulShape;
+use crate::kernels::norm::NormShape;
+use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
 
 /// The most workgroups a grid dimension may hold (WebGPU's default limit).
@@ -130,16 +134,128 @@ pub(crate) fn embed() -> WgpuKernel {
     })
 }
 
+pub(crate) fn add_rows() -> WgpuKernel {
+    WgpuKernel::new(source("add_rows.wgsl"), "add_rows", |s: &[u32; 2]| {
+        elementwise_launch(s[0].saturating_mul(s[1]), 256)
+    })
+}
+
+pub(crate) fn silu_mul() -> WgpuKernel {
+    WgpuKernel::new(source("silu_mul.wgsl"), "silu_mul", |n: &u32| {
+        elementwise_launch(*n, 256)
+    })
+}
+
+pub(crate) fn gelu_mul() -> WgpuKernel {
+    WgpuKernel::new(source("gelu_mul.wgsl"), "gelu_mul", |n: &u32| {
+        elementwise_launch(*n, 256)
+    })
+}
+
+pub(crate) fn scale() -> WgpuKernel {
+    WgpuKernel::new(source("scale.wgsl"), "scale", |s: &ScaleShape| {
+        elementwise_launch(s.n, 256)
+    })
+}
+
+/// One workgroup per row.
+pub(crate) fn rms_norm() -> WgpuKernel {
+    WgpuKernel::new(source("rms_norm.wgsl"), "rms_norm", |s: &NormShape| {
+        linear_launch(s.rows)
+    })
+}
+
+/// One invocation per rotated pair.
+pub(crate) fn rope() -> WgpuKernel {
+    WgpuKernel::new(source("rope.wgsl"), "rope", |s: &RopeShape| {
+        let pairs = s
+            .rows
+            .saturating_mul(s.heads)
+            .saturating_mul(s.rope_dim / 2);
+        elementwise_launch(pairs, 256)
+    })
+}
+
+/// Words of the f16 cache that `elements` halves from an unknown position
+/// touch: half of them, and one more where the range starts in a word's
+/// second half.
+fn f16_words(elements: u32) -> u32 {
+    elements / 2 + 1
+}
+
+/// One invocation per word of the cache.
+pub(crate) fn rope_store() -> WgpuKernel {
+    WgpuKernel::new(
+        source("rope_store.wgsl"),
+        "rope_store",
+        |s: &RopeStoreShape| {
+            let r = s.rope;
+            let n = r.rows.saturating_mul(r.heads).saturating_mul(r.head_dim);
+            elementwise_launch(f16_words(n), 256)
+        },
+    )
+}
+
+/// One invocation per word of the cache.
+pub(crate) fn kv_store() -> WgpuKernel {
+    WgpuKernel::new(source("kv_store.wgsl"), "kv_store", |s: &KvShape| {
+        elementwise_launch(f16_words(s.rows.saturating_mul(s.kv_dim)), 256)
+    })
+}
+
+/// One workgroup per (head, query row).
+pub(crate) fn attention() -> WgpuKernel {
+    WgpuKernel::new(source("attention.wgsl"), "attention", |s: &AttnShape| {
+        linear_launch(s.heads.saturating_mul(s.rows))
+    })
+}
+
+/// Values one workgroup of `argmax.wgsl` takes in one round of its loop
+/// (`ARGMAX_THREADS * ARGMAX_PER_THREAD` there).
+const ARGMAX_ROUND: u32 = 256 * 16;
+
+/// The most workgroups `argmax` merges: past that each loops.
+const ARGMAX_GROUPS: u32 = 1024;
+
+/// Enough workgroups for one round over the vector, at most
+/// [`ARGMAX_GROUPS`], in one dimension (the kernel counts them).
+pub(crate) fn argmax() -> WgpuKernel {
+    WgpuKernel::new(source("argmax.wgsl"), "argmax", |n: &u32| {
+        Launch::new(n.div_ceil(ARGMAX_ROUND).clamp(1, ARGMAX_GROUPS), 1)
+    })
+}
+
+/// One invocation.
+pub(crate) fn advance() -> WgpuKernel {
+    WgpuKernel::new(source("advance.wgsl"), "advance", |_: &u32| {
+        Launch::new(1, 1)
+    })
+}
+
 /// Every WGSL file of this folder, by name.
 const FILES: &[(&str, &str)] = &[
     // Headers.
     ("common.wgsl", include_str!("common.wgsl")),
+    ("f16.wgsl", include_str!("f16.wgsl")),
+    ("ggml_exp.wgsl", include_str!("ggml_exp.wgsl")),
     ("quant.wgsl", include_str!("quant.wgsl")),
+    ("rope_common.wgsl", include_str!("rope_common.wgsl")),
     // Kernels.
     ("add.wgsl", include_str!("add.wgsl")),
+    ("add_rows.wgsl", include_str!("add_rows.wgsl")),
+    ("advance.wgsl", include_str!("advance.wgsl")),
+    ("argmax.wgsl", include_str!("argmax.wgsl")),
+    ("attention.wgsl", include_str!("attention.wgsl")),
     ("embed.wgsl", include_str!("embed.wgsl")),
     ("fused_matmul.wgsl", include_str!("fused_matmul.wgsl")),
+    ("gelu_mul.wgsl", include_str!("gelu_mul.wgsl")),
+    ("kv_store.wgsl", include_str!("kv_store.wgsl")),
     ("matmul.wgsl", include_str!("matmul.wgsl")),
+    ("rms_norm.wgsl", include_str!("rms_norm.wgsl")),
+    ("rope.wgsl", include_str!("rope.wgsl")),
+    ("rope_store.wgsl", include_str!("rope_store.wgsl")),
+    ("scale.wgsl", include_str!("scale.wgsl")),
+    ("silu_mul.wgsl", include_str!("silu_mul.wgsl")),
 ];
 
 /// The text of `file` (a name in this folder) with its `// #include
