@@ -3,7 +3,8 @@
 // conversion to f16 is written out here, rounding to nearest even as the
 // CPU (the `half` crate, x86's F16C) does; `unpack2x16float` is exact.
 // A buffer of f16 is bound as `array<u32>`, element `e` in half `e & 1` of
-// word `e >> 1` (little-endian).
+// word `e >> 1` (little-endian); the runtime binds arguments only at
+// 4-byte offsets, so element 0 of an argument is always a word's first half.
 
 // The bits of `v` rounded to the nearest f16, ties to even: overflow to
 // infinity, subnormals rounded, a NaN kept quiet with its high payload.
