@@ -111,7 +111,7 @@ fn default_model_on_wgpu_follows_the_cpu() {
     println!(
         "default model on {}: {agreed}/{total} greedy tokens equal to the CPU's ({close_calls} \
          near-ties), worst logits relative error {worst:.2e}",
-        gpu.device().name()
+        wgpu_name()
     );
     assert_eq!(agreed + close_calls, total);
 }

@@ -102,8 +102,10 @@ fn elementwise_ops_match_cpu() {
 /// `rope` in both layouts, with and without frequency factors, at angles
 /// small and large. The angles follow the CPU's f32 recurrence bit for bit;
 /// the sine and cosine (and, with factors, the division) are within a few
-/// ulp of the CPU's, so with |x| < 1 every output is within 5e-7 (four ulp
-/// of the largest outputs).
+/// ulp of the CPU's, and a driver may fuse the rotation's multiply-adds
+/// (NVIDIA's does, lavapipe's does not), so with |x| < 1 every output is
+/// within 2e-6 (16 ulp of the largest outputs; lavapipe stays within 2e-7,
+/// NVIDIA's Vulkan driver has been seen at 9e-7).
 #[test]
 fn rope_matches_cpu_in_both_layouts() {
     let mut rng = Rng::new();
@@ -133,7 +135,7 @@ fn rope_matches_cpu_in_both_layouts() {
                 let what = format!(
                     "rope neox={neox} scaled={scaled} rows={rows} heads={heads} dims={head_dim}/{rope_dim} pos={pos}"
                 );
-                assert_close(&what, &out[1], &out[0], 0.0, 5e-7);
+                assert_close(&what, &out[1], &out[0], 0.0, 2e-6);
             }
         }
     }
