@@ -61,6 +61,9 @@ if want bench "$@"; then
             timeout 300 "$stage/bin/encore" bench --device "$device" --model "$model" \
                 --prompt-tokens 512 --gen-tokens 128 --repeats 3 2>&1
         done
+        echo "-- replay versus eager encoding, empty kernels (per step of N dispatches)"
+        ENCORE_BENCH_DEVICES=wgpu timeout 120 "$stage/benches/replay" --bench step \
+            --warm-up-time 1 --measurement-time 3 2>&1 | grep -E '^step|time:'
         echo "-- per-dispatch profile on wgpu"
         timeout 120 "$stage/bin/encore" bench --device wgpu --model "$model" --repeats 1 \
             --profile dispatches 2>&1 | head -60

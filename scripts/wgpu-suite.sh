@@ -22,6 +22,9 @@ for t in "${tests[@]}"; do
     json+=$(cargo test --release -p "${t%%:*}" --test "${t#*:}" --no-run --message-format=json)
     json+=$'\n'
 done
+echo "== building the replay benchmark (release)" >&2
+json+=$(cargo bench -p encore --bench replay --no-run --message-format=json)
+json+=$'\n'
 echo "== building the encore binary (release)" >&2
 cargo build --release -p encore-cli >&2
 
@@ -29,7 +32,7 @@ rm -rf .gpu-wgpu
 mkdir -p .gpu-wgpu/tests .gpu-wgpu/bin .gpu-wgpu/gl
 messages=$(mktemp)
 printf '%s\n' "$json" >"$messages"
-for t in "${tests[@]#*:}"; do
+for t in "${tests[@]#*:}" replay; do
     exe=$(python3 - "$t" "$messages" <<'PY'
 import json, sys
 name, found = sys.argv[1], ""
@@ -42,7 +45,11 @@ print(found)
 PY
 )
     [[ -n $exe && -x $exe ]] || { echo "no executable for test $t" >&2; exit 1; }
-    strip -o ".gpu-wgpu/tests/$t" "$exe"
+    if [[ $t == replay ]]; then
+        mkdir -p .gpu-wgpu/benches && strip -o .gpu-wgpu/benches/replay "$exe"
+    else
+        strip -o ".gpu-wgpu/tests/$t" "$exe"
+    fi
 done
 strip -o .gpu-wgpu/bin/encore target/release/encore
 cp scripts/wgpu-run.sh scripts/peer-bench.sh .gpu-wgpu/
@@ -74,9 +81,11 @@ if [[ ${1:-} == --real-model ]]; then
     model=${ENCORE_REAL_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/encore/models/SmolLM2-135M-Instruct.Q4_1.gguf}
     [[ -f $model ]] || { echo "set ENCORE_REAL_MODEL to the default model's GGUF file" >&2; exit 1; }
     mkdir -p .gpu-wgpu-model
-    head -c $((12 << 20)) "$model" >.gpu-wgpu-model/part-0
-    tail -c +$(((12 << 20) + 1)) "$model" | head -c $((50 << 20)) >.gpu-wgpu-model/part-1
-    tail -c +$(((62 << 20) + 1)) "$model" >.gpu-wgpu-model/part-2
+    # The first call carries the staged suite, so its part is small.
+    mib=$((1 << 20))
+    dd if="$model" of=.gpu-wgpu-model/part-0 bs=$mib count=4 status=none
+    dd if="$model" of=.gpu-wgpu-model/part-1 bs=$mib skip=4 count=52 status=none
+    dd if="$model" of=.gpu-wgpu-model/part-2 bs=$mib skip=56 status=none
     cat <<'CALL'
 The wgpu suite with the default model takes three device calls, right after each other:
   run(command="true", carry=[".gpu-wgpu", ".gpu-wgpu-model/part-0"])
