@@ -29,13 +29,13 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, shape: AttnShape, pos: u32) {
     let (k, v) = (cache(rng), cache(rng));
     let out = pair.each_ref().map(|ops| {
         let (qb, kb, vb, p) = (
-            upload(&ops, &q),
-            upload(&ops, &k),
-            upload(&ops, &v),
-            upload(&ops, &[pos]),
+            upload(ops, &q),
+            upload(ops, &k),
+            upload(ops, &v),
+            upload(ops, &[pos]),
         );
         let out = ops.device().alloc(q.len() * 4).unwrap();
-        run(&ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+        run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
         out.download::<f32>().unwrap()
     });
     let what = format!(

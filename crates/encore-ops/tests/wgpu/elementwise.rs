@@ -17,8 +17,8 @@ fn add_matches_cpu() {
     for n in [1usize, 255, 256, 1000, 70_000] {
         let (y0, x) = (rng.vec(n), rng.vec(n));
         let out = pair.each_ref().map(|ops| {
-            let (y, xb) = (upload(&ops, &y0), upload(&ops, &x));
-            run(&ops, |o, e| o.add(e, &y, &xb, n));
+            let (y, xb) = (upload(ops, &y0), upload(ops, &x));
+            run(ops, |o, e| o.add(e, &y, &xb, n));
             y.download::<f32>().unwrap()
         });
         assert_close(&format!("add n={n}"), &out[1], &out[0], 0.0, 0.0);
@@ -36,9 +36,9 @@ fn rms_norm_matches_cpu() {
     for (rows, dim) in [(1usize, 576usize), (3, 100), (2, 256), (4, 2048)] {
         let (x, w) = (rng.vec(rows * dim), rng.vec(dim));
         let out = pair.each_ref().map(|ops| {
-            let (xb, wb) = (upload(&ops, &x), upload(&ops, &w));
+            let (xb, wb) = (upload(ops, &x), upload(ops, &w));
             let y = ops.device().alloc(rows * dim * 4).unwrap();
-            run(&ops, |o, e| o.rms_norm(e, &xb, &wb, &y, rows, dim, 1e-5));
+            run(ops, |o, e| o.rms_norm(e, &xb, &wb, &y, rows, dim, 1e-5));
             y.download::<f32>().unwrap()
         });
         assert_close(
@@ -64,25 +64,25 @@ fn elementwise_ops_match_cpu() {
         // silu_mul: ggml's e^x in both, its multiply-adds (fused or not)
         // and the division within a few ulp (2e-6 relative is 16).
         let out = pair.each_ref().map(|ops| {
-            let (gb, ub) = (upload(&ops, &g), upload(&ops, &u));
+            let (gb, ub) = (upload(ops, &g), upload(ops, &u));
             let y = ops.device().alloc(n * 4).unwrap();
-            run(&ops, |o, e| o.silu_mul(e, &gb, &ub, &y, n));
+            run(ops, |o, e| o.silu_mul(e, &gb, &ub, &y, n));
             y.download::<f32>().unwrap()
         });
         assert_close(&format!("silu_mul {n}"), &out[1], &out[0], 2e-6, 0.0);
         // gelu_mul: tanh within a few ulp of the CPU's, which can move a
         // result by one f16 step (2^-11 relative).
         let out = pair.each_ref().map(|ops| {
-            let (gb, ub) = (upload(&ops, &g), upload(&ops, &u));
+            let (gb, ub) = (upload(ops, &g), upload(ops, &u));
             let y = ops.device().alloc(n * 4).unwrap();
-            run(&ops, |o, e| o.gelu_mul(e, &gb, &ub, &y, n));
+            run(ops, |o, e| o.gelu_mul(e, &gb, &ub, &y, n));
             y.download::<f32>().unwrap()
         });
         assert_close(&format!("gelu_mul {n}"), &out[1], &out[0], 1e-3, 1e-7);
         // scale: one rounded product, exact.
         let out = pair.each_ref().map(|ops| {
-            let y = upload(&ops, &u);
-            run(&ops, |o, e| o.scale(e, &y, 25.298, n));
+            let y = upload(ops, &u);
+            run(ops, |o, e| o.scale(e, &y, 25.298, n));
             y.download::<f32>().unwrap()
         });
         assert_close(&format!("scale {n}"), &out[1], &out[0], 0.0, 0.0);
@@ -91,8 +91,8 @@ fn elementwise_ops_match_cpu() {
     for (rows, n) in [(1usize, 576usize), (7, 192), (3, 100)] {
         let (y0, bias) = (rng.vec(rows * n), rng.vec(n));
         let out = pair.each_ref().map(|ops| {
-            let (y, b) = (upload(&ops, &y0), upload(&ops, &bias));
-            run(&ops, |o, e| o.add_rows(e, &y, &b, rows, n));
+            let (y, b) = (upload(ops, &y0), upload(ops, &bias));
+            run(ops, |o, e| o.add_rows(e, &y, &b, rows, n));
             y.download::<f32>().unwrap()
         });
         assert_close(&format!("add_rows {rows}x{n}"), &out[1], &out[0], 0.0, 0.0);
@@ -125,9 +125,9 @@ fn rope_matches_cpu_in_both_layouts() {
             let f0: Vec<f32> = (0..rope_dim / 2).map(|_| 4.5 + 3.5 * rng.f32()).collect();
             for scaled in [false, true] {
                 let out = pair.each_ref().map(|ops| {
-                    let (x, p, f) = (upload(&ops, &x0), upload(&ops, &[pos]), upload(&ops, &f0));
+                    let (x, p, f) = (upload(ops, &x0), upload(ops, &[pos]), upload(ops, &f0));
                     let f = scaled.then_some(&f);
-                    run(&ops, |o, e| {
+                    run(ops, |o, e| {
                         o.rope(
                             e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, f, "rope",
                         )
@@ -192,12 +192,12 @@ fn rope_store_matches_cpu() {
             let out = pair.each_ref().map(|ops| {
                 let kernel = ops.device().load_kernel(&rope_store_def()).unwrap();
                 let args = RopeStoreArgs {
-                    x: upload(&ops, &x0),
-                    pos: upload(&ops, &[pos]),
-                    cache: upload(&ops, &cache0),
+                    x: upload(ops, &x0),
+                    pos: upload(ops, &[pos]),
+                    cache: upload(ops, &cache0),
                     shape,
                 };
-                run(&ops, |_, e| e.dispatch(&kernel, &args.args(), "rope_store"));
+                run(ops, |_, e| e.dispatch(&kernel, &args.args(), "rope_store"));
                 let cache: Vec<f32> = args
                     .cache
                     .download::<f16>()
@@ -249,12 +249,8 @@ fn kv_store_matches_cpu_bit_for_bit() {
                 })
                 .collect();
             let out = pair.each_ref().map(|ops| {
-                let (s, c, p) = (
-                    upload(&ops, &src),
-                    upload(&ops, &cache0),
-                    upload(&ops, &[pos]),
-                );
-                run(&ops, |o, e| {
+                let (s, c, p) = (upload(ops, &src), upload(ops, &cache0), upload(ops, &[pos]));
+                run(ops, |o, e| {
                     o.kv_store(e, &s, &c, &p, rows, kv_dim, max_seq, "kv")
                 });
                 c.download::<u16>().unwrap()
@@ -331,12 +327,12 @@ fn advance_matches_cpu() {
         let history0: Vec<u32> = (0..8).map(|_| rng.below(1000) as u32).collect();
         let out = pair.each_ref().map(|ops| {
             let (n, t, p, h) = (
-                upload(&ops, &[next]),
-                upload(&ops, &[0u32]),
-                upload(&ops, &[pos]),
-                upload(&ops, &history0),
+                upload(ops, &[next]),
+                upload(ops, &[0u32]),
+                upload(ops, &[pos]),
+                upload(ops, &history0),
             );
-            run(&ops, |o, e| o.advance(e, &n, &t, &p, &h));
+            run(ops, |o, e| o.advance(e, &n, &t, &p, &h));
             [&t, &p, &h].map(|b| b.download::<u32>().unwrap())
         });
         assert_eq!(out[1], out[0], "advance at {pos}");
