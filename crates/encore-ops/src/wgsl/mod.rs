@@ -5,7 +5,7 @@
 //! from the dispatch's value.
 //!
 //! WGSL has no preprocessor: a kernel names the headers it needs with
-//! `// #include "name.wgsl"` lines, which [`source`] expands. Every kernel
+//! `// #include "name.wgsl"` lines, which `source` expands. Every kernel
 //! follows the runtime's binding convention (see [`WgpuKernel`]): buffer
 //! argument `i` at `@group(0) @binding(i)`, indexed from `args.off[i]`, and
 //! the value's fields after `off` in `@group(1) @binding(0)`.
