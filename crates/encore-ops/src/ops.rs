@@ -122,8 +122,16 @@ impl Ops {
     /// its op is dispatched, so a backend can be brought up one op at a time.
     pub fn new(device: &Device, kernels: KernelSet) -> Result<Ops> {
         let defs = kernels.defs();
-        let load = |def| Slot::load(device, def);
-        let optional = |def| Slot::load_optional(device, def);
+        // A kernel the exact set lacks on a backend is named as the exact
+        // set's, so the error says which set to leave.
+        let set = |mut slot: Slot| {
+            if kernels == KernelSet::Exact && slot.kernel.is_none() && !slot.name.is_empty() {
+                slot.name = format!("{} (exact kernel set)", slot.name);
+            }
+            slot
+        };
+        let load = |def| Slot::load(device, def).map(set);
+        let optional = |def| Slot::load_optional(device, def).map(set);
         Ok(Ops {
             device: device.clone(),
             kernels,
