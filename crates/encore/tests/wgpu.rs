@@ -629,3 +629,59 @@ fn adapters_are_listed_and_software_ones_are_opened_only_by_index() {
         Err(Error::UnknownDevice(_))
     ));
 }
+
+/// A graph replay is held back until the next operation on the queue; the
+/// operations after it still see it in order: a write made after the
+/// replay does not reach it, an ordered read sees its result, and a read
+/// of what an earlier replay wrote (`download_after`) does not wait for
+/// it.
+#[test]
+fn held_replays_keep_queue_order() {
+    let d = gpu();
+    let (scale, _) = scale_and_add(&d);
+    let n = 1000u32;
+    let x = d.buffer_from(&vec![1.5f32; n as usize]).unwrap();
+    let (y, z) = (
+        d.alloc(n as usize * 4).unwrap(),
+        d.alloc(n as usize * 4).unwrap(),
+    );
+    let params = encore::Params::new(&d, &["s"]).unwrap();
+    let s = params.slot("s").unwrap();
+    let mut enc = d.capture();
+    enc.dispatch(
+        &scale,
+        &[Arg::read(&x), Arg::write(&y), Arg::read(&s), Arg::value(&n)],
+        "y",
+    )
+    .unwrap();
+    let mut graph = enc.finish_graph().unwrap();
+    graph.set_params(&params);
+    graph.mark_output(&y);
+    let exec = graph.instantiate(&[]).unwrap();
+
+    let first = exec.replay(&[("s", 2.0f32.to_bits())]).unwrap();
+    first.wait().unwrap();
+    let second = exec.replay(&[("s", 3.0f32.to_bits())]).unwrap();
+    // Ahead of the second replay: the first one's result.
+    let mut early = vec![0f32; n as usize];
+    y.download_after(&first, &mut early).unwrap();
+    assert_eq!(early, vec![3.0f32; n as usize]);
+    // An upload after the second replay does not change what it reads.
+    let third = exec.replay(&[("s", 4.0f32.to_bits())]).unwrap();
+    x.upload(&vec![10.0f32; n as usize]).unwrap();
+    assert_eq!(y.download::<f32>().unwrap(), vec![6.0f32; n as usize]);
+    second.wait().unwrap();
+    third.wait().unwrap();
+    // Eager work after a held replay runs after it.
+    let mut enc = d.encoder();
+    enc.dispatch(
+        &scale,
+        &[Arg::read(&y), Arg::write(&z), Arg::read(&s), Arg::value(&n)],
+        "z",
+    )
+    .unwrap();
+    let fourth = exec.replay(&[("s", 0.5f32.to_bits())]).unwrap();
+    drop(fourth);
+    enc.commit_and_wait().unwrap();
+    assert_eq!(z.download::<f32>().unwrap(), vec![2.5f32; n as usize]);
+}

@@ -141,6 +141,8 @@ pub(crate) struct Shared {
     features: Features,
     /// Nanoseconds per timestamp tick.
     timestamp_period: f64,
+    /// A graph replay encoded but not yet submitted (see [`Shared::hold`]).
+    held: Mutex<Option<(wgpu::CommandBuffer, Arc<submit::Slot>)>>,
 }
 
 impl Shared {
@@ -203,8 +205,10 @@ impl Shared {
         }
     }
 
-    /// Blocks until every submission so far has completed.
+    /// Blocks until every submission so far (the held one included) has
+    /// completed.
     fn wait_idle(&self, operation: &str) -> Result<()> {
+        self.flush();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(drop)
@@ -215,10 +219,32 @@ impl Shared {
             })
     }
 
+    /// Keeps a graph replay's commands back, submitting whatever was held
+    /// before. The next operation on the queue submits them first (a
+    /// write, an ordered read, another launch, a wait or poll, a
+    /// synchronization), except a read of what earlier work wrote
+    /// ([`Backend::read_settled`]), which goes ahead of them. A decode loop
+    /// queues its next replay before reading the previous one's tokens; on
+    /// one wgpu queue that read would otherwise wait for the next replay
+    /// too, and the device would idle while the host encodes the one after.
+    fn hold(&self, commands: wgpu::CommandBuffer, slot: Arc<submit::Slot>) {
+        self.flush();
+        *self.held.lock() = Some((commands, slot));
+    }
+
+    /// Submits the held replay, if any.
+    fn flush(&self) {
+        let held = self.held.lock().take();
+        if let Some((commands, slot)) = held {
+            slot.submit(self, commands);
+        }
+    }
+
     /// Copies `data` to `offset` of `mem`, ordered after submitted work
     /// and before any later submission.
     fn write(&self, mem: RawMem, offset: usize, data: &[u8]) -> Result<()> {
         self.usable()?;
+        self.flush();
         if data.is_empty() {
             return Ok(());
         }
@@ -232,7 +258,7 @@ impl Shared {
             self.queue.write_buffer(&buffer, offset as u64, data);
         } else {
             let mut words = vec![0u8; end - start];
-            self.read(mem, start, &mut words)?;
+            self.read(mem, start, &mut words, false)?;
             words[offset - start..offset - start + data.len()].copy_from_slice(data);
             self.queue.write_buffer(&buffer, start as u64, &words);
         }
@@ -243,10 +269,13 @@ impl Shared {
     /// submitted work, through a staging buffer. wgpu copies whole words
     /// from word-aligned offsets, so the copy covers the words around the
     /// range.
-    fn read(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
+    fn read(&self, mem: RawMem, offset: usize, out: &mut [u8], settled: bool) -> Result<()> {
         self.usable()?;
         if out.is_empty() {
             return Ok(());
+        }
+        if !settled {
+            self.flush();
         }
         let src = self.buffer(mem)?;
         let start = (offset as u64) & !3;
@@ -263,12 +292,25 @@ impl Shared {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         encoder.copy_buffer_to_buffer(&src, start, &staging, 0, size);
-        self.queue.submit([encoder.finish()]);
+        let index = self.queue.submit([encoder.finish()]);
+        // A settled read went ahead of the held replay, which may go now.
+        self.flush();
         let mapped = Arc::new(Mutex::new(None));
         let done = mapped.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| *done.lock() = Some(r));
         self.scoped("reading a buffer", caught(scope))?;
-        self.wait_idle("reading a buffer")?;
+        let wait = wgpu::PollType::Wait {
+            submission_index: Some(index),
+            timeout: None,
+        };
+        if let Err(e) = self.device.poll(wait) {
+            let message = e.to_string();
+            self.fail(format!("reading a buffer: {message}"));
+            return Err(self.driver_error("reading a buffer", message));
+        }
+        if mapped.lock().is_none() {
+            self.wait_idle("reading a buffer")?;
+        }
         match mapped.lock().take() {
             Some(Ok(())) => {}
             Some(Err(e)) => return Err(self.driver_error("mapping a buffer", e.to_string())),
@@ -508,6 +550,7 @@ impl WgpuBackend {
                     .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             },
             timestamp_period,
+            held: Mutex::new(None),
         });
         Ok(Arc::new(WgpuBackend {
             shared,
@@ -642,7 +685,11 @@ impl Backend for WgpuBackend {
     }
 
     fn read(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.shared.read(mem, offset, out)
+        self.shared.read(mem, offset, out, false)
+    }
+
+    fn read_settled(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.shared.read(mem, offset, out, true)
     }
 
     fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>> {
@@ -680,7 +727,7 @@ impl Backend for WgpuBackend {
         timing: bool,
     ) -> Result<Box<dyn BackendSubmission>> {
         let prepared = submit::Prepared::new(&self.shared, &self.args_layout, program)?;
-        let submission: WgpuSubmission = prepared.launch(&uploads, timing)?;
+        let submission: WgpuSubmission = prepared.launch(&uploads, timing, false)?;
         Ok(Box::new(submission))
     }
 
@@ -691,6 +738,7 @@ impl Backend for WgpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.shared.usable()?;
+        self.shared.flush();
         self.shared.wait_idle("synchronizing")
     }
 

@@ -207,8 +207,14 @@ impl Prepared {
         })
     }
 
-    /// Writes `uploads`, then encodes and submits the program.
-    pub(crate) fn launch(&self, uploads: &[Upload], timing: bool) -> Result<WgpuSubmission> {
+    /// Writes `uploads`, then encodes the program and submits it, or with
+    /// `hold` leaves it for the next operation on the queue to submit.
+    pub(crate) fn launch(
+        &self,
+        uploads: &[Upload],
+        timing: bool,
+        hold: bool,
+    ) -> Result<WgpuSubmission> {
         let s = &self.shared;
         s.usable()?;
         for u in uploads {
@@ -311,25 +317,19 @@ impl Prepared {
             encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, bytes);
             staging
         });
-        let started = Instant::now();
-        let index = s.queue.submit([encoder.finish()]);
-        let done = Arc::new(AtomicBool::new(false));
-        let flag = done.clone();
-        s.queue
-            .on_submitted_work_done(move || flag.store(true, Ordering::Release));
-        let stamps = readback.map(|staging| {
-            let mapped = Arc::new(Mutex::new(None));
-            let result = mapped.clone();
-            staging.map_async(wgpu::MapMode::Read, .., move |r| {
-                *result.lock() = Some(r.is_ok())
-            });
-            Readback {
-                staging,
-                mapped,
-                mode,
-                read: Mutex::new(None),
-            }
+        let stamps = readback.map(|staging| Readback {
+            staging,
+            mapped: Arc::new(Mutex::new(None)),
+            mode,
+            read: Mutex::new(None),
         });
+        let slot = Arc::new(Slot {
+            index: Mutex::new(None),
+            done: Arc::new(AtomicBool::new(false)),
+            started: Mutex::new(None),
+            stamps,
+        });
+        let commands = encoder.finish();
         let error = [caught(scope), caught(oom)]
             .into_iter()
             .flatten()
@@ -339,15 +339,50 @@ impl Prepared {
                 s.fail(cause.clone());
                 cause
             });
+        if error.is_none() {
+            if hold {
+                s.hold(commands, slot.clone());
+            } else {
+                s.flush();
+                slot.submit(s, commands);
+            }
+        }
         Ok(WgpuSubmission {
             shared: s.clone(),
-            index,
-            done,
+            slot,
             error,
-            stamps,
-            started,
             dispatches: self.ready.len(),
         })
+    }
+}
+
+/// A program's submission: made when encoded, or held back until the next
+/// operation on the queue (see [`Shared::hold`]).
+pub(crate) struct Slot {
+    /// The queue's index of the submission, once made.
+    index: Mutex<Option<wgpu::SubmissionIndex>>,
+    /// Set by the queue once the work is done.
+    done: Arc<AtomicBool>,
+    /// When it was submitted.
+    started: Mutex<Option<Instant>>,
+    stamps: Option<Readback>,
+}
+
+impl Slot {
+    /// Submits `commands` and asks to hear of their completion and, with
+    /// timestamps, for their read-back.
+    pub(crate) fn submit(&self, s: &Shared, commands: wgpu::CommandBuffer) {
+        *self.started.lock() = Some(Instant::now());
+        *self.index.lock() = Some(s.queue.submit([commands]));
+        let flag = self.done.clone();
+        s.queue
+            .on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        if let Some(r) = &self.stamps {
+            let result = r.mapped.clone();
+            r.staging.map_async(wgpu::MapMode::Read, .., move |m| {
+                *result.lock() = Some(m.is_ok())
+            });
+        }
     }
 }
 
@@ -377,12 +412,9 @@ struct Readback {
 /// A launched program.
 pub(crate) struct WgpuSubmission {
     shared: Arc<Shared>,
-    index: wgpu::SubmissionIndex,
-    done: Arc<AtomicBool>,
+    slot: Arc<Slot>,
     /// Why the submission failed, found when it was made.
     error: Option<String>,
-    stamps: Option<Readback>,
-    started: Instant,
     dispatches: usize,
 }
 
@@ -402,13 +434,14 @@ impl WgpuSubmission {
         if let Some(cause) = self.shared.failure.lock().clone() {
             return Some(Err(self.failed(&cause)));
         }
-        if !self.done.load(Ordering::Acquire) {
+        if !self.slot.done.load(Ordering::Acquire) {
             return None;
         }
-        let Some(r) = &self.stamps else {
+        let started = *self.slot.started.lock();
+        let Some(r) = &self.slot.stamps else {
             return Some(Ok(Timing {
-                elapsed: self.started.elapsed(),
-                started: Some(self.started),
+                elapsed: started.map(|t| t.elapsed()).unwrap_or_default(),
+                started,
                 ..Timing::default()
             }));
         };
@@ -447,7 +480,7 @@ impl WgpuSubmission {
         let end = ticks.last().copied().unwrap_or(first);
         let mut timing = Timing {
             elapsed: span(first, end),
-            started: Some(self.started),
+            started: *self.slot.started.lock(),
             ..Timing::default()
         };
         if r.mode != Stamps::Ends {
@@ -463,6 +496,9 @@ impl WgpuSubmission {
 impl BackendSubmission for WgpuSubmission {
     fn poll(&self) -> Option<Result<Timing>> {
         if self.error.is_none() {
+            if self.slot.index.lock().is_none() {
+                self.shared.flush();
+            }
             if let Err(e) = self.shared.device.poll(wgpu::PollType::Poll) {
                 self.shared.fail(format!("polling: {e}"));
             }
@@ -472,8 +508,11 @@ impl BackendSubmission for WgpuSubmission {
 
     fn wait(&self) -> Result<Timing> {
         if self.error.is_none() {
+            if self.slot.index.lock().is_none() {
+                self.shared.flush();
+            }
             let wait = wgpu::PollType::Wait {
-                submission_index: Some(self.index.clone()),
+                submission_index: self.slot.index.lock().clone(),
                 timeout: None,
             };
             if let Err(e) = self.shared.device.poll(wait) {
@@ -499,6 +538,6 @@ pub(crate) struct WgpuExecutable(pub(crate) Prepared);
 
 impl Executable for WgpuExecutable {
     fn launch(&self, uploads: &[Upload], timing: bool) -> Result<Box<dyn BackendSubmission>> {
-        Ok(Box::new(self.0.launch(uploads, timing)?))
+        Ok(Box::new(self.0.launch(uploads, timing, true)?))
     }
 }
