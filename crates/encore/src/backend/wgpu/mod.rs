@@ -222,11 +222,13 @@ impl Shared {
     /// Keeps a graph replay's commands back, submitting whatever was held
     /// before. The next operation on the queue submits them first (a
     /// write, an ordered read, another launch, a wait or poll, a
-    /// synchronization), except a read of what earlier work wrote
-    /// ([`Backend::read_settled`]), which goes ahead of them. A decode loop
-    /// queues its next replay before reading the previous one's tokens; on
-    /// one wgpu queue that read would otherwise wait for the next replay
-    /// too, and the device would idle while the host encodes the one after.
+    /// synchronization), except reads of what earlier work wrote
+    /// ([`Backend::read_settled`]), which go ahead of them. A decode loop
+    /// encodes its next replay before it reads the previous one's tokens
+    /// and logits; on one wgpu queue those reads would otherwise wait for
+    /// the next replay to finish, and the device would then idle while the
+    /// host encodes the one after. Held, the next replay starts when the
+    /// loop uploads the parameters of the one after it.
     fn hold(&self, commands: wgpu::CommandBuffer, slot: Arc<submit::Slot>) {
         self.flush();
         *self.held.lock() = Some((commands, slot));
@@ -293,8 +295,6 @@ impl Shared {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         encoder.copy_buffer_to_buffer(&src, start, &staging, 0, size);
         let index = self.queue.submit([encoder.finish()]);
-        // A settled read went ahead of the held replay, which may go now.
-        self.flush();
         let mapped = Arc::new(Mutex::new(None));
         let done = mapped.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| *done.lock() = Some(r));
