@@ -225,7 +225,10 @@ fn attention_step_refusal(s: &AttnStepShape) -> Option<String> {
     let why = if a.rows != 1 {
         format!("{} query rows; it takes one", a.rows)
     } else if a.kv_heads == 0 || a.heads % a.kv_heads != 0 {
-        format!("{} heads do not divide into {} KV heads", a.heads, a.kv_heads)
+        format!(
+            "{} heads do not divide into {} KV heads",
+            a.heads, a.kv_heads
+        )
     } else if a.head_dim == 0 || a.head_dim as usize > MAX_HEAD_DIM {
         format!("head size {} outside 1..={MAX_HEAD_DIM}", a.head_dim)
     } else if stores && a.head_dim % 2 != 0 {
@@ -285,7 +288,10 @@ pub(crate) fn advance() -> WgpuKernel {
 const FILES: &[(&str, &str)] = &[
     // Headers.
     ("common.wgsl", include_str!("common.wgsl")),
-    ("attention_common.wgsl", include_str!("attention_common.wgsl")),
+    (
+        "attention_common.wgsl",
+        include_str!("attention_common.wgsl"),
+    ),
     ("f16.wgsl", include_str!("f16.wgsl")),
     ("ggml_exp.wgsl", include_str!("ggml_exp.wgsl")),
     ("quant.wgsl", include_str!("quant.wgsl")),
@@ -398,6 +404,58 @@ mod tests {
                     assert!(launch.is_ok(), "{name} type {id}: {launch:?}");
                 }
             }
+        }
+    }
+
+    /// `attention_step` launches one workgroup per query head and refuses,
+    /// by name, the shapes its WGSL has no code for.
+    #[test]
+    fn attention_step_refuses_shapes_without_wgsl_code() {
+        let good = AttnStepShape {
+            attn: AttnShape {
+                rows: 1,
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                max_seq: 128,
+                scale: 0.125,
+                window: 0,
+            },
+            rope: RopeShape {
+                rows: 1,
+                heads: 9,
+                head_dim: 64,
+                rope_dim: 64,
+                base: 10_000.0,
+                neox: 0,
+                theta_scale: 0.75,
+                factors: 0,
+            },
+            flags: STEP_ROPE_Q | STEP_K_NEW | STEP_ROPE_K | STEP_V_NEW,
+        };
+        let kernel = attention_step();
+        let launch = kernel.launch(bytemuck::bytes_of(&good));
+        assert_eq!(launch.map(|l| l.grid), Ok([9, 1, 1]));
+        let mut factors = good;
+        factors.rope.factors = 1;
+        let mut odd = good;
+        odd.attn.head_dim = 63;
+        odd.rope.rope_dim = 62;
+        let mut rows = good;
+        rows.attn.rows = 2;
+        let mut wide = good;
+        wide.attn.head_dim = 512;
+        for (shape, says) in [
+            (factors, "factors"),
+            (odd, "odd head size"),
+            (rows, "query rows"),
+            (wide, "head size"),
+        ] {
+            let reason = kernel.launch(bytemuck::bytes_of(&shape)).expect_err(says);
+            assert!(
+                reason.contains("attention_step") && reason.contains(says),
+                "{reason}"
+            );
         }
     }
 
