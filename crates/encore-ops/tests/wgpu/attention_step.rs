@@ -120,6 +120,13 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, attn: AttnShape, rope: RopeShape, flags
             "{what}: V half {i}: wgpu {g} vs CPU {c}"
         );
     }
+    if flags & STEP_K_NEW != 0 {
+        assert_ne!(
+            k_cpu[row.clone()],
+            k0[row.clone()],
+            "{what}: K row not stored"
+        );
+    }
     if flags & STEP_V_NEW != 0 {
         assert_ne!(
             v_cpu[row.clone()],
