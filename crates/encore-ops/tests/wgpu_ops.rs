@@ -17,6 +17,8 @@ mod common;
 
 #[path = "wgpu/attention.rs"]
 mod attention;
+#[path = "wgpu/attention_step.rs"]
+mod attention_step;
 #[path = "wgpu/elementwise.rs"]
 mod elementwise;
 #[path = "wgpu/matmul.rs"]

@@ -12,7 +12,7 @@
 //! operations' own code in their order, so a fused CPU graph equals the
 //! unfused one bit for bit.
 //!
-//! CUDA: `cuda/attention_step.cu`.
+//! CUDA: `cuda/attention_step.cu`; wgpu: `wgsl/attention_step.wgsl`.
 
 use encore::{Access, KernelDef};
 
@@ -76,6 +76,7 @@ pub fn def() -> KernelDef {
             crate::cpu::kernels::attention_step::attention_step,
         )
         .cuda(crate::cuda::attention_step())
+        .wgpu(crate::wgsl::attention_step())
         .programmatic()
         .specializable()
 }

@@ -222,6 +222,8 @@ mod tests {
 
     /// Tensor-core variants have no CPU body: on the CPU they are
     /// unsupported, and `Ops` falls back to the general kernel.
+    /// `attention_step` also runs on the CPU (the unfused ops' code) and on
+    /// wgpu.
     #[test]
     fn variants_without_a_cpu_body_are_cuda_only() {
         let defs = KernelSet::Default.defs();
@@ -231,7 +233,11 @@ mod tests {
         {
             let backends: Vec<_> = def.backends().collect();
             let expected = if def.name() == "attention_step" {
-                vec![encore::BackendKind::Cpu, encore::BackendKind::Cuda]
+                vec![
+                    encore::BackendKind::Cpu,
+                    encore::BackendKind::Cuda,
+                    encore::BackendKind::Wgpu,
+                ]
             } else {
                 vec![encore::BackendKind::Cuda]
             };

@@ -12,7 +12,10 @@
 
 use encore::{Launch, WgpuKernel};
 
-use crate::kernels::attention::{AttnShape, KvShape};
+use crate::kernels::attention::{AttnShape, KvShape, MAX_HEAD_DIM};
+use crate::kernels::attention_step::{
+    AttnStepShape, STEP_K_NEW, STEP_ROPE_K, STEP_ROPE_Q, STEP_V_NEW,
+};
 use crate::kernels::elementwise::ScaleShape;
 use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
@@ -210,6 +213,55 @@ pub(crate) fn attention() -> WgpuKernel {
     })
 }
 
+/// Why `attention_step.wgsl` cannot take `s`, if it cannot: one query row,
+/// whole KV groups, a head of 1 to [`MAX_HEAD_DIM`] elements, an even head
+/// where a new row is stored (so that it is whole words of the cache), an
+/// even `rope_dim` within the head where a rotation is folded, and no
+/// frequency factors.
+fn attention_step_refusal(s: &AttnStepShape) -> Option<String> {
+    let (a, r) = (&s.attn, &s.rope);
+    let rotates = s.flags & (STEP_ROPE_Q | STEP_ROPE_K) != 0;
+    let stores = s.flags & (STEP_K_NEW | STEP_V_NEW) != 0;
+    let why = if a.rows != 1 {
+        format!("{} query rows; it takes one", a.rows)
+    } else if a.kv_heads == 0 || a.heads % a.kv_heads != 0 {
+        format!(
+            "{} heads do not divide into {} KV heads",
+            a.heads, a.kv_heads
+        )
+    } else if a.head_dim == 0 || a.head_dim as usize > MAX_HEAD_DIM {
+        format!("head size {} outside 1..={MAX_HEAD_DIM}", a.head_dim)
+    } else if stores && a.head_dim % 2 != 0 {
+        format!("an odd head size {} with a row to store", a.head_dim)
+    } else if rotates && (r.rope_dim > a.head_dim || r.rope_dim % 2 != 0) {
+        format!(
+            "rope_dim {} must be even and at most head_dim {}",
+            r.rope_dim, a.head_dim
+        )
+    } else if rotates && r.factors != 0 {
+        "frequency factors, which it does not take".into()
+    } else {
+        return None;
+    };
+    Some(format!("attention_step on wgpu: {why}"))
+}
+
+/// One workgroup per query head.
+pub(crate) fn attention_step() -> WgpuKernel {
+    let flags = format!(
+        "const STEP_ROPE_Q: u32 = {STEP_ROPE_Q}u;\nconst STEP_K_NEW: u32 = {STEP_K_NEW}u;\n\
+         const STEP_ROPE_K: u32 = {STEP_ROPE_K}u;\nconst STEP_V_NEW: u32 = {STEP_V_NEW}u;\n"
+    );
+    WgpuKernel::checked(
+        flags + &source("attention_step.wgsl"),
+        "attention_step",
+        |s: &AttnStepShape| match attention_step_refusal(s) {
+            Some(why) => Err(why),
+            None => Ok(linear_launch(s.attn.heads)),
+        },
+    )
+}
+
 /// Values one workgroup of `argmax.wgsl` takes in one round of its loop
 /// (`ARGMAX_THREADS * ARGMAX_PER_THREAD` there).
 const ARGMAX_ROUND: u32 = 256 * 16;
@@ -236,6 +288,10 @@ pub(crate) fn advance() -> WgpuKernel {
 const FILES: &[(&str, &str)] = &[
     // Headers.
     ("common.wgsl", include_str!("common.wgsl")),
+    (
+        "attention_common.wgsl",
+        include_str!("attention_common.wgsl"),
+    ),
     ("f16.wgsl", include_str!("f16.wgsl")),
     ("ggml_exp.wgsl", include_str!("ggml_exp.wgsl")),
     ("quant.wgsl", include_str!("quant.wgsl")),
@@ -246,6 +302,7 @@ const FILES: &[(&str, &str)] = &[
     ("advance.wgsl", include_str!("advance.wgsl")),
     ("argmax.wgsl", include_str!("argmax.wgsl")),
     ("attention.wgsl", include_str!("attention.wgsl")),
+    ("attention_step.wgsl", include_str!("attention_step.wgsl")),
     ("embed.wgsl", include_str!("embed.wgsl")),
     ("fused_matmul.wgsl", include_str!("fused_matmul.wgsl")),
     ("gelu_mul.wgsl", include_str!("gelu_mul.wgsl")),
@@ -347,6 +404,58 @@ mod tests {
                     assert!(launch.is_ok(), "{name} type {id}: {launch:?}");
                 }
             }
+        }
+    }
+
+    /// `attention_step` launches one workgroup per query head and refuses,
+    /// by name, the shapes its WGSL has no code for.
+    #[test]
+    fn attention_step_refuses_shapes_without_wgsl_code() {
+        let good = AttnStepShape {
+            attn: AttnShape {
+                rows: 1,
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                max_seq: 128,
+                scale: 0.125,
+                window: 0,
+            },
+            rope: RopeShape {
+                rows: 1,
+                heads: 9,
+                head_dim: 64,
+                rope_dim: 64,
+                base: 10_000.0,
+                neox: 0,
+                theta_scale: 0.75,
+                factors: 0,
+            },
+            flags: STEP_ROPE_Q | STEP_K_NEW | STEP_ROPE_K | STEP_V_NEW,
+        };
+        let kernel = attention_step();
+        let launch = kernel.launch(bytemuck::bytes_of(&good));
+        assert_eq!(launch.map(|l| l.grid), Ok([9, 1, 1]));
+        let mut factors = good;
+        factors.rope.factors = 1;
+        let mut odd = good;
+        odd.attn.head_dim = 63;
+        odd.rope.rope_dim = 62;
+        let mut rows = good;
+        rows.attn.rows = 2;
+        let mut wide = good;
+        wide.attn.head_dim = 512;
+        for (shape, says) in [
+            (factors, "factors"),
+            (odd, "odd head size"),
+            (rows, "query rows"),
+            (wide, "head size"),
+        ] {
+            let reason = kernel.launch(bytemuck::bytes_of(&shape)).expect_err(says);
+            assert!(
+                reason.contains("attention_step") && reason.contains(says),
+                "{reason}"
+            );
         }
     }
 

@@ -67,9 +67,30 @@ fn rope_index(s: RopeShape, i: u32) -> vec2<u32> {
     return vec2<u32>(2u * i, 2u * i + 1u);
 }
 
+// The pair that element `j` (below `rope_dim`) of a head belongs to, and
+// whether `j` is the pair's second element (1) or its first (0).
+fn rope_pair_of(s: RopeShape, j: u32) -> vec2<u32> {
+    if s.neox != 0u {
+        let half = s.rope_dim / 2u;
+        if j >= half {
+            return vec2<u32>(j - half, 1u);
+        }
+        return vec2<u32>(j, 0u);
+    }
+    return vec2<u32>(j / 2u, j & 1u);
+}
+
 // The pair `(a, b)` rotated by the angle whose sine and cosine are `sc`:
 // each output a multiply-add over the other product, rounded alone, as on
 // the CPU (fused where the device fuses `fma`).
 fn rope_apply(a: f32, b: f32, sc: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(fma(a, sc.y, -(b * sc.x)), fma(a, sc.x, b * sc.y));
+}
+
+// Element `pair.y` of pair `pair.x` (from `rope_pair_of`) after the
+// rotation at position `p`, the pair's elements being `(a, b)` (at
+// `rope_index(s, pair.x)` of the head).
+fn rope_element(s: RopeShape, pair: vec2<u32>, a: f32, b: f32, p: u32) -> f32 {
+    let v = rope_apply(a, b, rope_sincos(rope_theta(s, pair.x, p)));
+    return select(v.x, v.y, pair.y == 1u);
 }

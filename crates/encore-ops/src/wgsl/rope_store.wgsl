@@ -39,19 +39,11 @@ fn rotated(s: RopeShape, e: u32, p0: u32) -> f32 {
     if j >= s.rope_dim {
         return x[args.off[0] + e];
     }
-    let half = s.rope_dim / 2u;
-    // Pair `i`, and whether `e` is its second element.
-    var i = j / 2u;
-    var second = (j & 1u) == 1u;
-    if s.neox != 0u {
-        i = select(j, j - half, j >= half);
-        second = j >= half;
-    }
-    let ix = rope_index(s, i);
+    let pair = rope_pair_of(s, j);
+    let ix = rope_index(s, pair.x);
     let a = x[args.off[0] + head + ix.x];
     let b = x[args.off[0] + head + ix.y];
-    let v = rope_apply(a, b, rope_sincos(rope_theta(s, i, p0 + e / (s.heads * s.head_dim))));
-    return select(v.x, v.y, second);
+    return rope_element(s, pair, a, b, p0 + e / (s.heads * s.head_dim));
 }
 
 @compute @workgroup_size(256)

@@ -1,0 +1,211 @@
+// The attention of one query head at one position over the f16 KV cache,
+// shared by `attention` and `attention_step`.
+//
+// For the query `q16` (rounded to f16, as on the CPU) at position `at`
+// with KV head elements from `kv_off` of each cache row: `s[t] = scale *
+// q16 · K[t]` for `first <= t <= at` (`first` is 0, or with a sliding
+// window `w`, `at + 1 - w` when that is positive), `p = softmax(s)`, the
+// result `sum_t p[t] V[t]`.
+//
+// One workgroup of ATT_THREADS invocations per (head, position), splitting
+// the positions among its invocations: a chunk of ATT_THREADS positions at
+// a time, an invocation per position computes its score, the workgroup
+// takes the chunk's maximum, and the running maximum `m`, sum `l` and
+// weighted sum of V are rescaled by `e^(m_old - m_new)` (the online
+// softmax, safe for any magnitude of scores) before the chunk's weights
+// `e^(s - m_new)` are added in. For the weighted sum the invocations
+// split the other way: a column of two dimensions each and the chunk's
+// positions dealt out among the invocations of a column (`lanes` of them),
+// whose sums meet in shared memory at the end. The weighted sum is f32
+// where the CPU keeps it in f16 (llama.cpp's recurrence, below 64 rows), so
+// the two agree to about 2^-11 relative.
+//
+// The including kernel defines `k_word(i: u32) -> u32` and `v_word(i: u32)
+// -> u32`, word `i` of its K and V cache arguments (two halves a word, as
+// `f16.wgsl` describes). It may supply the K and V rows of position `at`
+// in `k_row` and `v_row` (f16 values as f32) instead of the caches, for a
+// row it stores in the same dispatch: another workgroup's stores are not
+// visible within a dispatch, so the rows it writes are never read back.
+
+// #include "f16.wgsl"
+
+struct AttnShape {
+    rows: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    max_seq: u32,
+    scale: f32,
+    window: u32,
+}
+
+const ATT_THREADS: u32 = 256u;
+const ATT_MAX_HEAD: u32 = 256u;
+// Below every score: the running maximum before the first chunk.
+const ATT_LOWEST: f32 = -3.0e38;
+
+var<workgroup> qs: array<f32, ATT_MAX_HEAD>;
+var<workgroup> k_row: array<f32, ATT_MAX_HEAD>;
+var<workgroup> v_row: array<f32, ATT_MAX_HEAD>;
+var<workgroup> red: array<f32, ATT_THREADS>;
+var<workgroup> probs: array<f32, ATT_THREADS>;
+// A lane's weighted sums, `lane * 2 * cols + d`: at most ATT_THREADS
+// invocations of two dimensions each.
+var<workgroup> part: array<f32, 512>;
+var<workgroup> lsum: array<f32, ATT_THREADS>;
+
+// Whether the kernels take a shape: heads a multiple of the KV heads, a
+// head of 1 to ATT_MAX_HEAD elements.
+fn attn_shape_ok(s: AttnShape) -> bool {
+    return s.kv_heads != 0u && s.heads % s.kv_heads == 0u && s.head_dim != 0u
+        && s.head_dim <= ATT_MAX_HEAD;
+}
+
+// The first element of query head `h`'s KV head in a cache row.
+fn attn_kv_offset(s: AttnShape, h: u32) -> u32 {
+    return (h / (s.heads / s.kv_heads)) * s.head_dim;
+}
+
+// Element `e` of the K or V cache.
+fn k_at(e: u32) -> f32 {
+    let w = unpack2x16float(k_word(e >> 1u));
+    return select(w.x, w.y, (e & 1u) == 1u);
+}
+
+fn v_at(e: u32) -> f32 {
+    let w = unpack2x16float(v_word(e >> 1u));
+    return select(w.x, w.y, (e & 1u) == 1u);
+}
+
+// `q16 · K` over the `hd` elements of K from element `e`; `aligned` when
+// `e` and `hd` are even, so that the row is whole words.
+fn score(e: u32, hd: u32, aligned: bool) -> f32 {
+    var acc = 0.0;
+    if aligned {
+        let w0 = e >> 1u;
+        for (var i = 0u; i < hd / 2u; i++) {
+            let kv = unpack2x16float(k_word(w0 + i));
+            acc = fma(qs[2u * i], kv.x, acc);
+            acc = fma(qs[2u * i + 1u], kv.y, acc);
+        }
+    } else {
+        for (var d = 0u; d < hd; d++) {
+            acc = fma(qs[d], k_at(e + d), acc);
+        }
+    }
+    return acc;
+}
+
+// `q16 · k_row`, in the order of `score`.
+fn score_row(hd: u32) -> f32 {
+    var acc = 0.0;
+    for (var d = 0u; d < hd; d++) {
+        acc = fma(qs[d], k_row[d], acc);
+    }
+    return acc;
+}
+
+// Elements `e` and `e + 1` of V (the second only when `two`).
+fn v_pair(e: u32, two: bool, aligned: bool) -> vec2<f32> {
+    if aligned {
+        return unpack2x16float(v_word(e >> 1u));
+    }
+    return vec2<f32>(v_at(e), select(0.0, v_at(e + 1u), two));
+}
+
+// Attends with the query in `qs` (written before a barrier every
+// invocation has passed) at position `at`, taking position `at`'s K row
+// from `k_row` where `new_k` and its V row from `v_row` where `new_v`.
+// Every invocation of the workgroup calls it, in uniform control flow; the
+// result's element `d` is then `attended(s, d)`.
+fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool) {
+    let hd = s.head_dim;
+    var first = 0u;
+    if s.window != 0u && at + 1u > s.window {
+        first = at + 1u - s.window;
+    }
+    let len = at + 1u - first;
+    let kv_dim = s.kv_heads * hd;
+    let aligned = (hd & 1u) == 0u && (kv_dim & 1u) == 0u;
+
+    // The weighted sum's layout: columns of two dimensions, `lanes`
+    // invocations a column.
+    let cols = (hd + 1u) / 2u;
+    let lanes = ATT_THREADS / cols;
+    let c = tid % cols;
+    let lane = tid / cols;
+    let summing = lane < lanes;
+    let two = 2u * c + 1u < hd;
+
+    var m = ATT_LOWEST;
+    var l = 0.0;
+    var acc = vec2<f32>(0.0, 0.0);
+    for (var t0 = 0u; t0 < len; t0 += ATT_THREADS) {
+        let t = t0 + tid;
+        var s_t = ATT_LOWEST;
+        if t < len {
+            if new_k && first + t == at {
+                s_t = s.scale * score_row(hd);
+            } else {
+                s_t = s.scale * score((first + t) * kv_dim + kv_off, hd, aligned);
+            }
+        }
+        red[tid] = s_t;
+        for (var half = ATT_THREADS / 2u; half > 0u; half /= 2u) {
+            workgroupBarrier();
+            if tid < half {
+                red[tid] = max(red[tid], red[tid + half]);
+            }
+        }
+        workgroupBarrier();
+        let m_new = max(m, red[0]);
+        if t < len {
+            probs[tid] = exp(s_t - m_new);
+        }
+        workgroupBarrier();
+        let alpha = exp(m - m_new);
+        acc *= alpha;
+        l *= alpha;
+        m = m_new;
+        if summing {
+            let end = min(len - t0, ATT_THREADS);
+            for (var j = lane; j < end; j += lanes) {
+                let pj = probs[j];
+                var vj: vec2<f32>;
+                if new_v && first + t0 + j == at {
+                    vj = vec2<f32>(v_row[2u * c], select(0.0, v_row[2u * c + 1u], two));
+                } else {
+                    let e = (first + t0 + j) * kv_dim + kv_off + 2u * c;
+                    vj = v_pair(e, two, aligned);
+                }
+                acc = fma(vec2<f32>(pj, pj), vj, acc);
+                l += pj;
+            }
+        }
+        // Every invocation is done with `red` and `probs` before the next
+        // chunk writes them.
+        workgroupBarrier();
+    }
+
+    if summing {
+        part[lane * 2u * cols + 2u * c] = acc.x;
+        part[lane * 2u * cols + 2u * c + 1u] = acc.y;
+        if c == 0u {
+            lsum[lane] = l;
+        }
+    }
+    workgroupBarrier();
+}
+
+// Element `d` of the result of `attend` (after it returns).
+fn attended(s: AttnShape, d: u32) -> f32 {
+    let cols = (s.head_dim + 1u) / 2u;
+    let lanes = ATT_THREADS / cols;
+    var total = 0.0;
+    var o = 0.0;
+    for (var i = 0u; i < lanes; i++) {
+        total += lsum[i];
+        o += part[i * 2u * cols + d];
+    }
+    return o / total;
+}
