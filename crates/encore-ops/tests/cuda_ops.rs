@@ -20,7 +20,9 @@ use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
 use encore_ops::{DType, KernelSet, Ops, Weight};
 
 mod common;
-use common::{block_graph, fused_nodes, in_parallel, random_weights, upload, BlockInputs, Rng};
+use common::{
+    assert_close, block_graph, fused_nodes, in_parallel, random_weights, upload, BlockInputs, Rng,
+};
 use half::f16;
 
 /// The kernel cache directory: `ENCORE_CACHE_DIR` where it names one
@@ -103,29 +105,6 @@ fn dequantize(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Vec<f32> {
             .unwrap();
     }
     out
-}
-
-/// Asserts `|gpu - cpu| <= rel * |cpu| + abs` elementwise, naming the worst element.
-fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], rel: f32, abs: f32) {
-    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
-    let mut worst = (0usize, 0f32);
-    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
-        assert!(
-            g.is_finite(),
-            "{what}: element {i} is {g} on CUDA (CPU {c})"
-        );
-        let excess = (g - c).abs() - (rel * c.abs() + abs);
-        if excess > worst.1 {
-            worst = (i, excess);
-        }
-    }
-    let i = worst.0;
-    assert!(
-        worst.1 <= 0.0,
-        "{what}: element {i}: CUDA {} vs CPU {} (tolerance {rel} relative + {abs})",
-        gpu[i],
-        cpu[i]
-    );
 }
 
 /// Runs `f` on both devices with buffers it makes from the same inputs and

@@ -14,6 +14,7 @@ use encore::{Config, Device, Encoder, Result};
 use encore_ops::{KernelSet, Ops};
 
 mod common;
+use common::assert_close;
 
 #[path = "wgpu/attention.rs"]
 mod attention;
@@ -57,27 +58,4 @@ fn run(ops: &Ops, f: impl FnOnce(&Ops, &mut Encoder) -> Result<()>) {
     f(ops, &mut enc).unwrap_or_else(|e| panic!("{}: encode: {e}", ops.device().name()));
     enc.commit_and_wait()
         .unwrap_or_else(|e| panic!("{}: run: {e}", ops.device().name()));
-}
-
-/// Asserts `|gpu - cpu| <= rel * |cpu| + abs` elementwise, naming the worst element.
-fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], rel: f32, abs: f32) {
-    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
-    let mut worst = (0usize, 0f32);
-    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
-        assert!(
-            g.is_finite(),
-            "{what}: element {i} is {g} on wgpu (CPU {c})"
-        );
-        let excess = (g - c).abs() - (rel * c.abs() + abs);
-        if excess > worst.1 {
-            worst = (i, excess);
-        }
-    }
-    let (i, excess) = worst;
-    assert!(
-        excess <= 0.0,
-        "{what}: element {i}: wgpu {} vs CPU {} (tolerance {rel} relative + {abs})",
-        gpu[i],
-        cpu[i]
-    );
 }

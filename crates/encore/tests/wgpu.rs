@@ -9,13 +9,14 @@
 // Helpers fail a test the way assertions do: by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use encore::{
     Arg, Buffer, Config, Device, Error, Kernel, KernelDef, Launch, ProfileMode, WgpuKernel,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+
+mod common;
+use common::{initial, mix, op, record, saxpy, Rng};
 
 fn wgpu_name() -> String {
     std::env::var("ENCORE_TEST_WGPU")
@@ -36,63 +37,6 @@ fn open(config: &Config) -> Device {
 
 fn gpu() -> Device {
     open(&Config::default())
-}
-
-/// A small xorshift generator: fresh inputs per run, reproducible from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            | 1;
-        eprintln!("random seed {seed:#x}");
-        Rng(seed)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-}
-
-/// The value of a `saxpy` dispatch: its two value arguments, `a` then `n`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct SaxpyValue {
-    a: f32,
-    n: u32,
-}
-
-/// `saxpy` with a CPU body and a WGSL body that compute the same fused
-/// multiply-add.
-fn saxpy() -> KernelDef {
-    KernelDef::new("saxpy")
-        .cpu("saxpy f32 fma v1", |a| {
-            let x = a.read::<f32>(0)?;
-            let y = a.write::<f32>(1)?;
-            let s: f32 = a.scalar(2)?;
-            let n = a.scalar::<u32>(3)? as usize;
-            y.iter_mut()
-                .zip(x)
-                .take(n)
-                .for_each(|(y, &x)| *y = s.mul_add(x, *y));
-            Ok(())
-        })
-        .wgpu(WgpuKernel::new(
-            include_str!("wgsl/saxpy.wgsl"),
-            "saxpy",
-            |v: &SaxpyValue| Launch::cover(v.n, 256),
-        ))
 }
 
 fn run_saxpy(device: &Device, x: &[f32], y: &[f32], a: f32) -> Vec<f32> {
@@ -324,96 +268,6 @@ fn a_buffer_dropped_right_after_dispatch_stays_alive_until_completion() {
     drop(submission);
     d.synchronize().unwrap();
     assert_eq!(dst.download::<f32>().unwrap(), data);
-}
-
-/// The value of a `mix` dispatch: its two value arguments, `c` then `n`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct MixValue {
-    c: f32,
-    n: u32,
-}
-
-fn mix() -> KernelDef {
-    KernelDef::new("mix")
-        .cpu("mix f32 v1", |a| {
-            let x = a.read::<f32>(0)?;
-            let y = a.write::<f32>(1)?;
-            let c: f32 = a.scalar(2)?;
-            let n = a.scalar::<u32>(3)? as usize;
-            y.iter_mut()
-                .zip(x)
-                .take(n)
-                .for_each(|(y, &x)| *y = (*y * 0.5 + x) + c);
-            Ok(())
-        })
-        .wgpu(WgpuKernel::new(
-            include_str!("wgsl/mix.wgsl"),
-            "mix",
-            |v: &MixValue| Launch::cover(v.n, 32),
-        ))
-}
-
-/// One random dispatch: `y view += ...` reading an `x` view of either allocation.
-#[derive(Clone, Debug)]
-struct Op {
-    src: usize,
-    src_at: usize,
-    dst: usize,
-    dst_at: usize,
-    len: usize,
-    c: i8,
-}
-
-const FLOATS: usize = 96;
-
-fn op() -> impl Strategy<Value = Op> {
-    (
-        0..2usize,
-        0..64usize,
-        0..2usize,
-        0..64usize,
-        1..32usize,
-        -4i8..4,
-    )
-        .prop_map(|(src, src_at, dst, dst_at, len, c)| Op {
-            src,
-            src_at,
-            dst,
-            dst_at,
-            len,
-            c,
-        })
-}
-
-/// Records `ops` into `enc` over two allocations; returns which ops were
-/// accepted (an op whose views overlap is rejected, identically everywhere).
-fn record(enc: &mut encore::Encoder, k: &Kernel, bufs: &[Buffer], ops: &[Op]) -> Vec<bool> {
-    ops.iter()
-        .map(|o| {
-            let x = bufs[o.src].view_elems::<f32>(o.src_at, o.len).unwrap();
-            let y = bufs[o.dst].view_elems::<f32>(o.dst_at, o.len).unwrap();
-            let c = f32::from(o.c);
-            let n = o.len as u32;
-            enc.dispatch(
-                k,
-                &[
-                    Arg::read(&x),
-                    Arg::read_write(&y),
-                    Arg::value(&c),
-                    Arg::value(&n),
-                ],
-                "mix",
-            )
-            .is_ok()
-        })
-        .collect()
-}
-
-fn initial() -> [Vec<f32>; 2] {
-    let a = (0..FLOATS).map(|i| i as f32 * 0.25).collect();
-    let b = (0..FLOATS).map(|i| 7.0 - i as f32 * 0.125).collect();
-    [a, b]
 }
 
 /// Views at any offset of one or two allocations, read and written by one

@@ -26,6 +26,29 @@ pub fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) ->
     })
 }
 
+/// Asserts `|gpu - cpu| <= rel * |cpu| + abs` elementwise, naming the worst element.
+pub fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], rel: f32, abs: f32) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let mut worst = (0usize, 0f32);
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{what}: element {i} is {g} on the GPU (CPU {c})"
+        );
+        let excess = (g - c).abs() - (rel * c.abs() + abs);
+        if excess > worst.1 {
+            worst = (i, excess);
+        }
+    }
+    let i = worst.0;
+    assert!(
+        worst.1 <= 0.0,
+        "{what}: element {i}: GPU {} vs CPU {} (tolerance {rel} relative + {abs})",
+        gpu[i],
+        cpu[i]
+    );
+}
+
 /// A small xorshift generator: fresh inputs per run, reproducible from the
 /// printed seed (`ENCORE_TEST_SEED=0x...` runs a test on that seed again).
 pub struct Rng(pub u64);
