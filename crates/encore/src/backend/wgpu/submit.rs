@@ -276,7 +276,6 @@ impl Prepared {
                 label: None,
                 timestamp_writes: writes,
             });
-            pass.set_bind_group(1, &self.args, &[0]);
             for i in range {
                 let r = &self.ready[i];
                 pass.set_pipeline(&r.pipeline);
