@@ -24,6 +24,7 @@ use crate::kernels::elementwise::{
 use crate::kernels::embed::{EmbedArgs, EmbedShape};
 use crate::kernels::matmul::{MatmulArgs, MatmulShape};
 use crate::kernels::norm::{NormArgs, NormShape};
+use crate::kernels::paged::{PagedAttnArgs, PagedAttnShape, PagedKvArgs, PagedKvShape, RopeRowsArgs};
 use crate::kernels::rope::{self, RopeArgs, RopeShape};
 use crate::kernels::{gemm, prefill_attention, KernelSet};
 use crate::DType;
@@ -114,6 +115,10 @@ pub struct Ops {
     fused_matmul: Slot,
     rope_store: Slot,
     attention_step: Slot,
+    matmul_rows: Slot,
+    rope_rows: Slot,
+    kv_store_paged: Slot,
+    attention_paged: Slot,
 }
 
 impl Ops {
@@ -153,6 +158,10 @@ impl Ops {
             fused_matmul: load(defs.fused_matmul)?,
             rope_store: load(defs.rope_store)?,
             attention_step: optional(defs.attention_step)?,
+            matmul_rows: load(defs.matmul_rows)?,
+            rope_rows: load(defs.rope_rows)?,
+            kv_store_paged: load(defs.kv_store_paged)?,
+            attention_paged: load(defs.attention_paged)?,
         })
     }
 
@@ -379,6 +388,153 @@ impl Ops {
             _ => self.attention.get(&self.device)?,
         };
         enc.dispatch(kernel, &args.args(), "attention")
+    }
+
+    /// `y[rows, n] = x[rows, k] · wᵀ` with each row's arithmetic independent
+    /// of the other rows: the product of a batch of independent sequences,
+    /// whose results must not depend on the batch ([`crate::kernels::paged`]).
+    pub fn matmul_rows(
+        &self,
+        enc: &mut Encoder,
+        w: &Weight,
+        x: &Buffer,
+        y: &Buffer,
+        rows: usize,
+        label: &'static str,
+    ) -> Result<()> {
+        let args = MatmulArgs {
+            w: w.buffer.clone(),
+            x: f32s(x, rows * w.k)?,
+            y: f32s(y, rows * w.n)?,
+            shape: MatmulShape {
+                rows: rows as u32,
+                n: w.n as u32,
+                k: w.k as u32,
+                dtype: w.dtype.ggml_id(),
+            },
+        };
+        enc.dispatch(self.matmul_rows.get(&self.device)?, &args.args(), label)
+    }
+
+    /// [`Ops::rope`] with row `r` at position `positions[r]` (`u32[rows]`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_rows(
+        &self,
+        enc: &mut Encoder,
+        x: &Buffer,
+        positions: &Buffer,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        rope_dim: usize,
+        base: f32,
+        neox: bool,
+        factors: Option<&Buffer>,
+        label: &'static str,
+    ) -> Result<()> {
+        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
+            return Err(invalid(
+                "rope_rows",
+                label,
+                format!("rope_dim {rope_dim} must be even and at most head_dim {head_dim}"),
+            ));
+        }
+        let positions = positions.view(0, rows * 4)?;
+        let args = RopeRowsArgs {
+            x: f32s(x, rows * heads * head_dim)?,
+            positions: positions.clone(),
+            factors: match factors {
+                Some(f) => f32s(f, rope_dim / 2)?,
+                None => positions,
+            },
+            shape: RopeShape {
+                rows: rows as u32,
+                heads: heads as u32,
+                head_dim: head_dim as u32,
+                rope_dim: rope_dim as u32,
+                base,
+                neox: neox as u32,
+                theta_scale: rope::theta_scale(base, rope_dim),
+                factors: factors.is_some() as u32,
+            },
+        };
+        enc.dispatch(self.rope_rows.get(&self.device)?, &args.args(), label)
+    }
+
+    /// Stores `rows` rows of `src` into a paged f16 cache of `kv_dim`
+    /// values a slot, row `r` at slot `slots[r]` (`u32[rows]`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_store_paged(
+        &self,
+        enc: &mut Encoder,
+        src: &Buffer,
+        cache: &Buffer,
+        slots: &Buffer,
+        rows: usize,
+        kv_dim: usize,
+        label: &'static str,
+    ) -> Result<()> {
+        let pool_slots = cache.len() / (kv_dim * 2).max(1);
+        let args = PagedKvArgs {
+            src: f32s(src, rows * kv_dim)?,
+            cache: cache.view(0, pool_slots * kv_dim * 2)?,
+            slots: slots.view(0, rows * 4)?,
+            shape: PagedKvShape {
+                rows: rows as u32,
+                kv_dim: kv_dim as u32,
+                slots: pool_slots as u32,
+            },
+        };
+        enc.dispatch(self.kv_store_paged.get(&self.device)?, &args.args(), label)
+    }
+
+    /// Attention of `shape.rows` rows of independent sequences over a paged
+    /// cache: row `r` at `positions[r]` through block table `tables[r]`
+    /// (`u32[rows, max_blocks]`); see [`crate::kernels::paged`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_paged(
+        &self,
+        enc: &mut Encoder,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        positions: &Buffer,
+        tables: &Buffer,
+        out: &Buffer,
+        shape: PagedAttnShape,
+    ) -> Result<()> {
+        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(invalid(
+                "attention_paged",
+                "attention",
+                format!("{heads} heads do not divide into {kv_heads} KV heads"),
+            ));
+        }
+        if head_dim as usize > attention::MAX_HEAD_DIM || shape.block_size == 0 {
+            return Err(invalid(
+                "attention_paged",
+                "attention",
+                format!(
+                    "head size {head_dim} (at most {}) or block size {} (at least 1)",
+                    attention::MAX_HEAD_DIM,
+                    shape.block_size
+                ),
+            ));
+        }
+        let rows = shape.rows as usize;
+        let n = rows * (heads * head_dim) as usize;
+        let cache = shape.blocks as usize * shape.block_size as usize * (kv_heads * head_dim) as usize * 2;
+        let args = PagedAttnArgs {
+            q: f32s(q, n)?,
+            k: k.view(0, cache)?,
+            v: v.view(0, cache)?,
+            positions: positions.view(0, rows * 4)?,
+            tables: tables.view(0, rows * shape.max_blocks as usize * 4)?,
+            out: f32s(out, n)?,
+            shape,
+        };
+        enc.dispatch(self.attention_paged.get(&self.device)?, &args.args(), "attention")
     }
 
     /// `y += x` over `n` elements.

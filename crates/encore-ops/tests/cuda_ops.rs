@@ -1396,3 +1396,72 @@ fn attention_step_matches_the_unfused_cpu_step_at_every_split_shape() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn paged_attention_matches_cpu() {
+    // As the contiguous attention: scores summed in another order, and the
+    // CPU's weighted sum of V kept in f16; with |v| < 1 within 1e-3.
+    let pair = both();
+    let mut rng = Rng::new();
+    for window in [0, 20] {
+        let case = common::PagedCase::random(&mut rng, &[37, 1, 16, 70, 300], 9, window);
+        let [cpu, cuda] = [0, 1].map(|i| case.run(&pair[i]));
+        assert_close(&format!("attention_paged, window {window}"), &cuda, &cpu, 0.0, 1e-3);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn rope_rows_matches_cpu_bit_for_bit() {
+    let pair = both();
+    let mut rng = Rng::new();
+    let (heads, hd) = (3, 64);
+    let positions: Vec<u32> = (0..9).map(|_| rng.below(5000) as u32).collect();
+    let x = rng.vec(positions.len() * heads * hd);
+    let factors: Vec<f32> = (0..hd / 2).map(|_| rng.range(1.0, 8.0)).collect();
+    for scaled in [false, true] {
+        let [cpu, cuda] = on_both::<f32>(&pair, |ops| {
+            let xb = upload(ops, &x);
+            let f = upload(ops, &factors);
+            run(ops, |ops, enc| {
+                let p = upload(ops, &positions);
+                let f = scaled.then_some(&f);
+                ops.rope_rows(enc, &xb, &p, positions.len(), heads, hd, hd, 500000.0, true, f, "r")
+            });
+            xb
+        });
+        assert_eq!(cpu, cuda, "rope_rows, scaled {scaled}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn matmul_rows_is_row_invariant_and_matches_cpu() {
+    // Each row of a batch gets, bit for bit, what it gets alone; against
+    // the CPU, the tolerance of `matmul` (8-bit activations on the CPU).
+    let pair = both();
+    let mut rng = Rng::new();
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16] {
+        let (n, k, rows) = (96, 512, 33);
+        let bytes = random_weights(&mut rng, dtype, n, k);
+        let x = rng.vec(rows * k);
+        let product = |ops: &Ops, x: &[f32], rows: usize| -> Vec<f32> {
+            let w = Weight { buffer: upload(ops, &bytes), dtype, n, k };
+            let y = ops.device().alloc(rows * n * 4).unwrap();
+            run(ops, |ops, enc| ops.matmul_rows(enc, &w, &upload(ops, x), &y, rows, "m"));
+            y.download().unwrap()
+        };
+        let cuda_all = product(&pair[1], &x, rows);
+        for r in [0, 1, 17, rows - 1] {
+            let one = product(&pair[1], &x[r * k..(r + 1) * k], 1);
+            assert_eq!(&cuda_all[r * n..(r + 1) * n], &one[..], "{dtype} row {r}");
+        }
+        let cpu_all = product(&pair[0], &x, rows);
+        let (_, scale) = magnitudes(&dequantize(dtype, &bytes, n, k), &x, rows, n, k);
+        let tol = if dtype.is_quantized() { 5e-3 } else { 1e-5 };
+        for (i, ((g, c), s)) in cuda_all.iter().zip(&cpu_all).zip(&scale).enumerate() {
+            assert!((g - c).abs() <= tol * s + 1e-7, "matmul_rows {dtype} output {i}: CUDA {g} vs CPU {c}");
+        }
+    }
+}

@@ -8,6 +8,7 @@ use encore::Launch;
 
 use crate::kernels::attention::AttnShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_SWIGLU};
+use crate::kernels::paged::PagedAttnShape;
 use crate::DType;
 
 /// Threads a block of `rms_norm`.
@@ -178,6 +179,18 @@ pub fn attention_launch(shape: &AttnShape) -> Launch {
         [ATTENTION_THREADS, 1, 1],
     )
     .with_shared(attention_shared_bytes(shape.max_seq))
+}
+
+/// `attention_paged` for `shape`: a block per (head, row), scores of up to
+/// a block's worth of positions in shared memory, as `attention`.
+pub fn attention_paged_launch(shape: &PagedAttnShape) -> Launch {
+    Launch::grid3(
+        [shape.heads.max(1), shape.rows.max(1), 1],
+        [ATTENTION_THREADS, 1, 1],
+    )
+    .with_shared(attention_shared_bytes(
+        shape.max_blocks.saturating_mul(shape.block_size),
+    ))
 }
 
 /// The defines of `attention`.

@@ -69,7 +69,9 @@ matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* 
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
     // One activation row goes column by column; so do several, row by row,
     // in the exact version with quantized weights; else tiles of rows.
-    const bool by_column = s.rows == 1 || (MM_QUANT_BY_COLUMN && ggml_quantized(s.dtype));
+    // `matmul_rows` (MM_ROW_INVARIANT 1) keeps every row on the one-row
+    // path, so that a row's sums never depend on the rows around it.
+    const bool by_column = s.rows == 1 || MM_ROW_INVARIANT || (MM_QUANT_BY_COLUMN && ggml_quantized(s.dtype));
     // The weights are read-only: fetch this warp's rows into L2 while the
     // previous kernel finishes.
     for (unsigned int c = 0; c < cols; ++c) prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);

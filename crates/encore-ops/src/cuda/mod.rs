@@ -24,6 +24,7 @@ use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
+use crate::kernels::paged::PagedKvShape;
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
 
@@ -73,13 +74,25 @@ pub(crate) fn rms_norm() -> CudaKernel {
 
 /// `matmul`, its quantized products the exact ones with `exact`.
 pub(crate) fn matmul(exact: bool) -> CudaKernel {
+    matmul_kernel(exact, false)
+}
+
+/// `matmul_rows`: `matmul` held to its one-row path for every row
+/// (`MM_ROW_INVARIANT`), so that a row's sums do not depend on the batch.
+pub(crate) fn matmul_rows(exact: bool) -> CudaKernel {
+    matmul_kernel(exact, true)
+}
+
+fn matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
     let file = if exact {
         "matmul_exact.cu"
     } else {
         "matmul.cu"
     };
+    let mut defines = geometry::matmul_defines();
+    defines.push(("MM_ROW_INVARIANT", u32::from(row_invariant).to_string()));
     CudaKernel::checked(
-        source_with(file, &geometry::matmul_defines()),
+        source_with(file, &defines),
         "matmul",
         |s: &MatmulShape| {
             weight_type("matmul", s.dtype)?;
@@ -121,6 +134,32 @@ pub(crate) fn fused_matmul(exact: bool) -> CudaKernel {
             }
             Ok(geometry::matmul_launch(geometry::fused_matmul_warps(s)))
         },
+    )
+}
+
+pub(crate) fn rope_rows() -> CudaKernel {
+    CudaKernel::new(source("rope_rows.cu"), "rope_rows", |s: &RopeShape| {
+        geometry::rope_launch(
+            s.rows
+                .saturating_mul(s.heads)
+                .saturating_mul(s.rope_dim / 2),
+        )
+    })
+}
+
+pub(crate) fn kv_store_paged() -> CudaKernel {
+    CudaKernel::new(
+        source("kv_store_paged.cu"),
+        "kv_store_paged",
+        |s: &PagedKvShape| geometry::kv_store_launch(s.rows.saturating_mul(s.kv_dim)),
+    )
+}
+
+pub(crate) fn attention_paged() -> CudaKernel {
+    CudaKernel::new(
+        source_with("attention_paged.cu", &geometry::attention_defines()),
+        "attention_paged",
+        geometry::attention_paged_launch,
     )
 }
 
@@ -269,6 +308,7 @@ const FILES: &[(&str, &str)] = &[
     ("mma.cuh", include_str!("mma.cuh")),
     ("rope_common.cuh", include_str!("rope_common.cuh")),
     ("attention_common.cuh", include_str!("attention_common.cuh")),
+    ("attention_body.cuh", include_str!("attention_body.cuh")),
     // Kernels.
     ("rms_norm.cu", include_str!("rms_norm.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
@@ -283,6 +323,9 @@ const FILES: &[(&str, &str)] = &[
     ("rope_store.cu", include_str!("rope_store.cu")),
     ("kv_store.cu", include_str!("kv_store.cu")),
     ("attention.cu", include_str!("attention.cu")),
+    ("attention_paged.cu", include_str!("attention_paged.cu")),
+    ("kv_store_paged.cu", include_str!("kv_store_paged.cu")),
+    ("rope_rows.cu", include_str!("rope_rows.cu")),
     ("attention_exact.cu", include_str!("attention_exact.cu")),
     ("attention_step.cu", include_str!("attention_step.cu")),
     ("prefill_attention.cu", include_str!("prefill_attention.cu")),

@@ -20,6 +20,7 @@ pub mod fused;
 pub mod gemm;
 pub mod matmul;
 pub mod norm;
+pub mod paged;
 pub mod prefill_attention;
 pub mod rope;
 
@@ -65,6 +66,12 @@ pub struct KernelDefs {
     pub argmax: KernelDef,
     pub advance: KernelDef,
     pub fused_matmul: KernelDef,
+    /// The ops of a batch of independent sequences over a paged cache
+    /// ([`paged`]).
+    pub matmul_rows: KernelDef,
+    pub rope_rows: KernelDef,
+    pub kv_store_paged: KernelDef,
+    pub attention_paged: KernelDef,
 }
 
 impl KernelSet {
@@ -94,6 +101,10 @@ impl KernelSet {
             argmax: argmax::def(),
             advance: advance::def(),
             fused_matmul: fused::def(exact),
+            matmul_rows: paged::matmul_rows_def(exact),
+            rope_rows: paged::rope_rows_def(),
+            kv_store_paged: paged::kv_store_paged_def(),
+            attention_paged: paged::attention_paged_def(),
         }
     }
 }
@@ -169,6 +180,10 @@ impl KernelDefs {
             self.argmax,
             self.advance,
             self.fused_matmul,
+            self.matmul_rows,
+            self.rope_rows,
+            self.kv_store_paged,
+            self.attention_paged,
         ]);
         all
     }

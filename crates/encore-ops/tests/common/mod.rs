@@ -309,3 +309,122 @@ pub fn fused_nodes(rows: usize) -> usize {
         8
     }
 }
+
+/// A batch of independent sequences over a paged cache, with random
+/// contents: `seqs` sequences of the given lengths, their blocks taken from
+/// a shuffled pool, one query row per sequence at its last position (and,
+/// with `prefill_rows`, that many more rows of the first sequence at the
+/// positions before it), K and V of every position random.
+pub struct PagedCase {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub blocks: usize,
+    pub max_blocks: usize,
+    /// Each sequence's length and block table.
+    pub seqs: Vec<(usize, Vec<u32>)>,
+    /// Per row: (sequence, position).
+    pub rows: Vec<(usize, usize)>,
+    /// Per sequence: K and V, `len * kv_dim` each.
+    pub kv: Vec<(Vec<f32>, Vec<f32>)>,
+    pub q: Vec<f32>,
+    pub window: usize,
+}
+
+impl PagedCase {
+    pub fn random(rng: &mut Rng, lens: &[usize], prefill_rows: usize, window: usize) -> PagedCase {
+        let (heads, kv_heads, head_dim, block_size) = (6, 2, 64, 16);
+        let kv_dim = kv_heads * head_dim;
+        let max_blocks = lens.iter().map(|l| l.div_ceil(block_size)).max().unwrap_or(1);
+        let needed: usize = lens.iter().map(|l| l.div_ceil(block_size)).sum();
+        let blocks = needed + 3;
+        // A shuffled pool, so tables are neither contiguous nor ordered.
+        let mut pool: Vec<u32> = (0..blocks as u32).collect();
+        for i in (1..pool.len()).rev() {
+            pool.swap(i, rng.below(i + 1));
+        }
+        let mut seqs = Vec::new();
+        for &len in lens {
+            let table: Vec<u32> = (0..len.div_ceil(block_size))
+                .map(|_| pool.pop().unwrap())
+                .collect();
+            seqs.push((len, table));
+        }
+        let mut rows: Vec<(usize, usize)> = (0..lens.len()).map(|s| (s, lens[s] - 1)).collect();
+        for i in 0..prefill_rows.min(lens[0] - 1) {
+            rows.push((0, lens[0] - 2 - i));
+        }
+        let kv = lens
+            .iter()
+            .map(|&len| (rng.vec(len * kv_dim), rng.vec(len * kv_dim)))
+            .collect();
+        let q = rng.vec(rows.len() * heads * head_dim);
+        PagedCase {
+            heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            blocks,
+            max_blocks,
+            seqs,
+            rows,
+            kv,
+            q,
+            window,
+        }
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    pub fn shape(&self) -> encore_ops::kernels::paged::PagedAttnShape {
+        encore_ops::kernels::paged::PagedAttnShape {
+            rows: self.rows.len() as u32,
+            heads: self.heads as u32,
+            kv_heads: self.kv_heads as u32,
+            head_dim: self.head_dim as u32,
+            block_size: self.block_size as u32,
+            max_blocks: self.max_blocks as u32,
+            blocks: self.blocks as u32,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+            window: self.window as u32,
+        }
+    }
+
+    /// Stores every sequence's K and V into pools on `ops`' device with
+    /// `kv_store_paged` (one dispatch per sequence), then runs
+    /// `attention_paged` over the rows; returns the attention output.
+    pub fn run(&self, ops: &Ops) -> Vec<f32> {
+        let kv_dim = self.kv_dim();
+        let pool_bytes = self.blocks * self.block_size * kv_dim * 2;
+        let k = ops.device().alloc(pool_bytes).unwrap();
+        let v = ops.device().alloc(pool_bytes).unwrap();
+        let mut enc = ops.device().encoder();
+        let mut keep = Vec::new();
+        for ((len, table), (ks, vs)) in self.seqs.iter().zip(&self.kv) {
+            let slots: Vec<u32> = (0..*len)
+                .map(|t| table[t / self.block_size] * self.block_size as u32 + (t % self.block_size) as u32)
+                .collect();
+            let slots = upload(ops, &slots);
+            let (kb, vb) = (upload(ops, ks), upload(ops, vs));
+            ops.kv_store_paged(&mut enc, &kb, &k, &slots, *len, kv_dim, "k").unwrap();
+            ops.kv_store_paged(&mut enc, &vb, &v, &slots, *len, kv_dim, "v").unwrap();
+            keep.extend([slots, kb, vb]);
+        }
+        let positions: Vec<u32> = self.rows.iter().map(|&(_, p)| p as u32).collect();
+        let mut tables = vec![0u32; self.rows.len() * self.max_blocks];
+        for (r, &(s, _)) in self.rows.iter().enumerate() {
+            let t = &self.seqs[s].1;
+            tables[r * self.max_blocks..r * self.max_blocks + t.len()].copy_from_slice(t);
+        }
+        let (positions, tables) = (upload(ops, &positions), upload(ops, &tables));
+        let q = upload(ops, &self.q);
+        let out = ops.device().alloc(self.q.len() * 4).unwrap();
+        ops.attention_paged(&mut enc, &q, &k, &v, &positions, &tables, &out, self.shape())
+            .unwrap();
+        enc.commit_and_wait().unwrap();
+        out.download().unwrap()
+    }
+}

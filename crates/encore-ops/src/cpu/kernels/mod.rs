@@ -13,6 +13,7 @@ pub mod embed;
 pub mod fused;
 pub mod matmul;
 pub mod norm;
+pub mod paged;
 pub mod rope;
 
 /// Checks that a slice holds at least `n` elements.

@@ -1,0 +1,144 @@
+//! Batches of independent sequences over a paged KV cache: the ops of a
+//! serving step, where every activation row carries its own position and
+//! its own sequence's cache.
+//!
+//! The paged cache of one layer is a pool of blocks of `block_size`
+//! positions, each position `kv_dim` f16 values (K and V in separate pools):
+//! position `t` of a sequence lives in block `table[t / block_size]` at
+//! offset `t % block_size`, so a slot (pool row) is
+//! `table[t / block_size] * block_size + t % block_size`. Sequences share
+//! the pool through their block tables; the host allocates blocks as a
+//! sequence grows (see the engine's block allocator).
+//!
+//! - `rope_rows`: RoPE of `rows` rows, in place, row `r` at `positions[r]`
+//!   (the rotation of [`super::rope`]).
+//! - `kv_store_paged`: `cache[slots[r]] = f16(src[r])` for every row.
+//! - `attention_paged`: row `r` (one query position of some sequence) and
+//!   head `h` attend over positions `0..=positions[r]` (the last `window`
+//!   with a sliding window) of the sequence whose block table is row `r` of
+//!   `tables` (`max_blocks` entries a row): the math of
+//!   [`super::attention`], the cache read through the table.
+//! - `matmul_rows`: the product of [`super::matmul`] with each row's
+//!   arithmetic independent of how many rows the dispatch has, so that a
+//!   sequence's results do not depend on what else is in its batch. On the
+//!   CPU that is the `matmul` body itself (its sums never depend on the
+//!   tile); on CUDA it is the `matmul` kernel held to its one-row path for
+//!   every row.
+//!
+//! Rows are independent in every op here: a row's result depends only on
+//! its own inputs and its own sequence's cache, never on the batch around
+//! it, which is what makes a request's output the same alone or batched.
+//!
+//! CPU: [`crate::cpu::kernels::paged`]; CUDA: `cuda/rope_rows.cu`,
+//! `cuda/kv_store_paged.cu`, `cuda/attention_paged.cu` (the attention body
+//! shared with `attention.cu` in `cuda/attention_body.cuh`). wgpu has no
+//! implementation yet: the ops report `Unsupported` there.
+
+use encore::{Access, KernelDef};
+
+use super::rope::RopeShape;
+
+crate::op_args! {
+    /// `rope_rows`' arguments: `x: f32[rows, heads, head_dim]` (rotated in
+    /// place), `positions: u32[rows]`, `factors: f32[rope_dim / 2]` (read
+    /// where `shape.factors` is 1; else bound to `positions`).
+    pub struct RopeRowsArgs { x: Access::ReadWrite, positions: Access::Read, factors: Access::Read; shape: RopeShape }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PagedKvShape {
+    pub rows: u32,
+    pub kv_dim: u32,
+    /// Slots (positions) the pool holds: `blocks * block_size`.
+    pub slots: u32,
+}
+
+crate::op_args! {
+    /// `kv_store_paged`'s arguments: `src: f32[rows, kv_dim]`, `cache:
+    /// f16[slots, kv_dim]`, `slots: u32[rows]`.
+    pub struct PagedKvArgs { src: Access::Read, cache: Access::Write, slots: Access::Read; shape: PagedKvShape }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PagedAttnShape {
+    pub rows: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub block_size: u32,
+    /// Entries of a block table row.
+    pub max_blocks: u32,
+    /// Blocks the pool holds (a table entry at or past it is refused).
+    pub blocks: u32,
+    pub scale: f32,
+    /// A sliding window: each query sees only the last `window` positions,
+    /// its own included. 0 sees every position.
+    pub window: u32,
+}
+
+impl PagedAttnShape {
+    /// The first position a query at position `at` sees.
+    pub fn first_visible(&self, at: usize) -> usize {
+        match self.window as usize {
+            0 => 0,
+            w => (at + 1).saturating_sub(w),
+        }
+    }
+}
+
+crate::op_args! {
+    /// `attention_paged`'s arguments: `q: f32[rows, heads * head_dim]`,
+    /// `k, v: f16[blocks * block_size, kv_dim]`, `positions: u32[rows]`,
+    /// `tables: u32[rows, max_blocks]`, `out: f32[rows, heads * head_dim]`.
+    pub struct PagedAttnArgs {
+        q: Access::Read,
+        k: Access::Read,
+        v: Access::Read,
+        positions: Access::Read,
+        tables: Access::Read,
+        out: Access::Write;
+        shape: PagedAttnShape
+    }
+}
+
+pub fn rope_rows_def() -> KernelDef {
+    KernelDef::new("rope_rows")
+        .op("rope_rows")
+        .cpu("rope_rows f32 fma factors v1", crate::cpu::kernels::paged::rope_rows)
+        .cuda(crate::cuda::rope_rows())
+        .programmatic()
+}
+
+pub fn kv_store_paged_def() -> KernelDef {
+    KernelDef::new("kv_store_paged")
+        .op("kv_store_paged")
+        .cpu("kv_store_paged f16 v1", crate::cpu::kernels::paged::kv_store_paged)
+        .cuda(crate::cuda::kv_store_paged())
+        .programmatic()
+}
+
+pub fn attention_paged_def() -> KernelDef {
+    KernelDef::new("attention_paged")
+        .op("attention_paged")
+        .cpu(
+            "attention_paged gathered flash v1",
+            crate::cpu::kernels::paged::attention_paged,
+        )
+        .cuda(crate::cuda::attention_paged())
+        .programmatic()
+}
+
+/// `matmul_rows`; with `exact`, the exact set's products (see
+/// [`super::matmul::def`]).
+// The closure inlines the CPU body (see the matmul body for why).
+#[allow(clippy::redundant_closure)]
+pub fn matmul_rows_def(exact: bool) -> KernelDef {
+    KernelDef::new("matmul_rows")
+        .op("matmul_rows")
+        .cpu("matmul v1", |a| crate::cpu::kernels::matmul::matmul(a))
+        .cuda(crate::cuda::matmul_rows(exact))
+        .programmatic()
+        .specializable()
+}

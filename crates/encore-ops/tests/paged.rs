@@ -1,0 +1,123 @@
+//! The paged ops on the CPU against the contiguous ones: a row of a batch
+//! over a paged cache gets, bit for bit, what a decode step of its own
+//! sequence over a contiguous cache gets; and the row-invariant product
+//! gives each row what a one-row product gives it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use encore::Device;
+use encore_ops::kernels::attention::AttnShape;
+use encore_ops::{DType, KernelSet, Ops, Weight};
+
+mod common;
+use common::{random_weights, upload, PagedCase, Rng};
+
+fn cpu() -> Ops {
+    Ops::new(&Device::cpu().unwrap(), KernelSet::Default).unwrap()
+}
+
+/// The contiguous attention of one row of `case`: its sequence's cache
+/// stored from position 0, the row's query at its position.
+fn contiguous_row(ops: &Ops, case: &PagedCase, r: usize) -> Vec<f32> {
+    let (s, pos) = case.rows[r];
+    let (len, _) = case.seqs[s];
+    let kv_dim = case.kv_dim();
+    let (k, v) = (ops.device().alloc(len * kv_dim * 2).unwrap(), ops.device().alloc(len * kv_dim * 2).unwrap());
+    let at0 = upload(ops, &[0u32]);
+    let at = upload(ops, &[pos as u32]);
+    let (ks, vs) = &case.kv[s];
+    let (kb, vb) = (upload(ops, ks), upload(ops, vs));
+    let n = case.heads * case.head_dim;
+    let q = upload(ops, &case.q[r * n..(r + 1) * n]);
+    let out = ops.device().alloc(n * 4).unwrap();
+    let mut enc = ops.device().encoder();
+    ops.kv_store(&mut enc, &kb, &k, &at0, len, kv_dim, len, "k").unwrap();
+    ops.kv_store(&mut enc, &vb, &v, &at0, len, kv_dim, len, "v").unwrap();
+    let shape = AttnShape {
+        rows: 1,
+        heads: case.heads as u32,
+        kv_heads: case.kv_heads as u32,
+        head_dim: case.head_dim as u32,
+        max_seq: len as u32,
+        scale: 1.0 / (case.head_dim as f32).sqrt(),
+        window: case.window as u32,
+    };
+    ops.attention(&mut enc, &q, &k, &v, &at, &out, shape).unwrap();
+    enc.commit_and_wait().unwrap();
+    out.download().unwrap()
+}
+
+#[test]
+fn paged_attention_gives_each_row_its_contiguous_decode_bit_for_bit() {
+    let ops = cpu();
+    let mut rng = Rng::new();
+    for window in [0, 20] {
+        // Lengths across block boundaries; the first sequence also has
+        // rows before its last position, as a prefill chunk does.
+        let case = PagedCase::random(&mut rng, &[37, 1, 16, 70], 5, window);
+        let paged = case.run(&ops);
+        let n = case.heads * case.head_dim;
+        for r in 0..case.rows.len() {
+            let want = contiguous_row(&ops, &case, r);
+            assert_eq!(&paged[r * n..(r + 1) * n], &want[..], "row {r}, window {window}");
+        }
+    }
+}
+
+#[test]
+fn rope_rows_rotates_each_row_at_its_own_position() {
+    let ops = cpu();
+    let mut rng = Rng::new();
+    let (heads, hd) = (3, 64);
+    let positions = [5u32, 0, 1234, 77];
+    let x = rng.vec(positions.len() * heads * hd);
+    let xb = upload(&ops, &x);
+    let pb = upload(&ops, &positions);
+    let mut enc = ops.device().encoder();
+    ops.rope_rows(&mut enc, &xb, &pb, positions.len(), heads, hd, hd, 10000.0, false, None, "r")
+        .unwrap();
+    enc.commit_and_wait().unwrap();
+    let got: Vec<f32> = xb.download().unwrap();
+    for (r, &p) in positions.iter().enumerate() {
+        let n = heads * hd;
+        let one = upload(&ops, &x[r * n..(r + 1) * n]);
+        let at = upload(&ops, &[p]);
+        let mut enc = ops.device().encoder();
+        ops.rope(&mut enc, &one, &at, 1, heads, hd, hd, 10000.0, false, None, "r").unwrap();
+        enc.commit_and_wait().unwrap();
+        assert_eq!(&got[r * n..(r + 1) * n], &one.download::<f32>().unwrap()[..], "row {r}");
+        // Position 0 is the identity; every other row moved.
+        if p > 0 {
+            assert_ne!(&got[r * n..(r + 1) * n], &x[r * n..(r + 1) * n], "row {r} rotated");
+        }
+    }
+}
+
+#[test]
+fn matmul_rows_gives_each_row_its_one_row_product() {
+    let ops = cpu();
+    let mut rng = Rng::new();
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::F32] {
+        let (n, k, rows) = (48, 256, 9);
+        let w = Weight {
+            buffer: upload(&ops, &random_weights(&mut rng, dtype, n, k)),
+            dtype,
+            n,
+            k,
+        };
+        let x = rng.vec(rows * k);
+        let y = ops.device().alloc(rows * n * 4).unwrap();
+        let mut enc = ops.device().encoder();
+        ops.matmul_rows(&mut enc, &w, &upload(&ops, &x), &y, rows, "m").unwrap();
+        enc.commit_and_wait().unwrap();
+        let all: Vec<f32> = y.download().unwrap();
+        for r in 0..rows {
+            let one = ops.device().alloc(n * 4).unwrap();
+            let mut enc = ops.device().encoder();
+            ops.matmul_rows(&mut enc, &w, &upload(&ops, &x[r * k..(r + 1) * k]), &one, 1, "m")
+                .unwrap();
+            enc.commit_and_wait().unwrap();
+            assert_eq!(&all[r * n..(r + 1) * n], &one.download::<f32>().unwrap()[..], "{dtype} row {r}");
+        }
+    }
+}
