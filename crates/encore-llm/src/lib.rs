@@ -10,6 +10,8 @@
 //! # Ok::<(), encore_llm::LlmError>(())
 //! ```
 
+pub mod batch;
+pub mod blocks;
 pub mod catalog;
 pub mod chat;
 pub mod config;
@@ -20,6 +22,7 @@ pub mod gguf;
 pub mod model;
 pub mod perplexity;
 pub mod sampler;
+pub mod scheduler;
 pub mod session;
 pub mod synthetic;
 pub mod tokenizer;
@@ -29,4 +32,5 @@ pub use engine::{Engine, EngineOptions, GenerateOptions, Generation, GREEDY_BATC
 pub use error::{LlmError, Result};
 pub use model::Model;
 pub use sampler::{Sampler, SamplerConfig, SamplerError, SamplerField};
+pub use scheduler::{Event, FinishReason, GenRequest, Scheduler, SchedulerConfig};
 pub use session::{Pass, Session};

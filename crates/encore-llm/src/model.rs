@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use encore::{Buffer, Device, Encoder};
 use encore_ops::kernels::attention::AttnShape;
+use encore_ops::kernels::paged::PagedAttnShape;
 use encore_ops::{KernelSet, Ops, Weight};
 
 use crate::config::{Activation, ModelConfig, RopeLayout};
@@ -271,10 +272,42 @@ impl Activations {
     }
 }
 
-/// One layer's K and V cache, f16, `max_seq` positions.
+/// One layer's K and V cache, f16: `max_seq` positions of one sequence,
+/// or a pool of blocks shared by many ([`Placement::Paged`]).
 pub struct LayerCache {
     pub k: Buffer,
     pub v: Buffer,
+}
+
+/// Where the rows of a forward pass sit and where their K and V go.
+#[derive(Clone, Copy)]
+pub enum Placement<'a> {
+    /// Rows at consecutive positions `pos..pos + rows` of one sequence
+    /// (`pos` a one-element parameter buffer), its own cache of `max_seq`
+    /// positions.
+    Contiguous {
+        pos: &'a Buffer,
+        cache: &'a [LayerCache],
+        max_seq: usize,
+    },
+    /// Rows of independent sequences over a paged cache: every row has its
+    /// own position, slot and block table ([`PagedRows`]). Every product
+    /// keeps each row's arithmetic independent of the batch.
+    Paged(&'a PagedRows<'a>),
+}
+
+/// The per-row inputs of a [`Placement::Paged`] pass: `positions`, `slots`
+/// (`u32[rows]`) and `tables` (`u32[rows, max_blocks]`), over pools of
+/// `blocks` blocks of `block_size` positions.
+#[derive(Clone, Copy)]
+pub struct PagedRows<'a> {
+    pub positions: &'a Buffer,
+    pub slots: &'a Buffer,
+    pub tables: &'a Buffer,
+    pub cache: &'a [LayerCache],
+    pub block_size: usize,
+    pub max_blocks: usize,
+    pub blocks: usize,
 }
 
 impl Model {
@@ -290,7 +323,12 @@ impl Model {
         cache: &[LayerCache],
         max_seq: usize,
     ) -> Result<()> {
-        self.encode_blocks(enc, a, tokens, pos, cache, max_seq)?;
+        let place = Placement::Contiguous {
+            pos,
+            cache,
+            max_seq,
+        };
+        self.encode_blocks(enc, a, tokens, place)?;
         let last = a.x.view(
             (a.rows - 1) * self.config.n_embd * 4,
             self.config.n_embd * 4,
@@ -309,6 +347,20 @@ impl Model {
         logits: &Buffer,
         rows: usize,
     ) -> Result<()> {
+        self.encode_head_with(enc, x, normed, logits, rows, false)
+    }
+
+    /// [`Model::encode_head`], the product row-invariant with `by_rows`
+    /// (see [`Placement::Paged`]).
+    pub fn encode_head_with(
+        &self,
+        enc: &mut Encoder,
+        x: &Buffer,
+        normed: &Buffer,
+        logits: &Buffer,
+        rows: usize,
+        by_rows: bool,
+    ) -> Result<()> {
         let c = &self.config;
         let ops = &self.ops;
         ops.rms_norm(
@@ -320,25 +372,39 @@ impl Model {
             c.n_embd,
             c.norm_eps,
         )?;
-        ops.matmul(enc, &self.output, normed, logits, rows, "output")?;
+        if by_rows {
+            ops.matmul_rows(enc, &self.output, normed, logits, rows, "output")?;
+        } else {
+            ops.matmul(enc, &self.output, normed, logits, rows, "output")?;
+        }
         Ok(())
     }
 
-    /// Encodes the embedding and every block for `a.rows` tokens at
-    /// positions `pos..pos + rows`, leaving the hidden states in `a.x`.
+    /// Encodes the embedding and every block for `a.rows` tokens placed as
+    /// `place` says, leaving the hidden states in `a.x`.
     pub fn encode_blocks(
         &self,
         enc: &mut Encoder,
         a: &Activations,
         tokens: &Buffer,
-        pos: &Buffer,
-        cache: &[LayerCache],
-        max_seq: usize,
+        place: Placement<'_>,
     ) -> Result<()> {
         let c = &self.config;
         let ops = &self.ops;
         let (m, d, q_dim, kv, ff) = (a.rows, c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let neox = c.rope == RopeLayout::Neox;
+        let paged = matches!(place, Placement::Paged(_));
+        let matmul = |enc: &mut Encoder, w: &Weight, x: &Buffer, y: &Buffer, label| {
+            if paged {
+                ops.matmul_rows(enc, w, x, y, m, label)
+            } else {
+                ops.matmul(enc, w, x, y, m, label)
+            }
+        };
+        let cache = match place {
+            Placement::Contiguous { cache, .. } => cache,
+            Placement::Paged(p) => p.cache,
+        };
         ops.embed(enc, &self.embed, tokens, &a.x, m)?;
         if let Some(s) = c.embed_scale {
             ops.scale(enc, &a.x, s, m * d)?;
@@ -351,9 +417,9 @@ impl Model {
                 Some((q, k)) => (q, k),
                 None => (&a.q, &a.k),
             };
-            ops.matmul(enc, &b.wq, &a.xn, q_out, m, "attn_q")?;
-            ops.matmul(enc, &b.wk, &a.xn, k_out, m, "attn_k")?;
-            ops.matmul(enc, &b.wv, &a.xn, &a.v, m, "attn_v")?;
+            matmul(enc, &b.wq, &a.xn, q_out, "attn_q")?;
+            matmul(enc, &b.wk, &a.xn, k_out, "attn_k")?;
+            matmul(enc, &b.wv, &a.xn, &a.v, "attn_v")?;
             for (bias, out, n) in [(&b.bq, q_out, q_dim), (&b.bk, k_out, kv), (&b.bv, &a.v, kv)] {
                 if let Some(bias) = bias {
                     ops.add_rows(enc, out, bias, m, n)?;
@@ -364,45 +430,79 @@ impl Model {
                 ops.rms_norm(enc, q_out, qn, &a.q, m * c.n_head, hd, c.norm_eps)?;
                 ops.rms_norm(enc, k_out, kn, &a.k, m * c.n_head_kv, hd, c.norm_eps)?;
             }
-            let rope = |enc: &mut Encoder, x: &Buffer, heads: usize, label| {
-                ops.rope(
+            let factors = self.rope_factors.as_ref().filter(|_| la.scaled);
+            let rope = |enc: &mut Encoder, x: &Buffer, heads: usize, label| match place {
+                Placement::Contiguous { pos, .. } => ops.rope(
+                    enc, x, pos, m, heads, c.head_dim, c.rope_dim, la.rope_base, neox, factors,
+                    label,
+                ),
+                Placement::Paged(p) => ops.rope_rows(
                     enc,
                     x,
-                    pos,
+                    p.positions,
                     m,
                     heads,
                     c.head_dim,
                     c.rope_dim,
                     la.rope_base,
                     neox,
-                    self.rope_factors.as_ref().filter(|_| la.scaled),
+                    factors,
                     label,
-                )
+                ),
             };
             rope(enc, &a.q, c.n_head, "rope_q")?;
             rope(enc, &a.k, c.n_head_kv, "rope_k")?;
-            ops.kv_store(enc, &a.k, &lc.k, pos, m, kv, max_seq, "k_store")?;
-            ops.kv_store(enc, &a.v, &lc.v, pos, m, kv, max_seq, "v_store")?;
-            let shape = AttnShape {
-                rows: m as u32,
-                heads: c.n_head as u32,
-                kv_heads: c.n_head_kv as u32,
-                head_dim: c.head_dim as u32,
-                max_seq: max_seq as u32,
-                scale: c.attn_scale,
-                window: la.window as u32,
-            };
-            ops.attention(enc, &a.q, &lc.k, &lc.v, pos, &a.attn, shape)?;
-            ops.matmul(enc, &b.wo, &a.attn, &a.proj, m, "attn_output")?;
+            match place {
+                Placement::Contiguous { pos, max_seq, .. } => {
+                    ops.kv_store(enc, &a.k, &lc.k, pos, m, kv, max_seq, "k_store")?;
+                    ops.kv_store(enc, &a.v, &lc.v, pos, m, kv, max_seq, "v_store")?;
+                    let shape = AttnShape {
+                        rows: m as u32,
+                        heads: c.n_head as u32,
+                        kv_heads: c.n_head_kv as u32,
+                        head_dim: c.head_dim as u32,
+                        max_seq: max_seq as u32,
+                        scale: c.attn_scale,
+                        window: la.window as u32,
+                    };
+                    ops.attention(enc, &a.q, &lc.k, &lc.v, pos, &a.attn, shape)?;
+                }
+                Placement::Paged(p) => {
+                    ops.kv_store_paged(enc, &a.k, &lc.k, p.slots, m, kv, "k_store")?;
+                    ops.kv_store_paged(enc, &a.v, &lc.v, p.slots, m, kv, "v_store")?;
+                    let shape = PagedAttnShape {
+                        rows: m as u32,
+                        heads: c.n_head as u32,
+                        kv_heads: c.n_head_kv as u32,
+                        head_dim: c.head_dim as u32,
+                        block_size: p.block_size as u32,
+                        max_blocks: p.max_blocks as u32,
+                        blocks: p.blocks as u32,
+                        scale: c.attn_scale,
+                        window: la.window as u32,
+                    };
+                    ops.attention_paged(
+                        enc,
+                        &a.q,
+                        &lc.k,
+                        &lc.v,
+                        p.positions,
+                        p.tables,
+                        &a.attn,
+                        shape,
+                    )?;
+                }
+            }
+            matmul(enc, &b.wo, &a.attn, &a.proj, "attn_output")?;
             self.residual(enc, a, b.post_attn_norm.as_ref())?;
             ops.rms_norm(enc, &a.x, &b.ffn_norm, &a.xn, m, d, c.norm_eps)?;
-            ops.matmul(enc, &b.gate, &a.xn, &a.gate, m, "ffn_gate")?;
-            ops.matmul(enc, &b.up, &a.xn, &a.up, m, "ffn_up")?;
+            matmul(enc, &b.gate, &a.xn, &a.gate, "ffn_gate")?;
+            matmul(enc, &b.up, &a.xn, &a.up, "ffn_up")?;
             match c.activation {
                 Activation::Silu => ops.silu_mul(enc, &a.gate, &a.up, &a.ffn, m * ff)?,
                 Activation::Gelu => ops.gelu_mul(enc, &a.gate, &a.up, &a.ffn, m * ff)?,
             }
-            ops.matmul(enc, &b.down, &a.ffn, &a.proj, m, "ffn_down")?;
+            matmul(enc, &b.down, &a.ffn, &a.proj, "ffn_down")?;
             self.residual(enc, a, b.post_ffn_norm.as_ref())?;
         }
         Ok(())
@@ -423,7 +523,8 @@ impl Model {
         .map_err(Into::into)
     }
 
-    /// Allocates a KV cache of `max_seq` positions for every layer.
+    /// Allocates a KV cache of `max_seq` positions (or slots of a paged
+    /// pool) for every layer.
     pub fn new_cache(&self, max_seq: usize) -> Result<Vec<LayerCache>> {
         let bytes = max_seq * self.config.kv_dim() * 2;
         (0..self.config.n_layer)

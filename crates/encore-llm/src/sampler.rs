@@ -1,6 +1,7 @@
-//! Token sampling: greedy, temperature, top-k, top-p, min-p, repeat penalty.
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, repeat,
+//! presence and frequency penalties.
 //!
-//! Filters apply in llama.cpp's order: repeat penalty on the raw logits, then
+//! Filters apply in llama.cpp's order: the penalties on the raw logits, then
 //! top-k, top-p, min-p, temperature, and a draw from the remaining
 //! distribution. Temperature 0 means greedy (argmax of the penalized logits).
 
@@ -24,8 +25,14 @@ pub struct SamplerConfig {
     /// recently seen tokens: finite and > 0; 1 disables, below 1 favours
     /// repeats.
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at: any value.
+    /// How many recent tokens the penalties look at: any value.
     pub repeat_last_n: usize,
+    /// Subtracted from the logit of every token seen in the last
+    /// `repeat_last_n` (OpenAI's `presence_penalty`): in [-2, 2]; 0 disables.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was seen in the last
+    /// `repeat_last_n` (OpenAI's `frequency_penalty`): in [-2, 2]; 0 disables.
+    pub frequency_penalty: f32,
     /// Seed of the random draws: any value.
     pub seed: u64,
 }
@@ -39,6 +46,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0x5eed,
         }
     }
@@ -53,6 +62,8 @@ impl SamplerConfig {
             (SamplerField::TopP, self.top_p),
             (SamplerField::MinP, self.min_p),
             (SamplerField::RepeatPenalty, self.repeat_penalty),
+            (SamplerField::PresencePenalty, self.presence_penalty),
+            (SamplerField::FrequencyPenalty, self.frequency_penalty),
         ];
         match checks
             .into_iter()
@@ -66,7 +77,10 @@ impl SamplerConfig {
     /// Whether the choice is the argmax of the logits (no penalty, no randomness),
     /// so a device-side argmax can stand in for host sampling.
     pub fn is_plain_greedy(&self) -> bool {
-        self.temperature <= 0.0 && self.repeat_penalty == 1.0
+        self.temperature <= 0.0
+            && self.repeat_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
     }
 }
 
@@ -77,6 +91,8 @@ pub enum SamplerField {
     TopP,
     MinP,
     RepeatPenalty,
+    PresencePenalty,
+    FrequencyPenalty,
 }
 
 impl SamplerField {
@@ -87,6 +103,8 @@ impl SamplerField {
             SamplerField::TopP => "top_p",
             SamplerField::MinP => "min_p",
             SamplerField::RepeatPenalty => "repeat_penalty",
+            SamplerField::PresencePenalty => "presence_penalty",
+            SamplerField::FrequencyPenalty => "frequency_penalty",
         }
     }
 
@@ -97,6 +115,9 @@ impl SamplerField {
             SamplerField::TopP => "a number in (0, 1] (1 disables)",
             SamplerField::MinP => "a number in [0, 1] (0 disables)",
             SamplerField::RepeatPenalty => "a finite number > 0 (1 disables)",
+            SamplerField::PresencePenalty | SamplerField::FrequencyPenalty => {
+                "a number in [-2, 2] (0 disables)"
+            }
         }
     }
 
@@ -107,6 +128,9 @@ impl SamplerField {
             SamplerField::TopP => v > 0.0 && v <= 1.0,
             SamplerField::MinP => (0.0..=1.0).contains(&v),
             SamplerField::RepeatPenalty => v.is_finite() && v > 0.0,
+            SamplerField::PresencePenalty | SamplerField::FrequencyPenalty => {
+                (-2.0..=2.0).contains(&v)
+            }
         }
     }
 }
@@ -159,6 +183,18 @@ impl Sampler {
                     } else {
                         *l * c.repeat_penalty
                     };
+                }
+            }
+        }
+        if c.presence_penalty != 0.0 || c.frequency_penalty != 0.0 {
+            let start = history.len().saturating_sub(c.repeat_last_n);
+            let mut counts = std::collections::HashMap::new();
+            for &t in &history[start..] {
+                *counts.entry(t).or_insert(0u32) += 1;
+            }
+            for (t, n) in counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= c.presence_penalty + c.frequency_penalty * n as f32;
                 }
             }
         }
@@ -241,6 +277,36 @@ mod tests {
     }
 
     #[test]
+    fn presence_and_frequency_penalties_steer_greedy_choice() {
+        let greedy_with = |presence, frequency, history: &[u32]| {
+            let c = SamplerConfig {
+                temperature: 0.0,
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                ..SamplerConfig::default()
+            };
+            assert!(!c.is_plain_greedy() || (presence == 0.0 && frequency == 0.0));
+            Sampler::new(c).sample(&logits(), history)
+        };
+        assert_eq!(greedy_with(0.0, 0.0, &[1]), 1);
+        // Seen once: 3.0 - 0.2 = 2.8 falls below token 5's 2.9.
+        assert_eq!(greedy_with(0.2, 0.0, &[1]), 5);
+        // A frequency penalty grows with the count: 3.0 - 3 * 0.05 = 2.85.
+        assert_eq!(greedy_with(0.0, 0.05, &[1]), 1);
+        assert_eq!(greedy_with(0.0, 0.05, &[1, 1, 1]), 5);
+        // A negative presence penalty favours what was seen.
+        assert_eq!(greedy_with(-1.0, 0.0, &[4]), 4);
+        let out_of_range = SamplerConfig {
+            frequency_penalty: 2.5,
+            ..SamplerConfig::default()
+        };
+        assert_eq!(
+            out_of_range.validate().map_err(|e| e.field),
+            Err(SamplerField::FrequencyPenalty)
+        );
+    }
+
+    #[test]
     fn validate_accepts_the_defaults_and_the_range_ends() {
         assert_eq!(SamplerConfig::default().validate(), Ok(()));
         let ends = SamplerConfig {
@@ -250,6 +316,8 @@ mod tests {
             min_p: 1.0,
             repeat_penalty: f32::MIN_POSITIVE,
             repeat_last_n: usize::MAX,
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
             seed: u64::MAX,
         };
         assert_eq!(ends.validate(), Ok(()));

@@ -231,7 +231,12 @@ impl Session {
         let logits = device.alloc(SLICE * vocab * 4)?;
         let mut enc = device.encoder();
         enc.set_label("score");
-        model.encode_blocks(&mut enc, &acts, &token_buf, &pos, &self.cache, self.max_seq)?;
+        let place = crate::model::Placement::Contiguous {
+            pos: &pos,
+            cache: &self.cache,
+            max_seq: self.max_seq,
+        };
+        model.encode_blocks(&mut enc, &acts, &token_buf, place)?;
         let mut row = from;
         while row < tokens.len() {
             let rows = SLICE.min(tokens.len() - row);

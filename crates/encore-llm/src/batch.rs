@@ -1,0 +1,266 @@
+//! [`BatchRunner`]: forward passes over rows of many sequences at once,
+//! with their K and V in one paged cache.
+//!
+//! A step is a list of rows, each a token at a position of some sequence
+//! (with that sequence's block table and the slot its K and V go to), and
+//! the rows whose logits are wanted. Decode steps (one row per sequence)
+//! replay a graph recorded once per batch-size bucket: the batch is padded
+//! to the next bucket with rows that write to the pad block and whose
+//! logits nobody reads. The per-row inputs live in one device buffer that
+//! the host writes before each replay, so one recorded graph serves every
+//! step of its bucket. Steps with prompt rows (chunked prefill, possibly
+//! beside decode rows) are encoded eagerly: their row counts vary.
+//!
+//! Every op of the pass computes each row independently of the others
+//! ([`crate::model::Placement::Paged`]), so a sequence's logits do not
+//! depend on the batch it ran in, nor on whether it ran padded in a graph
+//! or eagerly.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use encore::{Buffer, Encoder, GraphCache, GraphExec};
+use encore_ops::{DType, Weight};
+
+use crate::blocks::PAD_BLOCK;
+use crate::error::{LlmError, Result};
+use crate::model::{Activations, LayerCache, Model, PagedRows, Placement};
+
+/// One row of a step: `token` at `position` of a sequence whose block
+/// table is `table` (covering `position`).
+#[derive(Clone, Debug)]
+pub struct Row<'a> {
+    pub token: u32,
+    pub position: usize,
+    pub table: &'a [u32],
+}
+
+/// Batch sizes a decode graph is recorded for; larger decode batches run
+/// eagerly.
+pub const BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 48, 64];
+
+/// The device buffers of one row count: activations, the per-row inputs,
+/// the gathered rows and their logits.
+struct StepBuffers {
+    rows: usize,
+    acts: Activations,
+    /// `u32`s: tokens, positions, slots and output rows (`rows` each), then
+    /// the tables (`rows * max_blocks`).
+    inputs: Buffer,
+    gathered: Buffer,
+    normed: Buffer,
+    logits: Buffer,
+}
+
+/// Runs steps of many sequences over one paged KV cache.
+pub struct BatchRunner {
+    model: Arc<Model>,
+    cache: Vec<LayerCache>,
+    block_size: usize,
+    blocks: usize,
+    max_blocks: usize,
+    graphs: Option<GraphCache>,
+    /// Decode buffers and graph by bucket.
+    decode: HashMap<usize, (StepBuffers, Option<GraphExec>)>,
+}
+
+impl BatchRunner {
+    /// A runner with a pool of `blocks` blocks of `block_size` positions
+    /// per layer, sequences of at most `max_blocks` blocks, replaying decode
+    /// graphs when `graphs`.
+    pub fn new(
+        model: Arc<Model>,
+        blocks: usize,
+        block_size: usize,
+        max_blocks: usize,
+        graphs: bool,
+    ) -> Result<BatchRunner> {
+        if blocks < 2 || block_size == 0 || max_blocks == 0 {
+            return Err(LlmError::Request(format!(
+                "a paged cache needs at least 2 blocks of at least 1 position (got {blocks} of {block_size})"
+            )));
+        }
+        let cache = model.new_cache(blocks * block_size)?;
+        Ok(BatchRunner {
+            model,
+            cache,
+            block_size,
+            blocks,
+            max_blocks,
+            // No fusion: the fused kernels' arithmetic is not row-invariant.
+            graphs: graphs.then(|| GraphCache::new(Vec::new())),
+            decode: HashMap::new(),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Bytes of the KV cache on the device.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.iter().map(|l| l.k.len() + l.v.len()).sum()
+    }
+
+    fn buffers(&self, rows: usize) -> Result<StepBuffers> {
+        let c = &self.model.config;
+        let dev = &self.model.device;
+        Ok(StepBuffers {
+            rows,
+            acts: Activations::new(&self.model, rows)?,
+            inputs: dev.alloc((4 * rows + rows * self.max_blocks) * 4)?,
+            gathered: dev.alloc(rows * c.n_embd * 4)?,
+            normed: dev.alloc(rows * c.n_embd * 4)?,
+            logits: dev.alloc(rows * c.vocab * 4)?,
+        })
+    }
+
+    /// Encodes the pass of `b.rows` rows whose inputs are in `b.inputs`,
+    /// with the logits of `outputs` rows (the first `outputs` entries of
+    /// the output-row list) left in `b.logits`.
+    fn encode(&self, enc: &mut Encoder, b: &StepBuffers, outputs: usize) -> Result<()> {
+        let (r, d) = (b.rows, self.model.config.n_embd);
+        let part = |i: usize, n: usize| b.inputs.view(i * r * 4, n * 4);
+        let tokens = part(0, r)?;
+        let rows = PagedRows {
+            positions: &part(1, r)?,
+            slots: &part(2, r)?,
+            tables: &b.inputs.view(4 * r * 4, r * self.max_blocks * 4)?,
+            cache: &self.cache,
+            block_size: self.block_size,
+            max_blocks: self.max_blocks,
+            blocks: self.blocks,
+        };
+        self.model
+            .encode_blocks(enc, &b.acts, &tokens, Placement::Paged(&rows))?;
+        if outputs == 0 {
+            return Ok(());
+        }
+        // The rows whose logits are wanted, gathered by an embedding
+        // lookup into the hidden states.
+        let hidden = Weight {
+            buffer: b.acts.x.clone(),
+            dtype: DType::F32,
+            n: r,
+            k: d,
+        };
+        self.model
+            .ops
+            .embed(enc, &hidden, &part(3, outputs)?, &b.gathered, outputs)?;
+        self.model
+            .encode_head_with(enc, &b.gathered, &b.normed, &b.logits, outputs, true)
+    }
+
+    /// Writes the per-row inputs of `rows` (padded to `b.rows`) and the
+    /// output rows into `b.inputs`.
+    fn write_inputs(&self, b: &StepBuffers, rows: &[Row<'_>], outputs: &[usize]) -> Result<()> {
+        let (n, mb, bs) = (b.rows, self.max_blocks, self.block_size);
+        let mut v = vec![0u32; 4 * n + n * mb];
+        for (i, row) in rows.iter().enumerate() {
+            let block = row.position / bs;
+            let Some(&b) = row.table.get(block) else {
+                return Err(LlmError::Request(format!(
+                    "row {i}: position {} is past its block table of {} blocks",
+                    row.position,
+                    row.table.len()
+                )));
+            };
+            if row.table.len() > mb || row.table.iter().any(|&b| b as usize >= self.blocks) {
+                return Err(LlmError::Request(format!(
+                    "row {i}: its block table does not fit the pool"
+                )));
+            }
+            v[i] = row.token;
+            v[n + i] = row.position as u32;
+            v[2 * n + i] = b * bs as u32 + (row.position % bs) as u32;
+            v[4 * n + i * mb..4 * n + i * mb + row.table.len()].copy_from_slice(row.table);
+        }
+        // Padding rows: token 0 at position 0 of the pad block.
+        for i in rows.len()..n {
+            v[2 * n + i] = PAD_BLOCK * bs as u32;
+            v[4 * n + i * mb] = PAD_BLOCK;
+        }
+        for (i, &o) in outputs.iter().enumerate() {
+            v[3 * n + i] = o as u32;
+        }
+        b.inputs.upload(&v)?;
+        Ok(())
+    }
+
+    /// Runs one step and returns the logits of the `outputs` rows (indices
+    /// into `rows`), `outputs.len() * vocab` values in that order.
+    pub fn run(&mut self, rows: &[Row<'_>], outputs: &[usize]) -> Result<Vec<f32>> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(&o) = outputs.iter().find(|&&o| o >= rows.len()) {
+            return Err(LlmError::Request(format!(
+                "output row {o} of a step of {} rows",
+                rows.len()
+            )));
+        }
+        let vocab = self.model.config.vocab;
+        let decode = outputs.len() == rows.len();
+        let bucket = BUCKETS.iter().copied().find(|&b| b >= rows.len());
+        let device = self.model.device.clone();
+        let _span = device
+            .trace_span("batch step")
+            .arg("rows", rows.len() as u64);
+        match (decode, bucket, self.graphs.is_some()) {
+            (true, Some(bucket), true) => {
+                if !self.decode.contains_key(&bucket) {
+                    let b = self.buffers(bucket)?;
+                    self.decode.insert(bucket, (b, None));
+                }
+                let exec = match self.decode.get(&bucket) {
+                    Some((_, Some(exec))) => exec.clone(),
+                    Some((b, None)) => {
+                        let exec = self.record(b)?;
+                        if let Some(entry) = self.decode.get_mut(&bucket) {
+                            entry.1 = Some(exec.clone());
+                        }
+                        exec
+                    }
+                    None => return Err(LlmError::Request("decode buffers missing".into())),
+                };
+                let Some((b, _)) = self.decode.get(&bucket) else {
+                    return Err(LlmError::Request("decode buffers missing".into()));
+                };
+                // Padding rows produce logits too; only the real ones are read.
+                let all: Vec<usize> = (0..bucket).collect();
+                let order: Vec<usize> = outputs.iter().copied().chain(all).take(bucket).collect();
+                self.write_inputs(b, rows, &order)?;
+                exec.replay(&[])?.wait()?;
+                Ok(b.logits.view(0, outputs.len() * vocab * 4)?.download()?)
+            }
+            _ => {
+                let b = self.buffers(rows.len())?;
+                self.write_inputs(&b, rows, outputs)?;
+                let mut enc = device.encoder();
+                enc.set_label("batch step");
+                self.encode(&mut enc, &b, outputs.len())?;
+                enc.commit_and_wait()?;
+                if outputs.is_empty() {
+                    return Ok(Vec::new());
+                }
+                Ok(b.logits.view(0, outputs.len() * vocab * 4)?.download()?)
+            }
+        }
+    }
+
+    /// Records the decode pass of `b` (every row's logits) as a graph.
+    fn record(&self, b: &StepBuffers) -> Result<GraphExec> {
+        let Some(graphs) = &self.graphs else {
+            return Err(LlmError::Request("graphs are off".into()));
+        };
+        let mut enc = self.model.device.capture();
+        self.encode(&mut enc, b, b.rows)?;
+        let mut graph = enc.finish_graph()?;
+        graph.mark_output(&b.logits);
+        for lc in &self.cache {
+            graph.mark_output(&lc.k);
+            graph.mark_output(&lc.v);
+        }
+        Ok(graphs.get_or_instantiate(&graph)?)
+    }
+}

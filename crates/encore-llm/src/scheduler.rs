@@ -1,0 +1,729 @@
+//! [`Scheduler`]: continuous batching of many generation requests over one
+//! model.
+//!
+//! One thread owns the device. At every step it takes new requests, admits
+//! waiting ones while there are free sequence slots and KV blocks, and runs
+//! one batched forward pass ([`BatchRunner`]) holding a decode row for every
+//! sequence that is generating and up to a budget of prompt rows (chunked
+//! prefill), so long prompts are prefilled a chunk at a time between the
+//! decode steps of running sequences instead of stalling them. Sequences
+//! join and leave the batch at every step.
+//!
+//! KV memory is paged ([`crate::blocks`]): a sequence takes blocks as it
+//! grows. When the pool runs out, the most recently admitted sequence is
+//! preempted: its blocks are given back and it waits to be recomputed from
+//! its tokens (prompt and generated so far; the prefix cache usually still
+//! holds most of them), after which it goes on where it stopped. Its text
+//! is not sent twice.
+//!
+//! Results are the same whatever the batch: every row is computed on its
+//! own ([`crate::model::Placement::Paged`]), and each request samples with
+//! its own seeded sampler.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::batch::{BatchRunner, Row};
+use crate::blocks::BlockPool;
+use crate::engine::Engine;
+use crate::error::{LlmError, Result};
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::tokenizer::StreamDecoder;
+
+/// How the scheduler batches.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Sequences generating at once.
+    pub parallel: usize,
+    /// Positions one sequence may use (prompt and generated tokens).
+    pub ctx_size: usize,
+    /// Positions the KV pool holds, for all sequences together.
+    pub kv_positions: usize,
+    /// Positions a KV block holds.
+    pub block_size: usize,
+    /// Prompt tokens prefilled per step, across sequences.
+    pub chunk: usize,
+    /// Replay recorded decode graphs (else encode every step).
+    pub graphs: bool,
+}
+
+impl SchedulerConfig {
+    /// `parallel` sequences of up to `ctx_size` positions, a pool of
+    /// `parallel * min(ctx_size, 1024)` positions (at least one full
+    /// context): sequences that grow long are served by preempting others.
+    pub fn new(parallel: usize, ctx_size: usize) -> SchedulerConfig {
+        SchedulerConfig {
+            parallel,
+            ctx_size,
+            kv_positions: (parallel * ctx_size.min(1024)).max(ctx_size),
+            block_size: 16,
+            chunk: 256,
+            graphs: true,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(LlmError::Request(what));
+        if self.parallel == 0 || self.parallel > 1024 {
+            return bad(format!("parallel = {}: expected 1 to 1024", self.parallel));
+        }
+        if self.ctx_size < 2 {
+            return bad(format!("ctx_size = {}: expected at least 2", self.ctx_size));
+        }
+        if self.block_size == 0 || self.chunk == 0 {
+            return bad("block_size and chunk must be at least 1".into());
+        }
+        if self.kv_positions < self.ctx_size {
+            return bad(format!(
+                "kv_positions = {} cannot hold one context of {}",
+                self.kv_positions, self.ctx_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a request's generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens`, or the context is full.
+    Length,
+    /// The client went away, or the server is shutting down.
+    Cancelled,
+}
+
+/// What a request hears about its generation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Generated text (complete UTF-8; stop strings held back until it is
+    /// clear they are not one).
+    Text(String),
+    /// The end, with token counts.
+    Done {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    /// The generation failed (a device error); nothing follows.
+    Error(String),
+}
+
+/// A generation request.
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    /// Strings that end the generation where they appear; they are not sent.
+    pub stop: Vec<String>,
+    /// Set by the requester to cancel (a client that went away).
+    pub cancel: Arc<AtomicBool>,
+    /// Receives the events; returns false when nobody listens any more,
+    /// which cancels the request.
+    pub events: Box<dyn FnMut(Event) -> bool + Send>,
+}
+
+/// A histogram of durations in seconds, with fixed bucket bounds.
+#[derive(Debug)]
+pub struct Histogram {
+    pub bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            if s <= *b {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound, the sum in seconds, and the count.
+    pub fn snapshot(&self) -> (Vec<u64>, f64, u64) {
+        (
+            self.counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+            self.count.load(Ordering::Relaxed),
+        )
+    }
+}
+
+const LATENCY_BOUNDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Counters and gauges of the scheduler, read by the server's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Prompt tokens served from the prefix cache instead of computed.
+    pub cached_prompt_tokens: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub steps: AtomicU64,
+    /// Requests waiting to be admitted.
+    pub queue_depth: AtomicU64,
+    /// Sequences in the running batch.
+    pub running: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    pub time_to_first_token: Histogram,
+    pub time_per_output_token: Histogram,
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let z = || AtomicU64::new(0);
+        Metrics {
+            requests: z(),
+            prompt_tokens: z(),
+            generated_tokens: z(),
+            cached_prompt_tokens: z(),
+            preemptions: z(),
+            steps: z(),
+            queue_depth: z(),
+            running: z(),
+            kv_blocks_used: z(),
+            kv_blocks_total: z(),
+            time_to_first_token: Histogram::new(LATENCY_BOUNDS),
+            time_per_output_token: Histogram::new(LATENCY_BOUNDS),
+        }
+    }
+}
+
+enum Msg {
+    Request(GenRequest),
+    Shutdown(Duration),
+}
+
+/// The batching loop on its own thread, and the way in.
+pub struct Scheduler {
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    metrics: Arc<Metrics>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    ctx_size: usize,
+    vocab: usize,
+}
+
+impl Scheduler {
+    /// Starts the loop over `engine`'s model with a fresh paged cache.
+    pub fn start(engine: Arc<Engine>, config: SchedulerConfig) -> Result<Scheduler> {
+        config.validate()?;
+        let bs = config.block_size;
+        let blocks = config.kv_positions.div_ceil(bs) + 1;
+        let max_blocks = config.ctx_size.div_ceil(bs);
+        let runner = BatchRunner::new(
+            engine.model().clone(),
+            blocks,
+            bs,
+            max_blocks,
+            config.graphs,
+        )?;
+        let metrics = Arc::new(Metrics::new());
+        metrics
+            .kv_blocks_total
+            .store(blocks as u64 - 1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let vocab = engine.model().config.vocab;
+        let m = metrics.clone();
+        let ctx_size = config.ctx_size;
+        let thread = std::thread::Builder::new()
+            .name("encore-scheduler".into())
+            .spawn(move || {
+                let pool = BlockPool::new(blocks, bs);
+                Loop::new(&engine, runner, pool, config, m).run(rx);
+            })
+            .map_err(|e| LlmError::Request(format!("starting the scheduler thread: {e}")))?;
+        Ok(Scheduler {
+            tx: Mutex::new(Some(tx)),
+            metrics,
+            thread: Mutex::new(Some(thread)),
+            ctx_size,
+            vocab,
+        })
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Positions one sequence may use.
+    pub fn ctx_size(&self) -> usize {
+        self.ctx_size
+    }
+
+    /// Queues a request. A prompt that is empty, holds a token outside the
+    /// vocabulary or leaves no room in the context, bad sampling settings,
+    /// and a scheduler that has shut down are errors here; later failures
+    /// arrive as [`Event::Error`].
+    pub fn submit(&self, request: GenRequest) -> Result<()> {
+        request.sampler.validate()?;
+        if request.prompt.is_empty() {
+            return Err(LlmError::Request("empty prompt".into()));
+        }
+        if request.max_tokens == 0 {
+            return Err(LlmError::Request("max_tokens must be at least 1".into()));
+        }
+        if request.prompt.len() >= self.ctx_size {
+            return Err(LlmError::Request(format!(
+                "the prompt has {} tokens; the context holds {} (prompt and answer together)",
+                request.prompt.len(),
+                self.ctx_size
+            )));
+        }
+        if let Some(t) = request.prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(LlmError::Request(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.vocab
+            )));
+        }
+        let tx = self
+            .tx
+            .lock()
+            .map_err(|_| LlmError::Request("the scheduler failed".into()))?;
+        let sent = tx
+            .as_ref()
+            .map(|tx| tx.send(Msg::Request(request)).is_ok());
+        if sent != Some(true) {
+            return Err(LlmError::Request("the server is shutting down".into()));
+        }
+        self.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stops taking requests, lets the running ones finish for up to
+    /// `grace` (then cancels them), and waits for the loop to end.
+    pub fn shutdown(&self, grace: Duration) {
+        if let Ok(mut tx) = self.tx.lock() {
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(Msg::Shutdown(grace));
+            }
+        }
+        if let Ok(mut thread) = self.thread.lock() {
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shutdown(Duration::ZERO);
+    }
+}
+
+/// One request on its way through the loop.
+struct Seq<'t> {
+    req: GenRequest,
+    sampler: Sampler,
+    /// Prompt and generated tokens; the last generated one has no K and V yet.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Positions whose K and V are in the cache.
+    computed: usize,
+    table: Vec<u32>,
+    decoder: StreamDecoder<'t>,
+    /// Text decoded but not yet sent (a possible start of a stop string).
+    held: String,
+    arrived: Instant,
+    last_token: Option<Instant>,
+}
+
+impl Seq<'_> {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn cancelled(&self) -> bool {
+        self.req.cancel.load(Ordering::Relaxed)
+    }
+
+    fn send(&mut self, event: Event) {
+        if !(self.req.events)(event) {
+            self.req.cancel.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends `piece` unless it may begin a stop string; returns whether a
+    /// stop string appeared (the text before it is sent, the rest dropped).
+    fn emit(&mut self, piece: &str) -> bool {
+        self.held.push_str(piece);
+        if let Some(at) = self
+            .req
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
+            let before = self.held[..at].to_string();
+            if !before.is_empty() {
+                self.send(Event::Text(before));
+            }
+            self.held.clear();
+            return true;
+        }
+        // Hold back the longest tail that begins some stop string.
+        let mut keep = 0;
+        for s in self.req.stop.iter().filter(|s| !s.is_empty()) {
+            for (i, _) in self.held.char_indices() {
+                let tail = &self.held[i..];
+                if tail.len() > keep && s.starts_with(tail) {
+                    keep = tail.len();
+                }
+            }
+        }
+        let cut = self.held.len() - keep;
+        if cut > 0 {
+            let out: String = self.held.drain(..cut).collect();
+            self.send(Event::Text(out));
+        }
+        false
+    }
+}
+
+struct Loop<'e> {
+    engine: &'e Engine,
+    runner: BatchRunner,
+    pool: BlockPool,
+    config: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    waiting: VecDeque<Seq<'e>>,
+    running: Vec<Seq<'e>>,
+    /// When a shutdown asked the running requests to end by.
+    deadline: Option<Instant>,
+}
+
+impl<'e> Loop<'e> {
+    fn new(
+        engine: &'e Engine,
+        runner: BatchRunner,
+        pool: BlockPool,
+        config: SchedulerConfig,
+        metrics: Arc<Metrics>,
+    ) -> Loop<'e> {
+        Loop {
+            engine,
+            runner,
+            pool,
+            config,
+            metrics,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            deadline: None,
+        }
+    }
+
+    fn accept(&mut self, req: GenRequest) {
+        let tokens = req.prompt.clone();
+        self.metrics
+            .prompt_tokens
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        self.waiting.push_back(Seq {
+            sampler: Sampler::new(req.sampler.clone()),
+            prompt_len: tokens.len(),
+            tokens,
+            computed: 0,
+            table: Vec::new(),
+            decoder: self.engine.tokenizer().stream_decoder(),
+            held: String::new(),
+            arrived: Instant::now(),
+            last_token: None,
+            req,
+        });
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Msg>) {
+        let mut open = true;
+        loop {
+            if open && self.waiting.is_empty() && self.running.is_empty() {
+                match rx.recv() {
+                    Ok(Msg::Request(r)) => self.accept(r),
+                    Ok(Msg::Shutdown(_)) | Err(_) => break,
+                }
+            }
+            while open {
+                match rx.try_recv() {
+                    Ok(Msg::Request(r)) => self.accept(r),
+                    Ok(Msg::Shutdown(grace)) => {
+                        open = false;
+                        self.deadline = Some(Instant::now() + grace);
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        self.deadline = Some(Instant::now());
+                    }
+                }
+            }
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                for s in self.waiting.iter_mut().chain(self.running.iter_mut()) {
+                    s.req.cancel.store(true, Ordering::Relaxed);
+                }
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.publish();
+            if self.running.is_empty() {
+                if !open && self.waiting.is_empty() {
+                    break;
+                }
+                if self.waiting.is_empty() {
+                    continue;
+                }
+            }
+            if let Err(e) = self.step() {
+                // A failed step fails every running sequence; the device
+                // may be unusable, which the next requests will hear.
+                let message = e.to_string();
+                for mut s in std::mem::take(&mut self.running) {
+                    s.send(Event::Error(message.clone()));
+                    self.pool.release(&s.table);
+                }
+            }
+            self.metrics.steps.fetch_add(1, Ordering::Relaxed);
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let m = &self.metrics;
+        m.queue_depth
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
+        m.running.store(self.running.len() as u64, Ordering::Relaxed);
+        m.kv_blocks_used
+            .store(self.pool.in_use() as u64, Ordering::Relaxed);
+    }
+
+    fn finish(&mut self, mut s: Seq<'e>, reason: FinishReason) {
+        if reason != FinishReason::Cancelled && !s.held.is_empty() {
+            let rest = std::mem::take(&mut s.held);
+            s.send(Event::Text(rest));
+        }
+        self.pool.release(&s.table);
+        let done = Event::Done {
+            reason,
+            prompt_tokens: s.prompt_len,
+            completion_tokens: s.generated(),
+        };
+        s.send(done);
+    }
+
+    fn drop_cancelled(&mut self) {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|s| s.cancelled());
+        self.running = kept;
+        for s in gone {
+            self.finish(s, FinishReason::Cancelled);
+        }
+        let (gone, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|s| s.cancelled());
+        self.waiting = kept;
+        for s in gone {
+            self.finish(s, FinishReason::Cancelled);
+        }
+    }
+
+    /// Admits waiting sequences while there are slots and blocks for their
+    /// tokens (less what the prefix cache holds).
+    fn admit(&mut self) {
+        let bs = self.config.block_size;
+        while self.running.len() < self.config.parallel {
+            let Some(s) = self.waiting.front_mut() else {
+                break;
+            };
+            let len = s.tokens.len();
+            // At least the last token is computed, for its logits.
+            let shared = self.pool.take_prefix(&s.tokens, len - 1);
+            let need = (len + 1).div_ceil(bs).saturating_sub(shared.len());
+            if self.pool.available() < need {
+                self.pool.release(&shared);
+                break;
+            }
+            self.metrics
+                .cached_prompt_tokens
+                .fetch_add((shared.len() * bs) as u64, Ordering::Relaxed);
+            s.computed = shared.len() * bs;
+            s.table = shared;
+            if let Some(s) = self.waiting.pop_front() {
+                self.running.push(s);
+            }
+        }
+    }
+
+    /// Gives sequence `i` a block for position `pos`, preempting the most
+    /// recently admitted other sequence while the pool is empty. Returns
+    /// false when `i` itself had to be preempted (nothing else to take).
+    fn block_for(&mut self, i: usize, pos: usize) -> bool {
+        let bs = self.config.block_size;
+        while self.running[i].table.len() <= pos / bs {
+            match self.pool.take() {
+                Some(b) => self.running[i].table.push(b),
+                None => {
+                    let victim = self.running.len() - 1;
+                    self.preempt(victim);
+                    if victim == i {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn preempt(&mut self, i: usize) {
+        let mut s = self.running.remove(i);
+        self.pool.release(&s.table);
+        s.table.clear();
+        s.computed = 0;
+        self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.waiting.push_front(s);
+    }
+
+    /// One batched pass: a decode row for every generating sequence, then
+    /// prompt rows up to the chunk budget; then sampling.
+    fn step(&mut self) -> Result<()> {
+        // (sequence index, first position, rows) of each sequence in the step.
+        let mut plan: Vec<(usize, usize, usize)> = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            if s.tokens.len() - s.computed == 1 {
+                let pos = s.computed;
+                if !self.block_for(i, pos) {
+                    continue;
+                }
+                plan.push((i, pos, 1));
+            }
+            i += 1;
+        }
+        let mut budget = self.config.chunk.saturating_sub(plan.len()).max(1);
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let s = &self.running[i];
+            let left = s.tokens.len() - s.computed;
+            if left > 1 {
+                let n = left.min(budget);
+                let first = s.computed;
+                if !self.block_for(i, first + n - 1) {
+                    continue;
+                }
+                // A preemption may have removed planned sequences.
+                plan.retain(|&(j, _, _)| j < self.running.len());
+                plan.push((i, first, n));
+                budget -= n;
+            }
+            i += 1;
+        }
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let mut rows = Vec::new();
+        let mut outputs = Vec::new();
+        for &(i, first, n) in &plan {
+            let s = &self.running[i];
+            for p in first..first + n {
+                rows.push(Row {
+                    token: s.tokens[p],
+                    position: p,
+                    table: &s.table,
+                });
+            }
+            if first + n == s.tokens.len() {
+                outputs.push(rows.len() - 1);
+            }
+        }
+        let logits = self.runner.run(&rows, &outputs)?;
+        drop(rows);
+        let vocab = self.engine.model().config.vocab;
+        let mut out = 0;
+        let mut done = Vec::new();
+        for &(i, first, n) in &plan {
+            let bs = self.config.block_size;
+            let s = &mut self.running[i];
+            s.computed = first + n;
+            for b in first / bs..s.computed / bs {
+                self.pool.name(s.table[b], &s.tokens, b);
+            }
+            if s.computed < s.tokens.len() {
+                continue;
+            }
+            let l = &logits[out * vocab..(out + 1) * vocab];
+            out += 1;
+            if let Some(at) = l.iter().position(|x| !x.is_finite()) {
+                return Err(LlmError::Request(format!(
+                    "the model's output is not finite (logit {at} at position {}); \
+                     the model file may be corrupt",
+                    s.computed - 1
+                )));
+            }
+            let token = s.sampler.sample(l, &s.tokens);
+            if let Some(reason) = self.accept_token(i, token) {
+                done.push((i, reason));
+            }
+        }
+        // Remove finished sequences, highest index first.
+        done.sort_by(|a, b| b.0.cmp(&a.0));
+        for (i, reason) in done {
+            let s = self.running.remove(i);
+            self.finish(s, reason);
+        }
+        Ok(())
+    }
+
+    /// Takes sequence `i`'s next token: the end of generation, or text.
+    fn accept_token(&mut self, i: usize, token: u32) -> Option<FinishReason> {
+        let tokenizer = self.engine.tokenizer();
+        let now = Instant::now();
+        let ctx = self.config.ctx_size;
+        let m = self.metrics.clone();
+        let s = &mut self.running[i];
+        match s.last_token {
+            None => m.time_to_first_token.observe(now - s.arrived),
+            Some(t) => m.time_per_output_token.observe(now - t),
+        }
+        s.last_token = Some(now);
+        if tokenizer.is_eog(token) {
+            return Some(FinishReason::Stop);
+        }
+        s.tokens.push(token);
+        m.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let piece = s.decoder.push(token).unwrap_or_default();
+        if s.emit(&piece) {
+            return Some(FinishReason::Stop);
+        }
+        if s.generated() >= s.req.max_tokens || s.tokens.len() >= ctx {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}
