@@ -1,4 +1,4 @@
-//! `encore`: generate text, benchmark, and list models and devices.
+//! `encore`: generate text, chat, serve, benchmark, and list models and devices.
 //!
 //! Every input is checked before it is used: counts against the model's
 //! context and sane bounds, sampling settings by
@@ -8,7 +8,9 @@
 //! expects of what it reads, and as ripgrep does), any other failure to
 //! write is an error.
 
+mod chat;
 mod report;
+mod serve;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -40,6 +42,11 @@ struct Cli {
 enum Command {
     /// Generate a continuation of a prompt, streamed to stdout.
     Generate(GenerateArgs),
+    /// Chat with the model in the terminal: streaming answers, history,
+    /// `/reset` and `/exit`; Ctrl-C stops the current answer.
+    Chat(chat::ChatArgs),
+    /// Serve an OpenAI-compatible HTTP API with continuous batching.
+    Serve(serve::ServeArgs),
     /// Measure prefill and decode speed.
     Bench(BenchArgs),
     /// Perplexity of the model on a text file, computed as llama.cpp's
@@ -85,7 +92,7 @@ struct ModelArgs {
     exact: bool,
 }
 
-#[derive(Args)]
+#[derive(Args, Default)]
 struct ProfileArgs {
     /// Print a profile to stderr at exit: counters, submissions, or
     /// dispatches (the default when no value is given). Overrides ENCORE_PROFILE.
@@ -111,6 +118,18 @@ struct GenerateArgs {
     /// Most tokens to generate, at most the model's context length.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128, value_parser = count, allow_negative_numbers = true)]
     n: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Use the prompt as is, without the model's chat template.
+    #[arg(long)]
+    raw: bool,
+    /// The prompt.
+    prompt: String,
+}
+
+/// The sampling flags of `generate` and `chat`.
+#[derive(Args)]
+struct SamplingArgs {
     /// Sampling temperature, finite and >= 0; 0 is greedy.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
@@ -129,11 +148,23 @@ struct GenerateArgs {
     /// Random seed.
     #[arg(long, default_value_t = 0x5eed, allow_negative_numbers = true)]
     seed: u64,
-    /// Use the prompt as is, without the model's chat template.
-    #[arg(long)]
-    raw: bool,
-    /// The prompt.
-    prompt: String,
+}
+
+impl SamplingArgs {
+    /// The sampler these flags describe, checked.
+    fn config(&self) -> Result<SamplerConfig, CliError> {
+        let config = SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..SamplerConfig::default()
+        };
+        config.validate().map_err(sampler_error)?;
+        Ok(config)
+    }
 }
 
 #[derive(Args)]
@@ -174,6 +205,8 @@ fn main() -> ExitCode {
     };
     exit(match cli.command {
         Command::Generate(a) => generate(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench(a),
         Command::Perplexity(a) => perplexity(a),
         Command::Models(a) => models(a),
@@ -285,6 +318,8 @@ fn sampler_flag(field: SamplerField) -> &'static str {
         SamplerField::TopP => "--top-p",
         SamplerField::MinP => "--min-p",
         SamplerField::RepeatPenalty => "--repeat-penalty",
+        SamplerField::PresencePenalty => "--presence-penalty",
+        SamplerField::FrequencyPenalty => "--frequency-penalty",
     }
 }
 
@@ -493,18 +528,9 @@ fn with_device(
 fn generate(a: GenerateArgs) -> CliResult {
     let options = GenerateOptions {
         max_tokens: a.n,
-        sampler: SamplerConfig {
-            temperature: a.temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-            repeat_penalty: a.repeat_penalty,
-            seed: a.seed,
-            ..SamplerConfig::default()
-        },
+        sampler: a.sampling.config()?,
         raw: a.raw,
     };
-    options.sampler.validate().map_err(sampler_error)?;
     with_device(&a.model, &a.profile, |device| {
         generate_on(&a, &options, device)
     })

@@ -229,7 +229,10 @@ mod tests {
         // Taking every block evicts the cached ones, oldest first.
         let all: Vec<u32> = (0..3).filter_map(|_| pool.take()).collect();
         assert_eq!(all.len(), 3);
-        assert!(pool.take_prefix(&a, 4).is_empty(), "evicted blocks are forgotten");
+        assert!(
+            pool.take_prefix(&a, 4).is_empty(),
+            "evicted blocks are forgotten"
+        );
     }
 
     #[test]

@@ -433,7 +433,16 @@ impl Model {
             let factors = self.rope_factors.as_ref().filter(|_| la.scaled);
             let rope = |enc: &mut Encoder, x: &Buffer, heads: usize, label| match place {
                 Placement::Contiguous { pos, .. } => ops.rope(
-                    enc, x, pos, m, heads, c.head_dim, c.rope_dim, la.rope_base, neox, factors,
+                    enc,
+                    x,
+                    pos,
+                    m,
+                    heads,
+                    c.head_dim,
+                    c.rope_dim,
+                    la.rope_base,
+                    neox,
+                    factors,
                     label,
                 ),
                 Placement::Paged(p) => ops.rope_rows(

@@ -306,9 +306,7 @@ impl Scheduler {
             .tx
             .lock()
             .map_err(|_| LlmError::Request("the scheduler failed".into()))?;
-        let sent = tx
-            .as_ref()
-            .map(|tx| tx.send(Msg::Request(request)).is_ok());
+        let sent = tx.as_ref().map(|tx| tx.send(Msg::Request(request)).is_ok());
         if sent != Some(true) {
             return Err(LlmError::Request("the server is shutting down".into()));
         }
@@ -517,7 +515,8 @@ impl<'e> Loop<'e> {
         let m = &self.metrics;
         m.queue_depth
             .store(self.waiting.len() as u64, Ordering::Relaxed);
-        m.running.store(self.running.len() as u64, Ordering::Relaxed);
+        m.running
+            .store(self.running.len() as u64, Ordering::Relaxed);
         m.kv_blocks_used
             .store(self.pool.in_use() as u64, Ordering::Relaxed);
     }

@@ -153,6 +153,13 @@ impl Session {
         self.pos = 0;
     }
 
+    /// Forgets every position from `n` on, keeping the ones before (a chat
+    /// whose new prompt shares its first `n` tokens with what was run);
+    /// `n` past the current position changes nothing.
+    pub fn truncate(&mut self, n: usize) {
+        self.pos = self.pos.min(n);
+    }
+
     fn check_room(&self, n: usize) -> Result<()> {
         if self.pos + n > self.max_seq {
             return Err(LlmError::Request(format!(

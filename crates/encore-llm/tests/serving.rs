@@ -94,7 +94,8 @@ fn submit(
 }
 
 fn wait(rx: mpsc::Receiver<Outcome>) -> Outcome {
-    rx.recv_timeout(Duration::from_secs(600)).expect("an outcome")
+    rx.recv_timeout(Duration::from_secs(600))
+        .expect("an outcome")
 }
 
 fn scheduler(config: SchedulerConfig) -> Scheduler {
@@ -104,9 +105,16 @@ fn scheduler(config: SchedulerConfig) -> Scheduler {
 const PROBE: &str = "Name three colors of the rainbow.";
 
 fn others(n: usize) -> Vec<String> {
-    let topics = ["the sea", "a cat", "winter", "coffee", "the moon", "trains", "bread", "music"];
+    let topics = [
+        "the sea", "a cat", "winter", "coffee", "the moon", "trains", "bread", "music",
+    ];
     (0..n)
-        .map(|i| format!("Write a sentence about {} (number {i}).", topics[i % topics.len()]))
+        .map(|i| {
+            format!(
+                "Write a sentence about {} (number {i}).",
+                topics[i % topics.len()]
+            )
+        })
         .collect()
 }
 
@@ -117,7 +125,9 @@ fn a_request_gives_the_same_tokens_alone_and_in_a_batch_of_32_others() {
         wait(submit(&s, PROBE, 32, &[], Arc::default()))
     };
     assert!(alone.completion_tokens > 4, "{alone:?}");
-    let colors = ["red", "orange", "yellow", "green", "blue", "indigo", "violet"];
+    let colors = [
+        "red", "orange", "yellow", "green", "blue", "indigo", "violet",
+    ];
     let lower = alone.text.to_lowercase();
     assert!(colors.iter().any(|c| lower.contains(c)), "{alone:?}");
     let s = scheduler(SchedulerConfig::new(33, 512));
@@ -156,7 +166,10 @@ fn preemption_and_the_prefix_cache_change_no_token() {
         ..SchedulerConfig::new(6, 256)
     };
     let s = scheduler(config);
-    let mut rxs: Vec<_> = others(5).iter().map(|p| submit(&s, p, 48, &[], Arc::default())).collect();
+    let mut rxs: Vec<_> = others(5)
+        .iter()
+        .map(|p| submit(&s, p, 48, &[], Arc::default()))
+        .collect();
     rxs.insert(2, submit(&s, PROBE, 48, &[], Arc::default()));
     let outcomes: Vec<_> = rxs.into_iter().map(wait).collect();
     assert_eq!(outcomes[2], alone);
@@ -183,7 +196,10 @@ fn stop_strings_limits_and_cancellation_end_a_request() {
     assert!(full.text.starts_with(&cut.text), "{cut:?} vs {full:?}");
     assert!(!cut.text.contains(stop));
     let short = wait(submit(&s, PROBE, 3, &[], Arc::default()));
-    assert_eq!((short.reason, short.completion_tokens), (FinishReason::Length, 3));
+    assert_eq!(
+        (short.reason, short.completion_tokens),
+        (FinishReason::Length, 3)
+    );
     // Cancelled before it starts: it ends at once, with no text.
     let cancel = Arc::new(AtomicBool::new(true));
     let gone = wait(submit(&s, PROBE, 32, &[], cancel));

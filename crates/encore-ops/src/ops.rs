@@ -24,7 +24,9 @@ use crate::kernels::elementwise::{
 use crate::kernels::embed::{EmbedArgs, EmbedShape};
 use crate::kernels::matmul::{MatmulArgs, MatmulShape};
 use crate::kernels::norm::{NormArgs, NormShape};
-use crate::kernels::paged::{PagedAttnArgs, PagedAttnShape, PagedKvArgs, PagedKvShape, RopeRowsArgs};
+use crate::kernels::paged::{
+    PagedAttnArgs, PagedAttnShape, PagedKvArgs, PagedKvShape, RopeRowsArgs,
+};
 use crate::kernels::rope::{self, RopeArgs, RopeShape};
 use crate::kernels::{gemm, prefill_attention, KernelSet};
 use crate::DType;
@@ -524,7 +526,8 @@ impl Ops {
         }
         let rows = shape.rows as usize;
         let n = rows * (heads * head_dim) as usize;
-        let cache = shape.blocks as usize * shape.block_size as usize * (kv_heads * head_dim) as usize * 2;
+        let cache =
+            shape.blocks as usize * shape.block_size as usize * (kv_heads * head_dim) as usize * 2;
         let args = PagedAttnArgs {
             q: f32s(q, n)?,
             k: k.view(0, cache)?,
@@ -534,7 +537,11 @@ impl Ops {
             out: f32s(out, n)?,
             shape,
         };
-        enc.dispatch(self.attention_paged.get(&self.device)?, &args.args(), "attention")
+        enc.dispatch(
+            self.attention_paged.get(&self.device)?,
+            &args.args(),
+            "attention",
+        )
     }
 
     /// `y += x` over `n` elements.

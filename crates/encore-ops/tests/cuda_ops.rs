@@ -1407,7 +1407,13 @@ fn paged_attention_matches_cpu() {
     for window in [0, 20] {
         let case = common::PagedCase::random(&mut rng, &[37, 1, 16, 70, 300], 9, window);
         let [cpu, cuda] = [0, 1].map(|i| case.run(&pair[i]));
-        assert_close(&format!("attention_paged, window {window}"), &cuda, &cpu, 0.0, 1e-3);
+        assert_close(
+            &format!("attention_paged, window {window}"),
+            &cuda,
+            &cpu,
+            0.0,
+            1e-3,
+        );
     }
 }
 
@@ -1427,7 +1433,19 @@ fn rope_rows_matches_cpu_bit_for_bit() {
             run(ops, |ops, enc| {
                 let p = upload(ops, &positions);
                 let f = scaled.then_some(&f);
-                ops.rope_rows(enc, &xb, &p, positions.len(), heads, hd, hd, 500000.0, true, f, "r")
+                ops.rope_rows(
+                    enc,
+                    &xb,
+                    &p,
+                    positions.len(),
+                    heads,
+                    hd,
+                    hd,
+                    500000.0,
+                    true,
+                    f,
+                    "r",
+                )
             });
             xb
         });
@@ -1442,14 +1460,27 @@ fn matmul_rows_is_row_invariant_and_matches_cpu() {
     // the CPU, the tolerance of `matmul` (8-bit activations on the CPU).
     let pair = both();
     let mut rng = Rng::new();
-    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16] {
+    for dtype in [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::F16,
+    ] {
         let (n, k, rows) = (96, 512, 33);
         let bytes = random_weights(&mut rng, dtype, n, k);
         let x = rng.vec(rows * k);
         let product = |ops: &Ops, x: &[f32], rows: usize| -> Vec<f32> {
-            let w = Weight { buffer: upload(ops, &bytes), dtype, n, k };
+            let w = Weight {
+                buffer: upload(ops, &bytes),
+                dtype,
+                n,
+                k,
+            };
             let y = ops.device().alloc(rows * n * 4).unwrap();
-            run(ops, |ops, enc| ops.matmul_rows(enc, &w, &upload(ops, x), &y, rows, "m"));
+            run(ops, |ops, enc| {
+                ops.matmul_rows(enc, &w, &upload(ops, x), &y, rows, "m")
+            });
             y.download().unwrap()
         };
         let cuda_all = product(&pair[1], &x, rows);
@@ -1461,7 +1492,10 @@ fn matmul_rows_is_row_invariant_and_matches_cpu() {
         let (_, scale) = magnitudes(&dequantize(dtype, &bytes, n, k), &x, rows, n, k);
         let tol = if dtype.is_quantized() { 5e-3 } else { 1e-5 };
         for (i, ((g, c), s)) in cuda_all.iter().zip(&cpu_all).zip(&scale).enumerate() {
-            assert!((g - c).abs() <= tol * s + 1e-7, "matmul_rows {dtype} output {i}: CUDA {g} vs CPU {c}");
+            assert!(
+                (g - c).abs() <= tol * s + 1e-7,
+                "matmul_rows {dtype} output {i}: CUDA {g} vs CPU {c}"
+            );
         }
     }
 }

@@ -22,7 +22,10 @@ fn contiguous_row(ops: &Ops, case: &PagedCase, r: usize) -> Vec<f32> {
     let (s, pos) = case.rows[r];
     let (len, _) = case.seqs[s];
     let kv_dim = case.kv_dim();
-    let (k, v) = (ops.device().alloc(len * kv_dim * 2).unwrap(), ops.device().alloc(len * kv_dim * 2).unwrap());
+    let (k, v) = (
+        ops.device().alloc(len * kv_dim * 2).unwrap(),
+        ops.device().alloc(len * kv_dim * 2).unwrap(),
+    );
     let at0 = upload(ops, &[0u32]);
     let at = upload(ops, &[pos as u32]);
     let (ks, vs) = &case.kv[s];
@@ -31,8 +34,10 @@ fn contiguous_row(ops: &Ops, case: &PagedCase, r: usize) -> Vec<f32> {
     let q = upload(ops, &case.q[r * n..(r + 1) * n]);
     let out = ops.device().alloc(n * 4).unwrap();
     let mut enc = ops.device().encoder();
-    ops.kv_store(&mut enc, &kb, &k, &at0, len, kv_dim, len, "k").unwrap();
-    ops.kv_store(&mut enc, &vb, &v, &at0, len, kv_dim, len, "v").unwrap();
+    ops.kv_store(&mut enc, &kb, &k, &at0, len, kv_dim, len, "k")
+        .unwrap();
+    ops.kv_store(&mut enc, &vb, &v, &at0, len, kv_dim, len, "v")
+        .unwrap();
     let shape = AttnShape {
         rows: 1,
         heads: case.heads as u32,
@@ -42,7 +47,8 @@ fn contiguous_row(ops: &Ops, case: &PagedCase, r: usize) -> Vec<f32> {
         scale: 1.0 / (case.head_dim as f32).sqrt(),
         window: case.window as u32,
     };
-    ops.attention(&mut enc, &q, &k, &v, &at, &out, shape).unwrap();
+    ops.attention(&mut enc, &q, &k, &v, &at, &out, shape)
+        .unwrap();
     enc.commit_and_wait().unwrap();
     out.download().unwrap()
 }
@@ -59,7 +65,11 @@ fn paged_attention_gives_each_row_its_contiguous_decode_bit_for_bit() {
         let n = case.heads * case.head_dim;
         for r in 0..case.rows.len() {
             let want = contiguous_row(&ops, &case, r);
-            assert_eq!(&paged[r * n..(r + 1) * n], &want[..], "row {r}, window {window}");
+            assert_eq!(
+                &paged[r * n..(r + 1) * n],
+                &want[..],
+                "row {r}, window {window}"
+            );
         }
     }
 }
@@ -74,8 +84,20 @@ fn rope_rows_rotates_each_row_at_its_own_position() {
     let xb = upload(&ops, &x);
     let pb = upload(&ops, &positions);
     let mut enc = ops.device().encoder();
-    ops.rope_rows(&mut enc, &xb, &pb, positions.len(), heads, hd, hd, 10000.0, false, None, "r")
-        .unwrap();
+    ops.rope_rows(
+        &mut enc,
+        &xb,
+        &pb,
+        positions.len(),
+        heads,
+        hd,
+        hd,
+        10000.0,
+        false,
+        None,
+        "r",
+    )
+    .unwrap();
     enc.commit_and_wait().unwrap();
     let got: Vec<f32> = xb.download().unwrap();
     for (r, &p) in positions.iter().enumerate() {
@@ -83,12 +105,23 @@ fn rope_rows_rotates_each_row_at_its_own_position() {
         let one = upload(&ops, &x[r * n..(r + 1) * n]);
         let at = upload(&ops, &[p]);
         let mut enc = ops.device().encoder();
-        ops.rope(&mut enc, &one, &at, 1, heads, hd, hd, 10000.0, false, None, "r").unwrap();
+        ops.rope(
+            &mut enc, &one, &at, 1, heads, hd, hd, 10000.0, false, None, "r",
+        )
+        .unwrap();
         enc.commit_and_wait().unwrap();
-        assert_eq!(&got[r * n..(r + 1) * n], &one.download::<f32>().unwrap()[..], "row {r}");
+        assert_eq!(
+            &got[r * n..(r + 1) * n],
+            &one.download::<f32>().unwrap()[..],
+            "row {r}"
+        );
         // Position 0 is the identity; every other row moved.
         if p > 0 {
-            assert_ne!(&got[r * n..(r + 1) * n], &x[r * n..(r + 1) * n], "row {r} rotated");
+            assert_ne!(
+                &got[r * n..(r + 1) * n],
+                &x[r * n..(r + 1) * n],
+                "row {r} rotated"
+            );
         }
     }
 }
@@ -108,16 +141,28 @@ fn matmul_rows_gives_each_row_its_one_row_product() {
         let x = rng.vec(rows * k);
         let y = ops.device().alloc(rows * n * 4).unwrap();
         let mut enc = ops.device().encoder();
-        ops.matmul_rows(&mut enc, &w, &upload(&ops, &x), &y, rows, "m").unwrap();
+        ops.matmul_rows(&mut enc, &w, &upload(&ops, &x), &y, rows, "m")
+            .unwrap();
         enc.commit_and_wait().unwrap();
         let all: Vec<f32> = y.download().unwrap();
         for r in 0..rows {
             let one = ops.device().alloc(n * 4).unwrap();
             let mut enc = ops.device().encoder();
-            ops.matmul_rows(&mut enc, &w, &upload(&ops, &x[r * k..(r + 1) * k]), &one, 1, "m")
-                .unwrap();
+            ops.matmul_rows(
+                &mut enc,
+                &w,
+                &upload(&ops, &x[r * k..(r + 1) * k]),
+                &one,
+                1,
+                "m",
+            )
+            .unwrap();
             enc.commit_and_wait().unwrap();
-            assert_eq!(&all[r * n..(r + 1) * n], &one.download::<f32>().unwrap()[..], "{dtype} row {r}");
+            assert_eq!(
+                &all[r * n..(r + 1) * n],
+                &one.download::<f32>().unwrap()[..],
+                "{dtype} row {r}"
+            );
         }
     }
 }

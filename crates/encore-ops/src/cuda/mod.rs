@@ -91,14 +91,10 @@ fn matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
     };
     let mut defines = geometry::matmul_defines();
     defines.push(("MM_ROW_INVARIANT", u32::from(row_invariant).to_string()));
-    CudaKernel::checked(
-        source_with(file, &defines),
-        "matmul",
-        |s: &MatmulShape| {
-            weight_type("matmul", s.dtype)?;
-            Ok(geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)))
-        },
-    )
+    CudaKernel::checked(source_with(file, &defines), "matmul", |s: &MatmulShape| {
+        weight_type("matmul", s.dtype)?;
+        Ok(geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)))
+    })
 }
 
 pub(crate) fn gemm() -> CudaKernel {

@@ -106,7 +106,10 @@ crate::op_args! {
 pub fn rope_rows_def() -> KernelDef {
     KernelDef::new("rope_rows")
         .op("rope_rows")
-        .cpu("rope_rows f32 fma factors v1", crate::cpu::kernels::paged::rope_rows)
+        .cpu(
+            "rope_rows f32 fma factors v1",
+            crate::cpu::kernels::paged::rope_rows,
+        )
         .cuda(crate::cuda::rope_rows())
         .programmatic()
 }
@@ -114,7 +117,10 @@ pub fn rope_rows_def() -> KernelDef {
 pub fn kv_store_paged_def() -> KernelDef {
     KernelDef::new("kv_store_paged")
         .op("kv_store_paged")
-        .cpu("kv_store_paged f16 v1", crate::cpu::kernels::paged::kv_store_paged)
+        .cpu(
+            "kv_store_paged f16 v1",
+            crate::cpu::kernels::paged::kv_store_paged,
+        )
         .cuda(crate::cuda::kv_store_paged())
         .programmatic()
 }

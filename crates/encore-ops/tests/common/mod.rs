@@ -336,7 +336,11 @@ impl PagedCase {
     pub fn random(rng: &mut Rng, lens: &[usize], prefill_rows: usize, window: usize) -> PagedCase {
         let (heads, kv_heads, head_dim, block_size) = (6, 2, 64, 16);
         let kv_dim = kv_heads * head_dim;
-        let max_blocks = lens.iter().map(|l| l.div_ceil(block_size)).max().unwrap_or(1);
+        let max_blocks = lens
+            .iter()
+            .map(|l| l.div_ceil(block_size))
+            .max()
+            .unwrap_or(1);
         let needed: usize = lens.iter().map(|l| l.div_ceil(block_size)).sum();
         let blocks = needed + 3;
         // A shuffled pool, so tables are neither contiguous nor ordered.
@@ -405,12 +409,17 @@ impl PagedCase {
         let mut keep = Vec::new();
         for ((len, table), (ks, vs)) in self.seqs.iter().zip(&self.kv) {
             let slots: Vec<u32> = (0..*len)
-                .map(|t| table[t / self.block_size] * self.block_size as u32 + (t % self.block_size) as u32)
+                .map(|t| {
+                    table[t / self.block_size] * self.block_size as u32
+                        + (t % self.block_size) as u32
+                })
                 .collect();
             let slots = upload(ops, &slots);
             let (kb, vb) = (upload(ops, ks), upload(ops, vs));
-            ops.kv_store_paged(&mut enc, &kb, &k, &slots, *len, kv_dim, "k").unwrap();
-            ops.kv_store_paged(&mut enc, &vb, &v, &slots, *len, kv_dim, "v").unwrap();
+            ops.kv_store_paged(&mut enc, &kb, &k, &slots, *len, kv_dim, "k")
+                .unwrap();
+            ops.kv_store_paged(&mut enc, &vb, &v, &slots, *len, kv_dim, "v")
+                .unwrap();
             keep.extend([slots, kb, vb]);
         }
         let positions: Vec<u32> = self.rows.iter().map(|&(_, p)| p as u32).collect();
@@ -422,8 +431,17 @@ impl PagedCase {
         let (positions, tables) = (upload(ops, &positions), upload(ops, &tables));
         let q = upload(ops, &self.q);
         let out = ops.device().alloc(self.q.len() * 4).unwrap();
-        ops.attention_paged(&mut enc, &q, &k, &v, &positions, &tables, &out, self.shape())
-            .unwrap();
+        ops.attention_paged(
+            &mut enc,
+            &q,
+            &k,
+            &v,
+            &positions,
+            &tables,
+            &out,
+            self.shape(),
+        )
+        .unwrap();
         enc.commit_and_wait().unwrap();
         out.download().unwrap()
     }

@@ -1,0 +1,275 @@
+//! The OpenAI API's request bodies, as far as Encore serves them, and
+//! their translation into scheduler requests.
+//!
+//! Fields Encore does not know are ignored, as OpenAI's own server ignores
+//! unknown ones; known fields whose values Encore cannot honour (`n` above
+//! 1, `logprobs`, tools) are refused with a message that names them.
+
+use serde::Deserialize;
+
+use encore_llm::chat::Message;
+use encore_llm::SamplerConfig;
+
+use crate::error::ApiError;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A message's content: a string, or a list of parts of which Encore
+/// takes the text ones.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling and length fields both endpoints share.
+#[derive(Debug, Default, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub n: Option<i64>,
+    pub logprobs: Option<serde_json::Value>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<Vec<serde_json::Value>>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: serde_json::Value,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// Parses a JSON body, turning serde's complaint into a 400.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "the body is not valid JSON"
+        } else {
+            "the body does not fit the request"
+        };
+        ApiError::bad_request(format!("{what}: {e}"), None)
+    })
+}
+
+/// Most stop strings a request may give (OpenAI's limit).
+const MAX_STOP: usize = 4;
+
+/// What a request asks of the scheduler, checked.
+#[derive(Debug)]
+pub struct Settings {
+    pub max_tokens: Option<usize>,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn unsupported(param: &str, what: &str) -> ApiError {
+    ApiError::bad_request(format!("{what} is not supported"), Some(param))
+}
+
+impl Sampling {
+    /// Checks the fields and fills a sampler (OpenAI's defaults where a
+    /// field is absent: temperature 1, no top-p cut).
+    pub fn settings(&self) -> Result<Settings, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(unsupported("n", &format!("n = {n} (only n = 1)")));
+            }
+        }
+        if self
+            .logprobs
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false))
+        {
+            return Err(unsupported("logprobs", "logprobs"));
+        }
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(n), _) | (None, Some(n)) => {
+                if n < 1 {
+                    return Err(ApiError::bad_request(
+                        format!("max_tokens = {n}: expected at least 1"),
+                        Some("max_tokens"),
+                    ));
+                }
+                Some(usize::try_from(n).unwrap_or(usize::MAX))
+            }
+            (None, None) => None,
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > MAX_STOP {
+            return Err(ApiError::bad_request(
+                format!("{} stop strings: at most {MAX_STOP}", stop.len()),
+                Some("stop"),
+            ));
+        }
+        let top_k = match self.top_k {
+            Some(k) if k < 0 => {
+                return Err(ApiError::bad_request(
+                    format!("top_k = {k}: expected 0 (off) or more"),
+                    Some("top_k"),
+                ))
+            }
+            Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+            None => 0,
+        };
+        let seed = match self.seed {
+            Some(s) => s as u64,
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        };
+        let sampler = SamplerConfig {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repeat_penalty: self.repeat_penalty.unwrap_or(1.0),
+            repeat_last_n: 64,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            seed,
+        };
+        if let Err(e) = sampler.validate() {
+            return Err(ApiError::bad_request(e.to_string(), Some(e.field.name())));
+        }
+        let stream = self.stream.unwrap_or(false);
+        Ok(Settings {
+            max_tokens,
+            sampler,
+            stop,
+            stream,
+            include_usage: stream
+                && self
+                    .stream_options
+                    .as_ref()
+                    .is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+impl ChatRequest {
+    /// The conversation as the engine's messages: text content only.
+    pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(unsupported("tools", "tool calling"));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::bad_request(
+                "messages is empty".into(),
+                Some("messages"),
+            ));
+        }
+        self.messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let role = m.role.as_str();
+                if !matches!(role, "system" | "developer" | "user" | "assistant") {
+                    return Err(ApiError::bad_request(
+                        format!("messages[{i}].role = {role:?}: expected system, user or assistant"),
+                        Some("messages"),
+                    ));
+                }
+                let role = if role == "developer" { "system" } else { role };
+                let text = match &m.content {
+                    None => String::new(),
+                    Some(Content::Text(t)) => t.clone(),
+                    Some(Content::Parts(parts)) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => text.push_str(t),
+                                (kind, _) => {
+                                    return Err(ApiError::bad_request(
+                                        format!(
+                                            "messages[{i}]: content of type {kind:?} is not supported (text only)"
+                                        ),
+                                        Some("messages"),
+                                    ))
+                                }
+                            }
+                        }
+                        text
+                    }
+                };
+                Ok(Message::new(role, text))
+            })
+            .collect()
+    }
+}
+
+impl CompletionRequest {
+    /// The prompt: one string (a list of one string is taken too).
+    pub fn prompt(&self) -> Result<&str, ApiError> {
+        if self.echo == Some(true) {
+            return Err(unsupported("echo", "echo"));
+        }
+        if self.suffix.is_some() {
+            return Err(unsupported("suffix", "suffix"));
+        }
+        match &self.prompt {
+            serde_json::Value::String(s) => Ok(s),
+            serde_json::Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+                Ok(a[0].as_str().unwrap_or_default())
+            }
+            _ => Err(ApiError::bad_request(
+                "prompt must be a string (token arrays and batches of prompts are not supported)"
+                    .into(),
+                Some("prompt"),
+            )),
+        }
+    }
+}
