@@ -340,10 +340,12 @@ mod tests {
                 SamplerField::TopP => c.top_p = value,
                 SamplerField::MinP => c.min_p = value,
                 SamplerField::RepeatPenalty => c.repeat_penalty = value,
+                SamplerField::PresencePenalty => c.presence_penalty = value,
+                SamplerField::FrequencyPenalty => c.frequency_penalty = value,
             }
             c
         };
-        let bad: [(SamplerField, &[f32]); 4] = [
+        let bad: [(SamplerField, &[f32]); 6] = [
             (
                 SamplerField::Temperature,
                 &[f32::NAN, f32::INFINITY, -0.1, f32::NEG_INFINITY],
@@ -356,6 +358,11 @@ mod tests {
             (
                 SamplerField::RepeatPenalty,
                 &[f32::NAN, 0.0, -1.0, f32::INFINITY],
+            ),
+            (SamplerField::PresencePenalty, &[f32::NAN, -2.1, 2.5]),
+            (
+                SamplerField::FrequencyPenalty,
+                &[f32::NAN, f32::INFINITY, -3.0],
             ),
         ];
         for (field, values) in bad {

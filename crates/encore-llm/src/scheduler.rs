@@ -691,7 +691,7 @@ impl<'e> Loop<'e> {
             }
         }
         // Remove finished sequences, highest index first.
-        done.sort_by(|a, b| b.0.cmp(&a.0));
+        done.sort_by_key(|d| std::cmp::Reverse(d.0));
         for (i, reason) in done {
             let s = self.running.remove(i);
             self.finish(s, reason);
