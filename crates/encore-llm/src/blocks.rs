@@ -211,7 +211,7 @@ mod tests {
         // The limit keeps at least one token to compute.
         let d = a[..8].to_vec();
         assert_eq!(pool.take_prefix(&d, d.len() - 1).len(), 1);
-        assert_eq!(pool.prefix_stats(), (3, 5));
+        assert_eq!(pool.prefix_stats(), (3, 4));
     }
 
     #[test]

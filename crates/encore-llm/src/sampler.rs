@@ -294,8 +294,8 @@ mod tests {
         // A frequency penalty grows with the count: 3.0 - 3 * 0.05 = 2.85.
         assert_eq!(greedy_with(0.0, 0.05, &[1]), 1);
         assert_eq!(greedy_with(0.0, 0.05, &[1, 1, 1]), 5);
-        // A negative presence penalty favours what was seen.
-        assert_eq!(greedy_with(-1.0, 0.0, &[4]), 4);
+        // Negative penalties favour what was seen: 0.5 + 2 * 1.5 = 3.5.
+        assert_eq!(greedy_with(0.0, -1.5, &[4, 4]), 4);
         let out_of_range = SamplerConfig {
             frequency_penalty: 2.5,
             ..SamplerConfig::default()
