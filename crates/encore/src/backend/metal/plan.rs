@@ -318,6 +318,27 @@ pub(crate) fn chrome_trace_path(path: &Path) -> PathBuf {
     }
 }
 
+/// Where a buffer argument over `offset..offset + len` of an allocation of
+/// `size` bytes is bound: the binding's start (the multiple of `align` at
+/// or before `offset`), the argument's first word within the binding (what
+/// the kernel finds in `args.off`), and the bytes bound from the start
+/// (through the argument's last word, within the allocation), which the
+/// generated bounds checks read. `offset` is a multiple of 4.
+pub(crate) fn bind_range(
+    offset: usize,
+    len: usize,
+    size: usize,
+    align: usize,
+) -> (usize, u32, usize) {
+    let start = offset - offset % align;
+    let words = ((offset - start) / 4) as u32;
+    let bound = ((offset + len).next_multiple_of(4) - start).min(size.saturating_sub(start));
+    (start, words, bound)
+}
+
+/// A counter sample Metal could not take reads as this.
+const SAMPLE_ERROR: u64 = u64::MAX;
+
 /// The most counter samples one launch takes (two per dispatch); a program
 /// with more dispatches gets no per-dispatch times.
 pub(crate) const MAX_SAMPLES: usize = 16 * 1024;
@@ -328,7 +349,8 @@ pub(crate) const MAX_SAMPLES: usize = 16 * 1024;
 /// are scaled to time by the command buffer's own span, so no separate
 /// calibration of the GPU clock is needed. Returns each dispatch's start
 /// (from the first one's) and duration; empty when a sample is missing
-/// (zero, which Metal writes for a sample it could not take) or the
+/// (zero, or the error value Metal writes for a sample it could not
+/// take) or the
 /// samples do not advance.
 pub(crate) fn dispatch_times(
     ticks: &[(u64, u64)],
@@ -340,7 +362,12 @@ pub(crate) fn dispatch_times(
     ) else {
         return (Vec::new(), Vec::new());
     };
-    if last <= first || ticks.iter().any(|&(a, b)| a == 0 || b < a) {
+    let missing = |t: u64| t == 0 || t == SAMPLE_ERROR;
+    if last <= first
+        || ticks
+            .iter()
+            .any(|&(a, b)| missing(a) || missing(b) || b < a)
+    {
         return (Vec::new(), Vec::new());
     }
     let per_tick = elapsed.as_secs_f64() / (last - first) as f64;
@@ -506,6 +533,16 @@ mod tests {
     }
 
     #[test]
+    fn arguments_bind_at_an_aligned_start_with_their_word_offset() {
+        // Inside an allocation: from the 256-byte boundary below, through
+        // the argument's last word.
+        assert_eq!(bind_range(1000, 10, 4096, 256), (768, 58, 244));
+        assert_eq!(bind_range(512, 64, 4096, 256), (512, 0, 64));
+        // Never past the allocation's end.
+        assert_eq!(bind_range(4088, 6, 4094, 256), (3840, 62, 254));
+    }
+
+    #[test]
     fn dispatch_times_scale_ticks_by_the_command_buffers_span() {
         let ticks = [(1000, 1200), (1200, 1300), (1500, 2000)];
         let (starts, times) = dispatch_times(&ticks, Duration::from_micros(100));
@@ -524,5 +561,9 @@ mod tests {
             .1
             .is_empty());
         assert!(dispatch_times(&[], Duration::from_micros(1)).1.is_empty());
+        let failed = [(1000, 1200), (1200, SAMPLE_ERROR)];
+        assert!(dispatch_times(&failed, Duration::from_micros(1))
+            .1
+            .is_empty());
     }
 }

@@ -122,12 +122,10 @@ impl Prepared {
                                 ),
                             ));
                         }
-                        let start = offset - offset % BIND_ALIGN;
-                        let words = ((offset - start) / 4) as u32;
-                        block[index * 4..index * 4 + 4].copy_from_slice(&words.to_le_bytes());
                         let buffer = shared.buffer(mem)?;
-                        let bound = ((offset + len).next_multiple_of(4) - start)
-                            .min(buffer.length() - start);
+                        let (start, words, bound) =
+                            plan::bind_range(offset, len, buffer.length(), BIND_ALIGN);
+                        block[index * 4..index * 4 + 4].copy_from_slice(&words.to_le_bytes());
                         args.push(Some((mem, buffer, start, bound as u64)));
                     }
                     ArgRec::Bytes { start, len } => {
