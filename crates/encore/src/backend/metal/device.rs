@@ -231,6 +231,11 @@ impl Shared {
         self.usable()
     }
 
+    /// Whether a GPU trace capture is recording.
+    pub(super) fn capturing(&self) -> bool {
+        self.pending.lock().is_frozen()
+    }
+
     /// Checks that `offset..offset + len` lies inside `buffer`.
     fn check_range(&self, buffer: &Buffer, offset: usize, len: usize) -> Result<()> {
         let size = buffer.length();

@@ -188,7 +188,6 @@ impl<T> Residency<T> {
         self.at_commit()
     }
 
-    #[cfg(test)]
     pub(crate) fn is_frozen(&self) -> bool {
         self.frozen
     }

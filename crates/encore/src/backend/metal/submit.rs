@@ -200,6 +200,8 @@ impl Prepared {
             None
         };
         let steps = plan::encoding(n, self.program.groups(), s.serial, samples.is_some());
+        // A captured launch names every dispatch for the trace document.
+        let named = s.capturing();
         let no_encoder = || s.driver_error("encoding a program", "Metal made no encoder".into());
         let mut encoder: Option<Retained<ProtocolObject<dyn MTLComputeCommandEncoder>>> = None;
         for step in steps {
@@ -233,7 +235,15 @@ impl Prepared {
                 }
                 plan::Step::Dispatch(i) => {
                     let e = encoder.as_ref().ok_or_else(no_encoder)?;
+                    let d = &self.program.dispatches[i];
+                    if named {
+                        let name = format!("{} {}", d.kernel.name(), d.label);
+                        e.pushDebugGroup(&NSString::from_str(&name));
+                    }
                     self.encode_dispatch(e, i, &mut keep);
+                    if named {
+                        e.popDebugGroup();
+                    }
                 }
                 plan::Step::Barrier => {
                     let e = encoder.as_ref().ok_or_else(no_encoder)?;
