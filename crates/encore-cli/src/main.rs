@@ -81,7 +81,7 @@ struct ModelArgs {
     /// fetched on first use [default: smollm2-135m].
     #[arg(long, value_name = "PATH|NAME")]
     model: Option<OsString>,
-    /// Device: auto, cpu, cuda, cuda:N, wgpu (the first hardware adapter)
+    /// Device: auto, cpu, cuda, cuda:N, metal, wgpu (the first hardware adapter)
     /// or wgpu:N (see `encore devices`).
     #[arg(long, default_value = "auto")]
     device: String,

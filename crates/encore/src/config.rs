@@ -11,7 +11,7 @@
 //!
 //! | variable | field | values | default |
 //! | --- | --- | --- | --- |
-//! | `ENCORE_DEVICE` | [`Config::device`] | the device `auto` opens: `auto`, `cpu`, `cuda`, `cuda:N` | `auto` |
+//! | `ENCORE_DEVICE` | [`Config::device`] | the device `auto` opens: `auto`, `cpu`, `cuda`, `cuda:N`, `metal`, `wgpu`, `wgpu:N` | `auto` |
 //! | `ENCORE_THREADS` | [`Config::threads`] | CPU worker threads, `0` = one per core, at most [`max_threads`] (8 per core: more only costs memory and switches) | `0` |
 //! | `ENCORE_SERIAL` | [`Config::serial`] | `1` puts a barrier after every dispatch | `0` |
 //! | `ENCORE_FUSION` | [`Config::fusion`] | `0` disables the graph fusion pass | `1` |
@@ -20,7 +20,7 @@
 //! | `ENCORE_SPECIALIZE` | [`Config::specialize`] | `0` keeps graph nodes on their kernels' generic code | `1` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels and fetched models | the user cache dir + `/encore` |
-//! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges (below) | unset |
+//! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges, on Metal a `.gputrace` path gets a GPU trace document (below) | unset |
 //! | `ENCORE_CAPTURE_AT` | [`Config::capture_at`] | which graph replay to capture, `1` to `18446744073709551615` | `1` |
 //! | `ENCORE_EXACT` | `encore_llm::EngineOptions::kernels` | `1` loads the exact kernel set: GPU kernels compute the CPU backend's results bit for bit, slower | `0` |
 //! | `ENCORE_GRAPHS` | `encore_llm::EngineOptions::graphs` | `0` runs decode steps eagerly instead of replaying graphs | `1` |
@@ -82,7 +82,9 @@ impl ProfileMode {
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The device [`crate::Device::open`] opens for `auto`: `auto` (CUDA
-    /// when there is a GPU, else the CPU), `cpu`, `cuda`, `cuda:N`.
+    /// when there is a GPU, else Metal on Apple platforms, else a hardware
+    /// wgpu adapter, else the CPU), or a device name (`cpu`, `cuda:N`,
+    /// `metal`, `wgpu:N`).
     pub device: String,
     /// CPU worker threads; 0 means one per available core. At most
     /// [`max_threads`] when read from the environment.

@@ -58,18 +58,23 @@ pub fn list_devices() -> Vec<DeviceInfo> {
     let mut all = vec![cpu];
     #[cfg(feature = "cuda")]
     all.extend(crate::backend::cuda::list());
+    #[cfg(target_vendor = "apple")]
+    all.extend(crate::backend::metal::list());
     #[cfg(feature = "wgpu")]
     all.extend(crate::backend::wgpu::list());
     all
 }
 
 impl Device {
-    /// Opens a device by name: `cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N` or
-    /// `auto`. `wgpu` is the first hardware wgpu adapter; `wgpu:N` is adapter
+    /// Opens a device by name: `cpu`, `cuda`, `cuda:N`, `metal`, `wgpu`,
+    /// `wgpu:N` or `auto`. `metal` is the system's default Metal device
+    /// (on other platforms opening it is [`Error::DeviceUnavailable`]);
+    /// `wgpu` is the first hardware wgpu adapter; `wgpu:N` is adapter
     /// `N` as [`list_devices`] numbers them, software ones included. `auto`
     /// opens [`Config::device`] when that names a device (`ENCORE_DEVICE`),
-    /// else CUDA when a driver and a device exist, else the first hardware
-    /// wgpu adapter, else the CPU (never a software adapter).
+    /// else CUDA when a driver and a device exist, else Metal on Apple
+    /// platforms, else the first hardware wgpu adapter, else the CPU (never
+    /// a software adapter).
     pub fn open(name: &str, config: &Config) -> Result<Device> {
         let name = name.trim();
         let backend: Arc<dyn Backend> = match name {
@@ -81,6 +86,10 @@ impl Device {
                 if crate::backend::cuda::device_count() > 0 {
                     return Device::open("cuda:0", config);
                 }
+                #[cfg(target_vendor = "apple")]
+                if crate::backend::metal::has_device() {
+                    return Device::open("metal", config);
+                }
                 #[cfg(feature = "wgpu")]
                 if let Some(index) = crate::backend::wgpu::first_hardware() {
                     return Device::open(&format!("wgpu:{index}"), config);
@@ -89,6 +98,7 @@ impl Device {
             }
             "cpu" => Arc::new(CpuBackend::new(config)?),
             "wgpu" => open_wgpu(None)?,
+            "metal" => open_metal(config)?,
             _ => {
                 let ordinal = |rest: &str| {
                     rest.strip_prefix(':')
@@ -357,15 +367,18 @@ impl Device {
         }
     }
 
-    /// Writes the captured replay's trace and closes the capture range. A
-    /// capture that cannot be written is reported once on stderr and changes
-    /// nothing else.
+    /// Writes the captured replay's trace (where the backend says, beside
+    /// any trace of its own) and closes the capture range. A capture that
+    /// cannot be written is reported once on stderr and changes nothing
+    /// else.
     fn write_capture(&self, label: &Label, program: &Program, timing: Option<&Timing>, n: u64) {
         let written = match (timing, &self.0.config.capture) {
             (Some(t), Some(path)) => {
                 let trace = Trace::starting_at(self.name(), crate::trace::started(t));
                 trace.record_submission(label, program, t, Some(n));
-                trace.save(path).map_err(|e| e.to_string())
+                trace
+                    .save(self.0.backend.capture_trace_path(path))
+                    .map_err(|e| e.to_string())
             }
             (None, _) => Err(format!("graph replay {n} failed")),
             (_, None) => Ok(()),
@@ -445,10 +458,53 @@ fn open_wgpu(index: Option<usize>) -> Result<Arc<dyn Backend>> {
     })
 }
 
+#[cfg(target_vendor = "apple")]
+fn open_metal(config: &Config) -> Result<Arc<dyn Backend>> {
+    crate::backend::metal::MetalBackend::open(config)
+}
+
+#[cfg(not(target_vendor = "apple"))]
+fn open_metal(_config: &Config) -> Result<Arc<dyn Backend>> {
+    Err(Error::DeviceUnavailable {
+        name: "metal".into(),
+        reason: "Metal is only available on Apple platforms".into(),
+    })
+}
+
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(ordinal: usize, _config: &Config) -> Result<Arc<dyn Backend>> {
     Err(Error::DeviceUnavailable {
         name: format!("cuda:{ordinal}"),
         reason: "Encore was built without the `cuda` feature".into(),
     })
+}
+
+#[cfg(all(test, not(target_vendor = "apple")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metal_elsewhere_is_a_typed_error_saying_where_it_exists() {
+        let e = Device::open("metal", &Config::default()).unwrap_err();
+        assert!(
+            matches!(&e, Error::DeviceUnavailable { name, .. } if name == "metal"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("only available on Apple platforms"),
+            "{e}"
+        );
+        let auto = Config {
+            device: "metal".into(),
+            ..Config::default()
+        };
+        assert!(matches!(
+            Device::open("auto", &auto),
+            Err(Error::DeviceUnavailable { .. })
+        ));
+        assert!(matches!(
+            Device::open("metal:0", &Config::default()),
+            Err(Error::UnknownDevice(_))
+        ));
+    }
 }

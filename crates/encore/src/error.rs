@@ -8,8 +8,8 @@ use crate::record::BackendKind;
 /// label that observed them, so a failure can be traced to its dispatch.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The device name was not understood (`cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N`, `auto`).
-    #[error("unknown device `{0}` (expected cpu, cuda, cuda:N, wgpu, wgpu:N or auto)")]
+    /// The device name was not understood (`cpu`, `cuda`, `cuda:N`, `metal`, `wgpu`, `wgpu:N`, `auto`).
+    #[error("unknown device `{0}` (expected cpu, cuda, cuda:N, metal, wgpu, wgpu:N or auto)")]
     UnknownDevice(String),
     /// The backend or device asked for does not exist on this machine.
     #[error("device `{name}` is not available: {reason}")]

@@ -3,7 +3,10 @@
 //! A [`KernelDef`] names a program and holds a table of implementations, one
 //! per backend: a Rust function for the CPU (identified by a definition
 //! string that changes whenever its behaviour does), CUDA C source for NVRTC
-//! with the function that computes its launch geometry. A backend missing
+//! with the function that computes its launch geometry, WGSL for wgpu. Metal
+//! runs WGSL too, translated to Metal Shading Language by naga: a kernel's
+//! Metal implementation is its own ([`KernelDef::metal`]) or else its wgpu
+//! one. A backend missing
 //! from the table makes loading the kernel there fail with
 //! [`crate::Error::Unsupported`]. Loading one
 //! yields a [`Kernel`], cached under a [`KernelKey`]: name, a hash of the
@@ -207,6 +210,15 @@ impl fmt::Debug for WgpuKernel {
     }
 }
 
+/// A Metal implementation: WGSL that follows the binding convention of
+/// [`WgpuKernel`], which the Metal backend translates to Metal Shading
+/// Language with naga when it compiles the kernel (the mapping of bindings
+/// to Metal buffer indices is documented in `backend/metal/msl.rs`). A
+/// kernel without one runs its wgpu implementation on Metal; an op gives
+/// Metal its own WGSL only where Apple GPUs want other code.
+#[derive(Clone, Debug)]
+pub struct MetalKernel(pub WgpuKernel);
+
 /// A geometry function over raw value bytes from one over a typed value.
 fn typed_geometry<T: bytemuck::Pod>(
     geometry: impl Fn(&T) -> std::result::Result<Launch, String> + Send + Sync + 'static,
@@ -237,6 +249,7 @@ pub enum Implementation {
     Cpu(CpuKernel),
     Cuda(CudaKernel),
     Wgpu(WgpuKernel),
+    Metal(MetalKernel),
 }
 
 impl Implementation {
@@ -246,6 +259,7 @@ impl Implementation {
             Implementation::Cpu(_) => BackendKind::Cpu,
             Implementation::Cuda(_) => BackendKind::Cuda,
             Implementation::Wgpu(_) => BackendKind::Wgpu,
+            Implementation::Metal(_) => BackendKind::Metal,
         }
     }
 
@@ -255,7 +269,9 @@ impl Implementation {
         match self {
             Implementation::Cpu(c) => [&c.definition, ""],
             Implementation::Cuda(c) => [&c.source, &c.entry],
-            Implementation::Wgpu(w) => [&w.source, &w.entry],
+            Implementation::Wgpu(w) | Implementation::Metal(MetalKernel(w)) => {
+                [&w.source, &w.entry]
+            }
         }
     }
 }
@@ -336,6 +352,12 @@ impl KernelDef {
         self.implementation(Implementation::Wgpu(kernel))
     }
 
+    /// Adds a Metal implementation of its own: WGSL for Apple GPUs, used
+    /// there instead of the wgpu implementation (see [`MetalKernel`]).
+    pub fn metal(self, kernel: WgpuKernel) -> KernelDef {
+        self.implementation(Implementation::Metal(MetalKernel(kernel)))
+    }
+
     /// Declares that the CUDA kernel may be launched before the dispatches it
     /// depends on have finished (programmatic dependent launch, sm_90 and
     /// later), because every thread calls `encore_grid_wait()` (from
@@ -414,7 +436,9 @@ impl KernelDef {
         self.implementations.get(&backend)
     }
 
-    /// The backends this kernel has implementations for.
+    /// The backends this kernel has implementations of its own for. Metal
+    /// also runs the wgpu implementation ([`KernelDef::metal_impl`]) and is
+    /// listed only when it has one of its own.
     pub fn backends(&self) -> impl Iterator<Item = BackendKind> + '_ {
         self.implementations.keys().copied()
     }
@@ -430,6 +454,28 @@ impl KernelDef {
         match self.implementation_for(BackendKind::Wgpu)? {
             Implementation::Wgpu(w) => Some(w),
             _ => None,
+        }
+    }
+
+    /// The WGSL the Metal backend translates: the kernel's own Metal
+    /// implementation, else its wgpu one.
+    pub fn metal_impl(&self) -> Option<&WgpuKernel> {
+        match self.implementation_for(BackendKind::Metal) {
+            Some(Implementation::Metal(MetalKernel(w))) => Some(w),
+            _ => self.wgpu_impl(),
+        }
+    }
+
+    /// The text that defines the implementation `backend` runs, the part
+    /// of the kernel's key that comes from its code: the CPU body's
+    /// definition string, or the full source and entry point. On Metal
+    /// it is the WGSL Metal translates ([`KernelDef::metal_impl`]). `None`
+    /// when the kernel does not run on `backend`.
+    pub fn content(&self, backend: BackendKind) -> Option<[&str; 2]> {
+        match (self.implementation_for(backend), backend) {
+            (Some(i), _) => Some(i.content()),
+            (None, BackendKind::Metal) => self.metal_impl().map(|w| [&*w.source, &*w.entry]),
+            (None, _) => None,
         }
     }
 
@@ -595,7 +641,7 @@ impl KernelCache {
         def: &KernelDef,
     ) -> Option<KernelKey> {
         let mut h = Fnv::new();
-        for part in def.implementation_for(kind)?.content() {
+        for part in def.content(kind)? {
             h.write(part.as_bytes());
         }
         Some(KernelKey {
@@ -757,6 +803,34 @@ mod tests {
             again.same(&a),
             "the first definition's handle is the cached one"
         );
+    }
+
+    #[test]
+    fn metal_runs_its_own_wgsl_or_else_the_wgpu_one() {
+        let wgsl = |src: &str| WgpuKernel::fixed(src, "main", Launch::new(1, 1));
+        let key = |d: &KernelDef, kind| KernelCache::key_for(kind, "a".into(), "t".into(), d);
+        let cpu_only = KernelDef::new("k").cpu("k v1", |_| Ok(()));
+        assert!(cpu_only.metal_impl().is_none());
+        assert!(key(&cpu_only, BackendKind::Metal).is_none());
+        let shared = cpu_only.clone().wgpu(wgsl("shared"));
+        assert_eq!(shared.metal_impl().map(|w| &*w.source), Some("shared"));
+        let own = shared.clone().metal(wgsl("apple"));
+        assert_eq!(own.metal_impl().map(|w| &*w.source), Some("apple"));
+        assert_eq!(own.wgpu_impl().map(|w| &*w.source), Some("shared"));
+        // The Metal key follows the WGSL Metal translates; wgpu's is untouched.
+        let metal = |d: &KernelDef| key(d, BackendKind::Metal).unwrap();
+        assert_ne!(metal(&shared).source_hash, metal(&own).source_hash);
+        assert_eq!(
+            metal(&shared).source_hash,
+            key(&shared, BackendKind::Wgpu).unwrap().source_hash
+        );
+        assert_eq!(metal(&shared).backend, BackendKind::Metal);
+        assert_eq!(
+            key(&own, BackendKind::Wgpu),
+            key(&shared, BackendKind::Wgpu)
+        );
+        assert!(!shared.backends().any(|b| b == BackendKind::Metal));
+        assert!(own.backends().any(|b| b == BackendKind::Metal));
     }
 
     #[test]

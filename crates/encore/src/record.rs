@@ -83,6 +83,9 @@ pub enum BackendKind {
     /// Any GPU through the `wgpu` crate (Vulkan, Metal, DirectX 12), with
     /// WGSL kernels.
     Wgpu,
+    /// Apple GPUs through Metal, with Metal Shading Language that naga
+    /// generates from the WGSL kernels (or hand-written MSL).
+    Metal,
 }
 
 impl BackendKind {
@@ -92,6 +95,7 @@ impl BackendKind {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
             BackendKind::Wgpu => "wgpu",
+            BackendKind::Metal => "metal",
         }
     }
 }

@@ -126,7 +126,7 @@ pub fn load_all(device: &encore::Device, sets: &[KernelSet]) -> encore::Result<u
                 content(d, backend),
             )
         };
-        if def.implementation_for(backend).is_some() && !defs.iter().any(|d| key(d) == key(&def)) {
+        if def.content(backend).is_some() && !defs.iter().any(|d| key(d) == key(&def)) {
             defs.push(def);
         }
     }
@@ -145,11 +145,8 @@ pub fn load_all(device: &encore::Device, sets: &[KernelSet]) -> encore::Result<u
 
 /// What defines `def` on `backend`, for telling two definitions apart.
 fn content(def: &KernelDef, backend: encore::BackendKind) -> Option<String> {
-    match def.implementation_for(backend)? {
-        encore::Implementation::Cpu(c) => Some(c.definition.clone()),
-        encore::Implementation::Cuda(c) => Some(format!("{}\0{}", c.source, c.entry)),
-        encore::Implementation::Wgpu(w) => Some(format!("{}\0{}", w.source, w.entry)),
-    }
+    def.content(backend)
+        .map(|[text, entry]| format!("{text}\0{entry}"))
 }
 
 /// The text of a panic payload (a thread that loaded a kernel panicked).

@@ -8,6 +8,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod metal;
 #[cfg(feature = "wgpu")]
 pub(crate) mod wgpu;
 
@@ -111,4 +112,11 @@ pub(crate) trait Backend: Send + Sync {
     /// Called once the captured launch's completion (or failure) has been
     /// observed, exactly once per [`Backend::capture_begin`].
     fn capture_end(&self) {}
+    /// Where the runtime writes its Chrome trace of the captured launch
+    /// when the configured destination is `path`: there, unless the
+    /// backend writes a trace of its own there (Metal's GPU trace
+    /// documents).
+    fn capture_trace_path(&self, path: &std::path::Path) -> std::path::PathBuf {
+        path.to_path_buf()
+    }
 }
