@@ -120,6 +120,7 @@ fn start(a: &ServeArgs) -> Result<(Arc<Engine>, Arc<Scheduler>), String> {
                 ..SamplerConfig::default()
             },
             stop: Vec::new(),
+            ignore_eos: false,
             cancel: Arc::default(),
             events: Box::new(move |e| tx.send(e).is_ok()),
         })

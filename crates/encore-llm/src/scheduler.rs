@@ -121,6 +121,9 @@ pub struct GenRequest {
     pub sampler: SamplerConfig,
     /// Strings that end the generation where they appear; they are not sent.
     pub stop: Vec<String>,
+    /// Go on past end-of-generation tokens (for benchmarks that want a
+    /// fixed number of tokens).
+    pub ignore_eos: bool,
     /// Set by the requester to cancel (a client that went away).
     pub cancel: Arc<AtomicBool>,
     /// Receives the events; returns false when nobody listens any more,
@@ -711,7 +714,7 @@ impl<'e> Loop<'e> {
             Some(t) => m.time_per_output_token.observe(now - t),
         }
         s.last_token = Some(now);
-        if tokenizer.is_eog(token) {
+        if tokenizer.is_eog(token) && !s.req.ignore_eos {
             return Some(FinishReason::Stop);
         }
         s.tokens.push(token);

@@ -69,6 +69,7 @@ fn submit(
             ..SamplerConfig::default()
         },
         stop: stop.iter().map(|s| s.to_string()).collect(),
+        ignore_eos: false,
         cancel,
         events: Box::new(move |event| {
             match event {
@@ -217,6 +218,7 @@ fn bad_requests_are_refused_at_submission() {
         max_tokens,
         sampler: SamplerConfig::default(),
         stop: Vec::new(),
+        ignore_eos: false,
         cancel: Arc::default(),
         events: Box::new(|_| true),
     };

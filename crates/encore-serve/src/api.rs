@@ -66,6 +66,8 @@ pub struct Sampling {
     pub logprobs: Option<serde_json::Value>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// llama.cpp's extension: generate past end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -108,6 +110,7 @@ pub struct Settings {
     pub max_tokens: Option<usize>,
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
+    pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -190,6 +193,7 @@ impl Sampling {
             max_tokens,
             sampler,
             stop,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
             stream,
             include_usage: stream
                 && self

@@ -131,6 +131,7 @@ fn submit(
         prompt,
         sampler: settings.sampler.clone(),
         stop: settings.stop.clone(),
+        ignore_eos: settings.ignore_eos,
         cancel: cancel.clone(),
         events: Box::new(move |e| tx.send(e).is_ok()),
     })?;
