@@ -57,6 +57,18 @@ fn submit(
     stop: &[&str],
     cancel: Arc<AtomicBool>,
 ) -> mpsc::Receiver<Outcome> {
+    submit_with(s, prompt, max_tokens, stop, cancel, false)
+}
+
+/// [`submit`], going on past end-of-generation tokens with `ignore_eos`.
+fn submit_with(
+    s: &Scheduler,
+    prompt: &str,
+    max_tokens: usize,
+    stop: &[&str],
+    cancel: Arc<AtomicBool>,
+    ignore_eos: bool,
+) -> mpsc::Receiver<Outcome> {
     let e = engine();
     let prompt = e.prompt_tokens(prompt, false).unwrap();
     let (tx, rx) = mpsc::channel();
@@ -69,7 +81,7 @@ fn submit(
             ..SamplerConfig::default()
         },
         stop: stop.iter().map(|s| s.to_string()).collect(),
-        ignore_eos: false,
+        ignore_eos,
         cancel,
         events: Box::new(move |event| {
             match event {
@@ -167,9 +179,10 @@ fn preemption_and_the_prefix_cache_change_no_token() {
         ..SchedulerConfig::new(6, 256)
     };
     let s = scheduler(config);
+    // The others go on past their end, so that they surely grow.
     let mut rxs: Vec<_> = others(5)
         .iter()
-        .map(|p| submit(&s, p, 48, &[], Arc::default()))
+        .map(|p| submit_with(&s, p, 48, &[], Arc::default(), true))
         .collect();
     rxs.insert(2, submit(&s, PROBE, 48, &[], Arc::default()));
     let outcomes: Vec<_> = rxs.into_iter().map(wait).collect();
