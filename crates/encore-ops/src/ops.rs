@@ -45,6 +45,43 @@ fn f32s(b: &Buffer, n: usize) -> Result<Buffer> {
     b.view(0, n * 4)
 }
 
+/// The arguments of a product of `rows` rows of `x` with `w` into `y`.
+fn matmul_args(w: &Weight, x: &Buffer, y: &Buffer, rows: usize) -> Result<MatmulArgs> {
+    Ok(MatmulArgs {
+        w: w.buffer.clone(),
+        x: f32s(x, rows * w.k)?,
+        y: f32s(y, rows * w.n)?,
+        shape: MatmulShape {
+            rows: rows as u32,
+            n: w.n as u32,
+            k: w.k as u32,
+            dtype: w.dtype.ggml_id(),
+        },
+    })
+}
+
+/// The shape of a rotation of `rows` rows of `heads` heads.
+fn rope_shape(
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+    rope_dim: usize,
+    base: f32,
+    neox: bool,
+    factors: bool,
+) -> RopeShape {
+    RopeShape {
+        rows: rows as u32,
+        heads: heads as u32,
+        head_dim: head_dim as u32,
+        rope_dim: rope_dim as u32,
+        base,
+        neox: neox as u32,
+        theta_scale: rope::theta_scale(base, rope_dim),
+        factors: factors as u32,
+    }
+}
+
 fn invalid(kernel: &str, label: &str, reason: String) -> Error {
     Error::InvalidDispatch {
         kernel: kernel.to_string(),
@@ -250,17 +287,7 @@ impl Ops {
         rows: usize,
         label: &'static str,
     ) -> Result<()> {
-        let args = MatmulArgs {
-            w: w.buffer.clone(),
-            x: f32s(x, rows * w.k)?,
-            y: f32s(y, rows * w.n)?,
-            shape: MatmulShape {
-                rows: rows as u32,
-                n: w.n as u32,
-                k: w.k as u32,
-                dtype: w.dtype.ggml_id(),
-            },
-        };
+        let args = matmul_args(w, x, y, rows)?;
         let kernel = match &self.gemm.kernel {
             Some(gemm) if rows >= gemm::GEMM_MIN_ROWS => gemm,
             _ => self.matmul.get(&self.device)?,
@@ -300,16 +327,15 @@ impl Ops {
                 Some(f) => f32s(f, rope_dim / 2)?,
                 None => pos.clone(),
             },
-            shape: RopeShape {
-                rows: rows as u32,
-                heads: heads as u32,
-                head_dim: head_dim as u32,
-                rope_dim: rope_dim as u32,
+            shape: rope_shape(
+                rows,
+                heads,
+                head_dim,
+                rope_dim,
                 base,
-                neox: neox as u32,
-                theta_scale: rope::theta_scale(base, rope_dim),
-                factors: factors.is_some() as u32,
-            },
+                neox,
+                factors.is_some(),
+            ),
         };
         enc.dispatch(self.rope.get(&self.device)?, &args.args(), label)
     }
@@ -404,17 +430,7 @@ impl Ops {
         rows: usize,
         label: &'static str,
     ) -> Result<()> {
-        let args = MatmulArgs {
-            w: w.buffer.clone(),
-            x: f32s(x, rows * w.k)?,
-            y: f32s(y, rows * w.n)?,
-            shape: MatmulShape {
-                rows: rows as u32,
-                n: w.n as u32,
-                k: w.k as u32,
-                dtype: w.dtype.ggml_id(),
-            },
-        };
+        let args = matmul_args(w, x, y, rows)?;
         enc.dispatch(self.matmul_rows.get(&self.device)?, &args.args(), label)
     }
 
@@ -449,16 +465,15 @@ impl Ops {
                 Some(f) => f32s(f, rope_dim / 2)?,
                 None => positions,
             },
-            shape: RopeShape {
-                rows: rows as u32,
-                heads: heads as u32,
-                head_dim: head_dim as u32,
-                rope_dim: rope_dim as u32,
+            shape: rope_shape(
+                rows,
+                heads,
+                head_dim,
+                rope_dim,
                 base,
-                neox: neox as u32,
-                theta_scale: rope::theta_scale(base, rope_dim),
-                factors: factors.is_some() as u32,
-            },
+                neox,
+                factors.is_some(),
+            ),
         };
         enc.dispatch(self.rope_rows.get(&self.device)?, &args.args(), label)
     }
