@@ -22,6 +22,10 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export RUST_BACKTRACE=1
+# The binaries come packed (scripts/gpu-suite.sh).
+if [[ -f .gpu/bins.tar.xz ]]; then
+    tar -C .gpu -xJf .gpu/bins.tar.xz
+fi
 # The catalog models' headers, made sparse files of their full size, for
 # the cuda_engine tests (which write models of their shapes and types with
 # random weights to ENCORE_SYNTHETIC_DIR, for the benchmarks).
@@ -168,6 +172,8 @@ if [[ -x .gpu/bin/encore && -f $ENCORE_SYNTHETIC_GGUF ]] && fits 300 encore; the
         within 120 "${bench[@]}" --exact 2>&1
         echo "-- graph replay, per-dispatch profile"
         within 120 "${bench[@]}" --repeats 1 --profile dispatches 2>&1
+        echo "-- continuous batching (the serving scheduler, no HTTP)"
+        within 180 "${bench[@]}" --parallel 1,8,32,64 --gen-tokens 128 --repeats 3 2>&1
         exit $rc
     } | tee "$out/bench-encore.log"
     rc=${PIPESTATUS[0]}
@@ -212,12 +218,18 @@ if [[ -x .gpu/bin/encore ]] && compgen -G ".gpu-model/part-*" >/dev/null && want
         done
         ENCORE_TEST_MODEL=$model within 300 .gpu/tests/cuda_engine --ignored real_model_on_cuda \
             --show-output --test-threads=1
+        # The serving scheduler on CUDA: the same tokens alone and in a
+        # batch, after preemption and from the prefix cache.
+        ENCORE_TEST_DEVICE=cuda ENCORE_TEST_MODEL=$model within 300 .gpu-model/serving \
+            --show-output --test-threads=1
+        within 180 .gpu/bin/encore bench --device cuda --model "$model" --parallel 1,8,32,64 \
+            --gen-tokens 128 --repeats 3
         within 120 .gpu/bin/encore bench --device cuda --model "$model" --repeats 5
         within 120 .gpu/bin/encore bench --device cuda --model "$model" --prompt-tokens 512 --gen-tokens 128 --repeats 5
         within 120 .gpu/bin/encore bench --device cuda --model "$model" --exact --repeats 5
     } 2>&1 | tee "$out/real-model.log"
     summary+=("real model: $((SECONDS - start)) s")
-    summary+=("$(grep -E 'greedy CPU vs CUDA|fed the CPU|exact kernels:|^test result|^skipped for time' "$out/real-model.log")")
+    summary+=("$(grep -E 'greedy CPU vs CUDA|fed the CPU|exact kernels:|^test result|^test .* \.\.\. |^skipped for time' "$out/real-model.log")")
     summary+=("$(grep -E '^device' "$out/real-model.log" | sed 's/^/real model: /')")
 fi
 

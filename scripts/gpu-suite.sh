@@ -77,6 +77,15 @@ if [[ $cli == yes && -x target/release/encore ]]; then
     strip -o .gpu/bin/encore target/release/encore
 fi
 cp scripts/gpu-run.sh .gpu/run.sh
+# The scheduler's tests run on the default model only; their binary goes
+# with the model's last part (.gpu is full).
+if [[ $real_model == yes ]]; then
+    echo "== building the serving tests (release)" >&2
+    json=$(cargo test --release -p encore-llm --test serving --no-run --message-format=json)
+    exe=$(executable "$json" test serving)
+    [[ -n "$exe" && -x "$exe" ]] || { echo "no executable for test serving" >&2; exit 1; }
+    strip -o .gpu-model/serving "$exe"
+fi
 
 # The catalog models' headers (metadata and tensor list, a few MiB), with
 # each file's full size: gpu-run.sh makes them sparse files of that size,
@@ -120,6 +129,12 @@ open(dst + ".size", "w").write(str(__import__("os").path.getsize(src)))
 PY
 done
 
+# The binaries travel packed (xz takes them to about a quarter);
+# gpu-run.sh unpacks them.
+echo "== packing the binaries" >&2
+tar -C .gpu -cf - tests benches bin | xz -6 -T0 >.gpu/bins.tar.xz
+rm -rf .gpu/tests .gpu/benches .gpu/bin
+
 size=$(du -sb .gpu | cut -f1)
 echo "== staged $(find .gpu -type f | wc -l) files, $((size / 1024 / 1024)) MiB in .gpu/" >&2
 if (( size > 60 * 1024 * 1024 )); then
@@ -138,7 +153,7 @@ if [[ $real_model == yes ]]; then
   the kernel cache while warm), the default model:
   run(command="true", carry=[".gpu", ".gpu-model/part-00"])
   run(command="true", carry=[".gpu-model/part-01", ".gpu-model/part-02"])
-  run(command="bash .gpu/run.sh real", carry=[".gpu-model/part-03"], timeout_s=600)
+  run(command="bash .gpu/run.sh real", carry=[".gpu-model/part-03", ".gpu-model/serving"], timeout_s=600)
 CALL
 fi
 cat <<'CALL'

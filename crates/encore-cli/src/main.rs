@@ -8,6 +8,7 @@
 //! expects of what it reads, and as ripgrep does), any other failure to
 //! write is an error.
 
+mod bench_parallel;
 mod chat;
 mod report;
 mod serve;
@@ -183,6 +184,12 @@ struct BenchArgs {
     /// Repeats, 1 to 1000; the median is reported.
     #[arg(long, default_value_t = 5, value_parser = count, allow_negative_numbers = true)]
     repeats: usize,
+    /// Measure continuous batching instead: for each count N in the list
+    /// (1 to 1024 each), N requests of --prompt-tokens prompt tokens and
+    /// --gen-tokens generated tokens at once through the serving scheduler,
+    /// without HTTP. Reports generated tokens per second.
+    #[arg(long, value_delimiter = ',', value_parser = count, allow_negative_numbers = true)]
+    parallel: Vec<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -615,6 +622,9 @@ fn bench(a: BenchArgs) -> CliResult {
 
 fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
     let engine = load(&a.model, device)?;
+    if !a.parallel.is_empty() {
+        return bench_parallel(a, device, engine);
+    }
     let e = |e: encore_llm::LlmError| e.to_string();
     // The prompt and the generated tokens share the model's context, and
     // each measurement needs a token (so the sum below cannot overflow).
@@ -718,6 +728,60 @@ fn bench_on(a: &BenchArgs, device: &Device) -> CliResult {
                 shape_text(&g.after),
                 g.fused,
                 g.specialized
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+fn bench_parallel(a: &BenchArgs, device: &Device, engine: Engine) -> CliResult {
+    for &n in &a.parallel {
+        in_range("--parallel", n, 1, 1024, "")?;
+    }
+    let context = engine.model().config.context_length;
+    in_range(
+        "--prompt-tokens + --gen-tokens",
+        a.prompt_tokens + a.gen_tokens,
+        2,
+        context.saturating_sub(1),
+        " (the model's context less one)",
+    )?;
+    let engine = std::sync::Arc::new(engine);
+    let levels = bench_parallel::run(
+        &engine,
+        &a.parallel,
+        a.prompt_tokens,
+        a.gen_tokens,
+        a.repeats,
+    )?;
+    let mut out = Out::new();
+    for l in levels {
+        if a.json {
+            out.line(
+                &serde_json::json!({
+                    "model": model_label(&a.model),
+                    "device": device.name(),
+                    "parallel": l.parallel,
+                    "prompt_tokens": a.prompt_tokens,
+                    "gen_tokens": a.gen_tokens,
+                    "repeats": a.repeats,
+                    "tok_s": l.tok_s,
+                    "decode_tok_s": l.decode_tok_s,
+                    "ttft_ms": l.ttft_ms,
+                    "steps": l.steps,
+                })
+                .to_string(),
+            )?;
+        } else {
+            out.line(&format!(
+                "device {}  parallel {:>4}  {:.1} generated tok/s (decode {:.1})  first token {:.1} ms  {} steps (median of {})",
+                device.name(),
+                l.parallel,
+                l.tok_s,
+                l.decode_tok_s,
+                l.ttft_ms,
+                l.steps,
+                a.repeats
             ))?;
         }
     }

@@ -15,6 +15,9 @@
 //! ([`crate::model::Placement::Paged`]), so a sequence's logits do not
 //! depend on the batch it ran in, nor on whether it ran padded in a graph
 //! or eagerly.
+//!
+//! Greedy rows take their argmax on the device and bring back one index
+//! each; only rows that sample bring back their logits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +38,22 @@ pub struct Row<'a> {
     pub table: &'a [u32],
 }
 
+/// An output row of a step: the row, and whether only its argmax is
+/// wanted (a greedy sampler) rather than its logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Output {
+    pub row: usize,
+    pub greedy: bool,
+}
+
+/// What a step gives for an [`Output`]: the argmax, taken on the device,
+/// for a greedy one; else the logits.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RowResult {
+    Token(u32),
+    Logits(Vec<f32>),
+}
+
 /// Batch sizes a decode graph is recorded for; larger decode batches run
 /// eagerly.
 pub const BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 48, 64];
@@ -50,6 +69,8 @@ struct StepBuffers {
     gathered: Buffer,
     normed: Buffer,
     logits: Buffer,
+    /// The argmax of each output row ([`encore_ops::Ops::argmax_rows`]).
+    ids: Buffer,
 }
 
 /// Runs steps of many sequences over one paged KV cache.
@@ -112,13 +133,21 @@ impl BatchRunner {
             gathered: dev.alloc(rows * c.n_embd * 4)?,
             normed: dev.alloc(rows * c.n_embd * 4)?,
             logits: dev.alloc(rows * c.vocab * 4)?,
+            ids: self.model.ops.argmax_rows_buffer(rows)?,
         })
     }
 
     /// Encodes the pass of `b.rows` rows whose inputs are in `b.inputs`,
     /// with the logits of `outputs` rows (the first `outputs` entries of
-    /// the output-row list) left in `b.logits`.
-    fn encode(&self, enc: &mut Encoder, b: &StepBuffers, outputs: usize) -> Result<()> {
+    /// the output-row list) left in `b.logits`, and with `argmax` their
+    /// argmax in `b.ids`.
+    fn encode(
+        &self,
+        enc: &mut Encoder,
+        b: &StepBuffers,
+        outputs: usize,
+        argmax: bool,
+    ) -> Result<()> {
         let (r, d) = (b.rows, self.model.config.n_embd);
         let part = |i: usize, n: usize| b.inputs.view(i * r * 4, n * 4);
         let tokens = part(0, r)?;
@@ -148,7 +177,14 @@ impl BatchRunner {
             .ops
             .embed(enc, &hidden, &part(3, outputs)?, &b.gathered, outputs)?;
         self.model
-            .encode_head_with(enc, &b.gathered, &b.normed, &b.logits, outputs, true)
+            .encode_head_with(enc, &b.gathered, &b.normed, &b.logits, outputs, true)?;
+        if argmax {
+            let vocab = self.model.config.vocab;
+            self.model
+                .ops
+                .argmax_rows(enc, &b.logits, &b.ids, outputs, vocab)?;
+        }
+        Ok(())
     }
 
     /// Writes the per-row inputs of `rows` (padded to `b.rows`) and the
@@ -187,19 +223,20 @@ impl BatchRunner {
         Ok(())
     }
 
-    /// Runs one step and returns the logits of the `outputs` rows (indices
-    /// into `rows`), `outputs.len() * vocab` values in that order.
-    pub fn run(&mut self, rows: &[Row<'_>], outputs: &[usize]) -> Result<Vec<f32>> {
+    /// Runs one step and returns what each of `outputs` wants, in order. A
+    /// row whose logits are not finite is an error (the model went bad).
+    pub fn run(&mut self, rows: &[Row<'_>], outputs: &[Output]) -> Result<Vec<RowResult>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(&o) = outputs.iter().find(|&&o| o >= rows.len()) {
+        if let Some(o) = outputs.iter().find(|o| o.row >= rows.len()) {
             return Err(LlmError::Request(format!(
-                "output row {o} of a step of {} rows",
+                "output row {} of a step of {} rows",
+                o.row,
                 rows.len()
             )));
         }
-        let vocab = self.model.config.vocab;
+        let order: Vec<usize> = outputs.iter().map(|o| o.row).collect();
         let decode = outputs.len() == rows.len();
         let bucket = BUCKETS.iter().copied().find(|&b| b >= rows.len());
         let device = self.model.device.clone();
@@ -208,43 +245,103 @@ impl BatchRunner {
             .arg("rows", rows.len() as u64);
         match (decode, bucket, self.graphs.is_some()) {
             (true, Some(bucket), true) => {
-                if !self.decode.contains_key(&bucket) {
-                    let b = self.buffers(bucket)?;
-                    self.decode.insert(bucket, (b, None));
-                }
-                let exec = match self.decode.get(&bucket) {
-                    Some((_, Some(exec))) => exec.clone(),
-                    Some((b, None)) => {
-                        let exec = self.record(b)?;
-                        if let Some(entry) = self.decode.get_mut(&bucket) {
-                            entry.1 = Some(exec.clone());
-                        }
-                        exec
-                    }
-                    None => return Err(LlmError::Request("decode buffers missing".into())),
-                };
+                let exec = self.decode_graph(bucket)?;
                 let Some((b, _)) = self.decode.get(&bucket) else {
                     return Err(LlmError::Request("decode buffers missing".into()));
                 };
                 // Padding rows produce logits too; only the real ones are read.
                 let all: Vec<usize> = (0..bucket).collect();
-                let order: Vec<usize> = outputs.iter().copied().chain(all).take(bucket).collect();
+                let order: Vec<usize> = order.into_iter().chain(all).take(bucket).collect();
                 self.write_inputs(b, rows, &order)?;
                 exec.replay(&[])?.wait()?;
-                Ok(b.logits.view(0, outputs.len() * vocab * 4)?.download()?)
+                self.results(b, rows, outputs)
             }
             _ => {
                 let b = self.buffers(rows.len())?;
-                self.write_inputs(&b, rows, outputs)?;
+                self.write_inputs(&b, rows, &order)?;
                 let mut enc = device.encoder();
                 enc.set_label("batch step");
-                self.encode(&mut enc, &b, outputs.len())?;
+                let argmax = outputs.iter().any(|o| o.greedy);
+                self.encode(&mut enc, &b, outputs.len(), argmax)?;
                 enc.commit_and_wait()?;
-                if outputs.is_empty() {
-                    return Ok(Vec::new());
-                }
-                Ok(b.logits.view(0, outputs.len() * vocab * 4)?.download()?)
+                self.results(&b, rows, outputs)
             }
+        }
+    }
+
+    /// Reads each output's result off the device: the argmaxes of greedy
+    /// rows in one download, the logits of the others row by row.
+    fn results(
+        &self,
+        b: &StepBuffers,
+        rows: &[Row<'_>],
+        outputs: &[Output],
+    ) -> Result<Vec<RowResult>> {
+        let vocab = self.model.config.vocab;
+        let bad = |o: &Output, at: Option<usize>| {
+            let logit = at.map_or(String::new(), |i| format!("logit {i} "));
+            LlmError::Request(format!(
+                "the model's output is not finite ({logit}at position {}); \
+                 the model file may be corrupt",
+                rows[o.row].position
+            ))
+        };
+        let ids: Vec<u32> = if outputs.iter().any(|o| o.greedy) {
+            b.ids.view(0, outputs.len() * 16)?.download()?
+        } else {
+            Vec::new()
+        };
+        let mut results = Vec::with_capacity(outputs.len());
+        for (i, o) in outputs.iter().enumerate() {
+            if o.greedy {
+                match ids.get(4 * i) {
+                    Some(&id) if id != u32::MAX => results.push(RowResult::Token(id)),
+                    _ => return Err(bad(o, None)),
+                }
+                continue;
+            }
+            let logits: Vec<f32> = b.logits.view(i * vocab * 4, vocab * 4)?.download()?;
+            if let Some(at) = logits.iter().position(|x| !x.is_finite()) {
+                return Err(bad(o, Some(at)));
+            }
+            results.push(RowResult::Logits(logits));
+        }
+        Ok(results)
+    }
+
+    /// Records the decode graphs of every batch size up to `rows` now, so
+    /// that no later step waits for a recording.
+    pub fn prepare(&mut self, rows: usize) -> Result<()> {
+        if self.graphs.is_none() {
+            return Ok(());
+        }
+        let last = BUCKETS.iter().copied().find(|&b| b >= rows);
+        for bucket in BUCKETS.iter().copied().filter(|&b| b < rows) {
+            self.decode_graph(bucket)?;
+        }
+        if let Some(bucket) = last {
+            self.decode_graph(bucket)?;
+        }
+        Ok(())
+    }
+
+    /// The decode graph of `bucket` rows, recorded (with its buffers) on
+    /// first use.
+    fn decode_graph(&mut self, bucket: usize) -> Result<GraphExec> {
+        if !self.decode.contains_key(&bucket) {
+            let b = self.buffers(bucket)?;
+            self.decode.insert(bucket, (b, None));
+        }
+        match self.decode.get(&bucket) {
+            Some((_, Some(exec))) => Ok(exec.clone()),
+            Some((b, None)) => {
+                let exec = self.record(b)?;
+                if let Some(entry) = self.decode.get_mut(&bucket) {
+                    entry.1 = Some(exec.clone());
+                }
+                Ok(exec)
+            }
+            None => Err(LlmError::Request("decode buffers missing".into())),
         }
     }
 
@@ -254,9 +351,10 @@ impl BatchRunner {
             return Err(LlmError::Request("graphs are off".into()));
         };
         let mut enc = self.model.device.capture();
-        self.encode(&mut enc, b, b.rows)?;
+        self.encode(&mut enc, b, b.rows, true)?;
         let mut graph = enc.finish_graph()?;
         graph.mark_output(&b.logits);
+        graph.mark_output(&b.ids);
         for lc in &self.cache {
             graph.mark_output(&lc.k);
             graph.mark_output(&lc.v);

@@ -169,6 +169,16 @@ impl Sampler {
         (z >> 40) as f32 / (1u64 << 24) as f32
     }
 
+    /// Whether [`Sampler::sample`] is the argmax of the logits as they
+    /// come: temperature 0 and no penalty.
+    pub fn is_greedy(&self) -> bool {
+        let c = &self.config;
+        c.temperature <= 0.0
+            && (c.repeat_penalty == 1.0 || c.repeat_penalty <= 0.0)
+            && c.presence_penalty == 0.0
+            && c.frequency_penalty == 0.0
+    }
+
     /// Picks the next token from `logits` given the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let c = self.config.clone();
@@ -384,6 +394,70 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(s.sample(&logits(), &[]), 1);
+    }
+
+    #[test]
+    fn greedy_samplers_are_exactly_those_that_take_the_plain_argmax() {
+        // `is_greedy` lets the scheduler take the argmax on the device
+        // instead of sampling: it must hold only where `sample` is the
+        // argmax of the logits as given, whatever the history.
+        let history = [1u32, 1, 3];
+        let cases = [
+            (
+                SamplerConfig {
+                    temperature: 0.0,
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                SamplerConfig {
+                    temperature: 0.7,
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                SamplerConfig {
+                    temperature: 0.0,
+                    repeat_penalty: 1.5,
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                SamplerConfig {
+                    temperature: 0.0,
+                    presence_penalty: 2.0,
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                SamplerConfig {
+                    temperature: 0.0,
+                    frequency_penalty: 2.0,
+                    ..Default::default()
+                },
+                false,
+            ),
+        ];
+        for (config, greedy) in cases {
+            let s = Sampler::new(config.clone());
+            assert_eq!(s.is_greedy(), greedy, "{config:?}");
+            if greedy {
+                let l = logits();
+                assert_eq!(Sampler::new(config).sample(&l, &history), super::greedy(&l));
+            }
+        }
+        // A penalty moves the pick, so a penalized sampler cannot be greedy.
+        let l = logits();
+        let penalized = SamplerConfig {
+            temperature: 0.0,
+            presence_penalty: 5.0,
+            ..Default::default()
+        };
+        assert_ne!(Sampler::new(penalized).sample(&l, &[1]), super::greedy(&l));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::batch::{BatchRunner, Row};
+use crate::batch::{BatchRunner, Output, Row, RowResult};
 use crate::blocks::BlockPool;
 use crate::engine::Engine;
 use crate::error::{LlmError, Result};
@@ -240,13 +240,14 @@ impl Scheduler {
         let bs = config.block_size;
         let blocks = config.kv_positions.div_ceil(bs) + 1;
         let max_blocks = config.ctx_size.div_ceil(bs);
-        let runner = BatchRunner::new(
+        let mut runner = BatchRunner::new(
             engine.model().clone(),
             blocks,
             bs,
             max_blocks,
             config.graphs,
         )?;
+        runner.prepare(config.parallel)?;
         let metrics = Arc::new(Metrics::new());
         metrics
             .kv_blocks_total
@@ -661,13 +662,14 @@ impl<'e> Loop<'e> {
                 });
             }
             if first + n == s.tokens.len() {
-                outputs.push(rows.len() - 1);
+                outputs.push(Output {
+                    row: rows.len() - 1,
+                    greedy: s.sampler.is_greedy(),
+                });
             }
         }
-        let logits = self.runner.run(&rows, &outputs)?;
+        let mut results = self.runner.run(&rows, &outputs)?.into_iter();
         drop(rows);
-        let vocab = self.engine.model().config.vocab;
-        let mut out = 0;
         let mut done = Vec::new();
         for &(i, first, n) in &plan {
             let bs = self.config.block_size;
@@ -679,16 +681,11 @@ impl<'e> Loop<'e> {
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let l = &logits[out * vocab..(out + 1) * vocab];
-            out += 1;
-            if let Some(at) = l.iter().position(|x| !x.is_finite()) {
-                return Err(LlmError::Request(format!(
-                    "the model's output is not finite (logit {at} at position {}); \
-                     the model file may be corrupt",
-                    s.computed - 1
-                )));
-            }
-            let token = s.sampler.sample(l, &s.tokens);
+            let token = match results.next() {
+                Some(RowResult::Token(t)) => t,
+                Some(RowResult::Logits(l)) => s.sampler.sample(&l, &s.tokens),
+                None => return Err(LlmError::Request("a step lost an output row".into())),
+            };
             if let Some(reason) = self.accept_token(i, token) {
                 done.push((i, reason));
             }

@@ -25,7 +25,8 @@ use crate::kernels::embed::{EmbedArgs, EmbedShape};
 use crate::kernels::matmul::{MatmulArgs, MatmulShape};
 use crate::kernels::norm::{NormArgs, NormShape};
 use crate::kernels::paged::{
-    PagedAttnArgs, PagedAttnShape, PagedKvArgs, PagedKvShape, RopeRowsArgs,
+    ArgmaxRowsArgs, ArgmaxRowsShape, PagedAttnArgs, PagedAttnShape, PagedKvArgs, PagedKvShape,
+    RopeRowsArgs,
 };
 use crate::kernels::rope::{self, RopeArgs, RopeShape};
 use crate::kernels::{gemm, prefill_attention, KernelSet};
@@ -158,6 +159,7 @@ pub struct Ops {
     rope_rows: Slot,
     kv_store_paged: Slot,
     attention_paged: Slot,
+    argmax_rows: Slot,
 }
 
 impl Ops {
@@ -201,6 +203,7 @@ impl Ops {
             rope_rows: load(defs.rope_rows)?,
             kv_store_paged: load(defs.kv_store_paged)?,
             attention_paged: load(defs.attention_paged)?,
+            argmax_rows: load(defs.argmax_rows)?,
         })
     }
 
@@ -683,6 +686,47 @@ impl Ops {
     /// zeroed, the index in the first four.
     pub fn argmax_buffer(&self) -> Result<Buffer> {
         self.device.buffer_from(&[0u32; argmax::OUT_BYTES / 4])
+    }
+
+    /// The argmax of each of `rows` rows of `n` values of `x` into
+    /// `out[4 * r]` (`u32::MAX` where a row's largest value is not finite);
+    /// `out` comes from [`Ops::argmax_rows_buffer`].
+    pub fn argmax_rows(
+        &self,
+        enc: &mut Encoder,
+        x: &Buffer,
+        out: &Buffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<()> {
+        let bytes = rows * argmax::OUT_BYTES;
+        if out.len() < bytes || !out.offset().is_multiple_of(8) {
+            return Err(invalid(
+                "argmax_rows",
+                "argmax_rows",
+                format!(
+                    "out must hold {bytes} bytes at an 8-byte aligned offset \
+                     (Ops::argmax_rows_buffer makes one); got {} bytes at offset {}",
+                    out.len(),
+                    out.offset()
+                ),
+            ));
+        }
+        let args = ArgmaxRowsArgs {
+            x: f32s(x, rows * n)?,
+            out: out.view(0, bytes)?,
+            shape: ArgmaxRowsShape {
+                rows: rows as u32,
+                n: n as u32,
+            },
+        };
+        enc.dispatch(self.argmax_rows.get(&self.device)?, &args.args(), "argmax")
+    }
+
+    /// A buffer for [`Ops::argmax_rows`] over `rows` rows, zeroed.
+    pub fn argmax_rows_buffer(&self, rows: usize) -> Result<Buffer> {
+        self.device
+            .buffer_from(&vec![0u32; rows.max(1) * argmax::OUT_BYTES / 4])
     }
 
     /// One greedy step's bookkeeping on the device: `token = next`,

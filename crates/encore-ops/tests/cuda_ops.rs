@@ -1499,3 +1499,48 @@ fn matmul_rows_is_row_invariant_and_matches_cpu() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn argmax_rows_matches_cpu() {
+    // Rows of logits with ties, NaNs and infinities; one buffer a device
+    // serves every case, so the scratch words must be left zero.
+    let pair = both();
+    let mut rng = Rng::new();
+    let outs = [0, 1].map(|i| pair[i].argmax_rows_buffer(64).unwrap());
+    for (rows, n) in [(1usize, 49152usize), (5, 1000), (64, 49152), (3, 100_003)] {
+        let mut x = rng.vec(rows * n);
+        for r in 0..rows {
+            let row = &mut x[r * n..(r + 1) * n];
+            match r % 4 {
+                1 => {
+                    let (a, b) = (rng.below(n / 2), n / 2 + rng.below(n / 2));
+                    row[a] = 3.0;
+                    row[b] = 3.0;
+                }
+                2 => row[rng.below(n)] = f32::INFINITY,
+                3 => {
+                    for _ in 0..8 {
+                        row[rng.below(n)] = f32::NAN;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let [cpu, gpu] = on_both::<u32>(&pair, |ops| {
+            let i = usize::from(ops.device().kind() != encore::BackendKind::Cpu);
+            let xb = upload(ops, &x);
+            run(ops, |o, e| o.argmax_rows(e, &xb, &outs[i], rows, n));
+            outs[i].clone()
+        });
+        assert_eq!(
+            &gpu[..4 * rows],
+            &cpu[..4 * rows],
+            "argmax_rows of {rows} x {n}"
+        );
+        assert!(
+            cpu.iter().skip(1).step_by(4).all(|&w| w == 0),
+            "scratch left zero"
+        );
+    }
+}

@@ -166,3 +166,46 @@ fn matmul_rows_gives_each_row_its_one_row_product() {
         }
     }
 }
+
+#[test]
+fn argmax_rows_gives_each_rows_first_largest_and_flags_non_finite_rows() {
+    let ops = cpu();
+    let mut rng = Rng::new();
+    let (rows, n) = (7, 1000);
+    let mut x = rng.vec(rows * n);
+    // Row 1: two equal maxima (the first wins); row 2: a NaN and an
+    // infinity at its top; row 3: all NaN; row 4: a NaN first.
+    x[n + 10] = 5.0;
+    x[n + 900] = 5.0;
+    x[2 * n + 3] = f32::NAN;
+    x[2 * n + 4] = f32::INFINITY;
+    x[3 * n..4 * n].fill(f32::NAN);
+    x[4 * n] = f32::NAN;
+    let out = ops.argmax_rows_buffer(rows).unwrap();
+    let mut enc = ops.device().encoder();
+    ops.argmax_rows(&mut enc, &upload(&ops, &x), &out, rows, n)
+        .unwrap();
+    enc.commit_and_wait().unwrap();
+    let got: Vec<u32> = out.download().unwrap();
+    for r in 0..rows {
+        let row = &x[r * n..(r + 1) * n];
+        // The reference: the first index of the largest value, by a plain
+        // scan; a row whose winner is not finite, or that starts with a
+        // NaN, is flagged.
+        let mut best = 0;
+        for (i, v) in row.iter().enumerate() {
+            if *v > row[best] {
+                best = i;
+            }
+        }
+        let want = if row[best].is_finite() {
+            best as u32
+        } else {
+            u32::MAX
+        };
+        assert_eq!(got[4 * r], want, "row {r}");
+        assert_eq!(&got[4 * r + 1..4 * r + 4], &[0, 0, 0], "row {r} scratch");
+    }
+    assert_eq!(got[4], 10, "the first of two maxima");
+    assert_eq!(got[8], u32::MAX, "an infinite maximum is flagged");
+}

@@ -1,4 +1,5 @@
-// `argmax`: `out[0] = argmax_i x[i]`, the first index among equal maxima.
+// `argmax`: `out[0] = argmax_i x[i]`, the first index among equal maxima;
+// `argmax_rows` (at the end) the same for each row of a matrix.
 //
 // Arguments: `x: f32[n]` (read), `out: u32[4]` (read-write), `n: u32`
 // (value). `out[1..4]` is scratch for merging the blocks' results: zero
@@ -29,9 +30,11 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, unsigned int i
     return ((unsigned long long)ordered << 32) | (unsigned long long)~i;
 }
 
-extern "C" __global__ void argmax(const float* __restrict__ x, unsigned int* __restrict__ out, unsigned int n) {
-    encore_fix_value(n);
-    encore_grid_wait();
+// The argmax of `x[..n]` by the grid's x blocks into `out[0]`, with
+// `out[1..4]` the merge's scratch. With `flag`, a largest value that is not
+// finite (or a NaN at index 0, or no value at all) gives 0xffffffff.
+__device__ __forceinline__ void argmax_vector(const float* __restrict__ x, unsigned int* __restrict__ out,
+                                              unsigned int n, bool flag) {
     __shared__ unsigned long long best[32];
     __shared__ bool last;
     float v = __uint_as_float(0xff800000u);  // -infinity (NVRTC has no math.h)
@@ -84,5 +87,35 @@ extern "C" __global__ void argmax(const float* __restrict__ x, unsigned int* __r
     __threadfence();
     const unsigned long long k = atomicExch(key, 0ull);
     out[1] = 0u;
-    out[0] = (k == 0ull || n == 0 || x[0] != x[0]) ? 0u : ~(unsigned int)(k & 0xffffffffull);
+    const bool none = k == 0ull || n == 0 || x[0] != x[0];
+    // The winner's bits, back from argmax_key's order.
+    const unsigned int ordered = (unsigned int)(k >> 32);
+    const unsigned int bits = (ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered;
+    const bool finite = (bits & 0x7f800000u) != 0x7f800000u;
+    if (flag && (none || !finite))
+        out[0] = 0xffffffffu;
+    else
+        out[0] = none ? 0u : ~(unsigned int)(k & 0xffffffffull);
+}
+
+extern "C" __global__ void argmax(const float* __restrict__ x, unsigned int* __restrict__ out, unsigned int n) {
+    encore_fix_value(n);
+    encore_grid_wait();
+    argmax_vector(x, out, n, false);
+}
+
+// `argmax_rows`: the argmax of each row of `x: f32[rows, n]` into
+// `out[4 * r]` (the rest of each row's four words the scratch, as above),
+// 0xffffffff where the row's largest value is not finite. Arguments: `x`
+// (read), `out: u32[rows, 4]` (read-write), `ArgmaxRowsShape s` (value:
+// rows, n). The grid's y is the row.
+struct ArgmaxRowsShape {
+    unsigned int rows, n;
+};
+
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, unsigned int* __restrict__ out,
+                                       ArgmaxRowsShape s) {
+    encore_fix_value(s);
+    encore_grid_wait();
+    argmax_vector(x + (size_t)blockIdx.y * s.n, out + 4 * (size_t)blockIdx.y, s.n, true);
 }

@@ -47,6 +47,21 @@ pub fn matmul_launch(warps: u32) -> Launch {
     )
 }
 
+/// Most rows `matmul_rows` and `argmax_rows` take: the grid's y dimension.
+const MAX_GRID_Y: u32 = 65_535;
+
+/// `matmul_rows` over `rows` rows: the one-row grid of `n` columns, once a
+/// row along the grid's y.
+pub fn matmul_rows_launch(rows: u32, n: u32) -> Result<Launch, String> {
+    if rows > MAX_GRID_Y {
+        return Err(format!(
+            "matmul_rows takes at most {MAX_GRID_Y} rows a dispatch (got {rows})"
+        ));
+    }
+    let one = matmul_launch(matmul_warps(1, n));
+    Ok(Launch::grid3([one.grid[0], rows.max(1), 1], one.block))
+}
+
 /// The warps of a `fused_matmul` of `shape`: each weight's columns in
 /// warps of [`matmul_warps`] (the gate's alone in the SwiGLU epilogue, whose
 /// warps compute gate and up together).
@@ -305,6 +320,18 @@ pub fn argmax_launch(n: u32) -> Launch {
         n.div_ceil(ARGMAX_BLOCK * ARGMAX_PER_THREAD).max(1),
         ARGMAX_BLOCK,
     )
+}
+
+/// `argmax_rows` over `rows` rows of `n` values: `argmax`'s grid for one
+/// row, once a row along the grid's y.
+pub fn argmax_rows_launch(rows: u32, n: u32) -> Result<Launch, String> {
+    if rows > MAX_GRID_Y {
+        return Err(format!(
+            "argmax_rows takes at most {MAX_GRID_Y} rows a dispatch (got {rows})"
+        ));
+    }
+    let one = argmax_launch(n);
+    Ok(Launch::grid3([one.grid[0], rows.max(1), 1], one.block))
 }
 
 /// The defines of `argmax`: `ARGMAX_LOADS`, four values a load.

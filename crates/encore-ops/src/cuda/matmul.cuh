@@ -61,6 +61,14 @@ extern "C" __global__ void __launch_bounds__(MM_THREADS, 1)
 matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
        MatmulShape s) {
     encore_fix_value(s);
+#if MM_ROW_INVARIANT
+    // `matmul_rows`: the grid's y is the activation row, and each row runs
+    // the one-row path, so that a row's sums never depend on the rows
+    // around it, while the rows still run side by side.
+    x += (size_t)blockIdx.y * s.k;
+    y += (size_t)blockIdx.y * s.n;
+    s.rows = 1;
+#endif
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;
@@ -69,9 +77,7 @@ matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* 
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
     // One activation row goes column by column; so do several, row by row,
     // in the exact version with quantized weights; else tiles of rows.
-    // `matmul_rows` (MM_ROW_INVARIANT 1) keeps every row on the one-row
-    // path, so that a row's sums never depend on the rows around it.
-    const bool by_column = s.rows == 1 || MM_ROW_INVARIANT || (MM_QUANT_BY_COLUMN && ggml_quantized(s.dtype));
+    const bool by_column = s.rows == 1 || (MM_QUANT_BY_COLUMN && ggml_quantized(s.dtype));
     // The weights are read-only: fetch this warp's rows into L2 while the
     // previous kernel finishes.
     for (unsigned int c = 0; c < cols; ++c) prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);

@@ -24,7 +24,7 @@ use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
-use crate::kernels::paged::PagedKvShape;
+use crate::kernels::paged::{ArgmaxRowsShape, PagedKvShape};
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
 
@@ -78,7 +78,8 @@ pub(crate) fn matmul(exact: bool) -> CudaKernel {
 }
 
 /// `matmul_rows`: `matmul` held to its one-row path for every row
-/// (`MM_ROW_INVARIANT`), so that a row's sums do not depend on the batch.
+/// (`MM_ROW_INVARIANT`), a row per grid row, so that a row's sums do not
+/// depend on the batch.
 pub(crate) fn matmul_rows(exact: bool) -> CudaKernel {
     matmul_kernel(exact, true)
 }
@@ -91,10 +92,18 @@ fn matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
     };
     let mut defines = geometry::matmul_defines();
     defines.push(("MM_ROW_INVARIANT", u32::from(row_invariant).to_string()));
-    CudaKernel::checked(source_with(file, &defines), "matmul", |s: &MatmulShape| {
-        weight_type("matmul", s.dtype)?;
-        Ok(geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)))
-    })
+    CudaKernel::checked(
+        source_with(file, &defines),
+        "matmul",
+        move |s: &MatmulShape| {
+            weight_type("matmul", s.dtype)?;
+            if row_invariant {
+                geometry::matmul_rows_launch(s.rows, s.n)
+            } else {
+                Ok(geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)))
+            }
+        },
+    )
 }
 
 pub(crate) fn gemm() -> CudaKernel {
@@ -281,6 +290,14 @@ pub(crate) fn argmax() -> CudaKernel {
         source_with("argmax.cu", &geometry::argmax_defines()),
         "argmax",
         |n: &u32| geometry::argmax_launch(*n),
+    )
+}
+
+pub(crate) fn argmax_rows() -> CudaKernel {
+    CudaKernel::checked(
+        source_with("argmax.cu", &geometry::argmax_defines()),
+        "argmax_rows",
+        |s: &ArgmaxRowsShape| geometry::argmax_rows_launch(s.rows, s.n),
     )
 }
 

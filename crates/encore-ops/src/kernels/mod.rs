@@ -72,6 +72,7 @@ pub struct KernelDefs {
     pub rope_rows: KernelDef,
     pub kv_store_paged: KernelDef,
     pub attention_paged: KernelDef,
+    pub argmax_rows: KernelDef,
 }
 
 impl KernelSet {
@@ -105,6 +106,7 @@ impl KernelSet {
             rope_rows: paged::rope_rows_def(),
             kv_store_paged: paged::kv_store_paged_def(),
             attention_paged: paged::attention_paged_def(),
+            argmax_rows: paged::argmax_rows_def(),
         }
     }
 }
@@ -181,6 +183,7 @@ impl KernelDefs {
             self.rope_rows,
             self.kv_store_paged,
             self.attention_paged,
+            self.argmax_rows,
         ]);
         all
     }

@@ -25,13 +25,21 @@
 //!   tile); on CUDA it is the `matmul` kernel held to its one-row path for
 //!   every row.
 //!
+//! - `argmax_rows`: the argmax of each row of the logits (as
+//!   [`super::argmax`], the first index among equal maxima), so that greedy
+//!   rows take one index each off the device instead of their logits;
+//!   `u32::MAX` for a row whose largest value is not finite (a model whose
+//!   output went bad).
+//!
 //! Rows are independent in every op here: a row's result depends only on
 //! its own inputs and its own sequence's cache, never on the batch around
 //! it, which is what makes a request's output the same alone or batched.
 //!
-//! CPU: [`crate::cpu::kernels::paged`]; CUDA: `cuda/rope_rows.cu`,
+//! CPU: [`crate::cpu::kernels::paged`] (`argmax_rows` in
+//! [`crate::cpu::kernels::argmax`]); CUDA: `cuda/rope_rows.cu`,
 //! `cuda/kv_store_paged.cu`, `cuda/attention_paged.cu` (the attention body
-//! shared with `attention.cu` in `cuda/attention_body.cuh`). wgpu has no
+//! shared with `attention.cu` in `cuda/attention_body.cuh`), `argmax_rows`
+//! in `cuda/argmax.cu`. wgpu has no
 //! implementation yet: the ops report `Unsupported` there.
 
 use encore::{Access, KernelDef};
@@ -101,6 +109,32 @@ crate::op_args! {
         out: Access::Write;
         shape: PagedAttnShape
     }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ArgmaxRowsShape {
+    pub rows: u32,
+    /// Values a row.
+    pub n: u32,
+}
+
+crate::op_args! {
+    /// `argmax_rows`' arguments: `x: f32[rows, n]`, `out: u32[rows, 4]`
+    /// (each row's index in its first word; the other three the scratch of
+    /// [`super::argmax`], zero before and after a dispatch).
+    pub struct ArgmaxRowsArgs { x: Access::Read, out: Access::ReadWrite; shape: ArgmaxRowsShape }
+}
+
+pub fn argmax_rows_def() -> KernelDef {
+    KernelDef::new("argmax_rows")
+        .op("argmax_rows")
+        .cpu(
+            "argmax_rows f32 v1",
+            crate::cpu::kernels::argmax::argmax_rows_op,
+        )
+        .cuda(crate::cuda::argmax_rows())
+        .programmatic()
 }
 
 pub fn rope_rows_def() -> KernelDef {

@@ -4,6 +4,7 @@
 use encore::CpuArgs;
 
 use crate::kernels::argmax::{ArgmaxArgs, OUT_BYTES};
+use crate::kernels::paged::ArgmaxRowsArgs;
 
 /// The first index of the largest value; a NaN never wins, and a NaN at
 /// index 0 makes the answer 0 (what `if x[i] > x[best] { best = i }` gives).
@@ -45,6 +46,23 @@ pub(crate) fn argmax_op(a: &CpuArgs<'_>) -> Result<(), String> {
     let out = args.out.write::<u32>()?;
     super::need("out", out, OUT_BYTES / 4)?;
     out[0] = argmax(&x[..n]);
+    Ok(())
+}
+
+/// The CPU body of `argmax_rows`: [`argmax`] of each row, `u32::MAX` where
+/// the row's largest value is not finite (or its first value is a NaN).
+pub(crate) fn argmax_rows_op(a: &CpuArgs<'_>) -> Result<(), String> {
+    let args = ArgmaxRowsArgs::from_cpu(a)?;
+    let (rows, n) = (args.shape.rows as usize, args.shape.n as usize);
+    let x = args.x.read::<f32>()?;
+    super::need("x", x, rows * n)?;
+    let out = args.out.write::<u32>()?;
+    super::need("out", out, rows * OUT_BYTES / 4)?;
+    for (r, row) in x.chunks_exact(n.max(1)).take(rows).enumerate() {
+        let i = argmax(&row[..n.min(row.len())]);
+        let finite = row.get(i as usize).is_some_and(|v| v.is_finite());
+        out[r * OUT_BYTES / 4] = if finite && n > 0 { i } else { u32::MAX };
+    }
     Ok(())
 }
 
