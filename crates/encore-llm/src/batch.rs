@@ -3,18 +3,19 @@
 //!
 //! A step is a list of rows, each a token at a position of some sequence
 //! (with that sequence's block table and the slot its K and V go to), and
-//! the rows whose logits are wanted. Decode steps (one row per sequence)
-//! replay a graph recorded once per batch-size bucket: the batch is padded
-//! to the next bucket with rows that write to the pad block and whose
-//! logits nobody reads. The per-row inputs live in one device buffer that
-//! the host writes before each replay, so one recorded graph serves every
-//! step of its bucket. Steps with prompt rows (chunked prefill, possibly
-//! beside decode rows) are encoded eagerly: their row counts vary.
+//! the rows whose results are wanted. Decode rows (positions past a
+//! sequence's prompt) replay a graph recorded once per batch-size bucket:
+//! the rows are padded to the next bucket with rows that write to the pad
+//! block and whose logits nobody reads. The per-row inputs live in one
+//! device buffer that the host writes before each replay, so one recorded
+//! graph serves every step of its bucket. Prompt rows (chunked prefill) run
+//! in an eager pass of their own: their counts vary.
 //!
-//! Every op of the pass computes each row independently of the others
-//! ([`crate::model::Placement::Paged`]), so a sequence's logits do not
-//! depend on the batch it ran in, nor on whether it ran padded in a graph
-//! or eagerly.
+//! Every op computes each row independently of the others
+//! ([`crate::model::Placement::Paged`]), and a row of either kind always
+//! runs the same kernels (decode graphs are fused with the row-invariant
+//! fused kernels, prompt passes are not fused), so a sequence's results do
+//! not depend on the batch it ran in.
 //!
 //! Greedy rows take their argmax on the device and bring back one index
 //! each; only rows that sample bring back their logits.
@@ -36,6 +37,9 @@ pub struct Row<'a> {
     pub token: u32,
     pub position: usize,
     pub table: &'a [u32],
+    /// A position past the prompt (a generated token): run by the decode
+    /// graphs. Prompt rows run eagerly.
+    pub decode: bool,
 }
 
 /// An output row of a step: the row, and whether only its argmax is
@@ -102,14 +106,16 @@ impl BatchRunner {
             )));
         }
         let cache = model.new_cache(blocks * block_size)?;
+        // Fusion into the row-invariant fused kernels only: decode rows
+        // always run fused (in a graph), prompt rows never.
+        let patterns = model.ops.row_fusion_patterns();
         Ok(BatchRunner {
             model,
             cache,
             block_size,
             blocks,
             max_blocks,
-            // No fusion: the fused kernels' arithmetic is not row-invariant.
-            graphs: graphs.then(|| GraphCache::new(Vec::new())),
+            graphs: graphs.then(|| GraphCache::new(patterns)),
             decode: HashMap::new(),
         })
     }
@@ -140,18 +146,20 @@ impl BatchRunner {
     /// Encodes the pass of `b.rows` rows whose inputs are in `b.inputs`,
     /// with the logits of `outputs` rows (the first `outputs` entries of
     /// the output-row list) left in `b.logits`, and with `argmax` their
-    /// argmax in `b.ids`.
+    /// argmax in `b.ids`; `prompt` for a pass of prompt rows.
     fn encode(
         &self,
         enc: &mut Encoder,
         b: &StepBuffers,
         outputs: usize,
         argmax: bool,
+        prompt: bool,
     ) -> Result<()> {
         let (r, d) = (b.rows, self.model.config.n_embd);
         let part = |i: usize, n: usize| b.inputs.view(i * r * 4, n * 4);
         let tokens = part(0, r)?;
         let rows = PagedRows {
+            prompt,
             positions: &part(1, r)?,
             slots: &part(2, r)?,
             tables: &b.inputs.view(4 * r * 4, r * self.max_blocks * 4)?,
@@ -225,10 +233,12 @@ impl BatchRunner {
 
     /// Runs one step and returns what each of `outputs` wants, in order. A
     /// row whose logits are not finite is an error (the model went bad).
+    ///
+    /// With graphs on, decode rows replay the decode graph of their bucket
+    /// (a graph of at most the largest bucket at a time) and prompt rows
+    /// run in one eager pass: a row of either kind always runs the same
+    /// kernels, whatever the step holds besides.
     pub fn run(&mut self, rows: &[Row<'_>], outputs: &[Output]) -> Result<Vec<RowResult>> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
         if let Some(o) = outputs.iter().find(|o| o.row >= rows.len()) {
             return Err(LlmError::Request(format!(
                 "output row {} of a step of {} rows",
@@ -236,37 +246,79 @@ impl BatchRunner {
                 rows.len()
             )));
         }
-        let order: Vec<usize> = outputs.iter().map(|o| o.row).collect();
-        let decode = outputs.len() == rows.len();
-        let bucket = BUCKETS.iter().copied().find(|&b| b >= rows.len());
+        let graphs = self.graphs.is_some();
+        let (decode, prompt): (Vec<usize>, Vec<usize>) =
+            (0..rows.len()).partition(|&i| graphs && rows[i].decode);
         let device = self.model.device.clone();
         let _span = device
             .trace_span("batch step")
             .arg("rows", rows.len() as u64);
-        match (decode, bucket, self.graphs.is_some()) {
-            (true, Some(bucket), true) => {
+        let mut results: Vec<Option<RowResult>> = vec![None; outputs.len()];
+        let largest = BUCKETS[BUCKETS.len() - 1];
+        for part in decode.chunks(largest) {
+            self.pass(rows, part, outputs, &mut results, true)?;
+        }
+        if !prompt.is_empty() {
+            self.pass(rows, &prompt, outputs, &mut results, false)?;
+        }
+        results
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| LlmError::Request("a step lost an output row".into()))
+    }
+
+    /// Runs the rows `part` of `rows`: replaying their bucket's decode
+    /// graph with `graph`, else eagerly; puts the results of the outputs
+    /// among them into `results`.
+    fn pass(
+        &mut self,
+        rows: &[Row<'_>],
+        part: &[usize],
+        outputs: &[Output],
+        results: &mut [Option<RowResult>],
+        graph: bool,
+    ) -> Result<()> {
+        let sub: Vec<Row<'_>> = part.iter().map(|&i| rows[i].clone()).collect();
+        // (index into `outputs`, the output within this part).
+        let mine: Vec<(usize, Output)> = outputs
+            .iter()
+            .enumerate()
+            .filter_map(|(k, o)| {
+                let row = part.iter().position(|&i| i == o.row)?;
+                Some((k, Output { row, ..*o }))
+            })
+            .collect();
+        let local: Vec<Output> = mine.iter().map(|m| m.1).collect();
+        let order: Vec<usize> = local.iter().map(|o| o.row).collect();
+        let found = match BUCKETS.iter().copied().find(|&b| b >= sub.len()) {
+            Some(bucket) if graph => {
                 let exec = self.decode_graph(bucket)?;
                 let Some((b, _)) = self.decode.get(&bucket) else {
                     return Err(LlmError::Request("decode buffers missing".into()));
                 };
-                // Padding rows produce logits too; only the real ones are read.
-                let all: Vec<usize> = (0..bucket).collect();
+                // Every row produces logits; only the wanted ones are read.
+                let all = 0..bucket;
                 let order: Vec<usize> = order.into_iter().chain(all).take(bucket).collect();
-                self.write_inputs(b, rows, &order)?;
+                self.write_inputs(b, &sub, &order)?;
                 exec.replay(&[])?.wait()?;
-                self.results(b, rows, outputs)
+                self.results(b, &sub, &local)?
             }
             _ => {
-                let b = self.buffers(rows.len())?;
-                self.write_inputs(&b, rows, &order)?;
-                let mut enc = device.encoder();
+                let b = self.buffers(sub.len())?;
+                self.write_inputs(&b, &sub, &order)?;
+                let mut enc = self.model.device.encoder();
                 enc.set_label("batch step");
-                let argmax = outputs.iter().any(|o| o.greedy);
-                self.encode(&mut enc, &b, outputs.len(), argmax)?;
+                let argmax = local.iter().any(|o| o.greedy);
+                // Eager passes hold the prompt rows (every row, with graphs off).
+                self.encode(&mut enc, &b, local.len(), argmax, true)?;
                 enc.commit_and_wait()?;
-                self.results(&b, rows, outputs)
+                self.results(&b, &sub, &local)?
             }
+        };
+        for ((k, _), r) in mine.into_iter().zip(found) {
+            results[k] = Some(r);
         }
+        Ok(())
     }
 
     /// Reads each output's result off the device: the argmaxes of greedy
@@ -351,7 +403,7 @@ impl BatchRunner {
             return Err(LlmError::Request("graphs are off".into()));
         };
         let mut enc = self.model.device.capture();
-        self.encode(&mut enc, b, b.rows, true)?;
+        self.encode(&mut enc, b, b.rows, true, false)?;
         let mut graph = enc.finish_graph()?;
         graph.mark_output(&b.logits);
         graph.mark_output(&b.ids);

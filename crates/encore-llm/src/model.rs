@@ -301,6 +301,9 @@ pub enum Placement<'a> {
 /// `blocks` blocks of `block_size` positions.
 #[derive(Clone, Copy)]
 pub struct PagedRows<'a> {
+    /// Prompt rows, many at once: products on the tiled kernel
+    /// ([`encore_ops::Ops::matmul_rows_tiled`]); else decode rows.
+    pub prompt: bool,
     pub positions: &'a Buffer,
     pub slots: &'a Buffer,
     pub tables: &'a Buffer,
@@ -393,13 +396,10 @@ impl Model {
         let ops = &self.ops;
         let (m, d, q_dim, kv, ff) = (a.rows, c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let neox = c.rope == RopeLayout::Neox;
-        let paged = matches!(place, Placement::Paged(_));
-        let matmul = |enc: &mut Encoder, w: &Weight, x: &Buffer, y: &Buffer, label| {
-            if paged {
-                ops.matmul_rows(enc, w, x, y, m, label)
-            } else {
-                ops.matmul(enc, w, x, y, m, label)
-            }
+        let matmul = |enc: &mut Encoder, w: &Weight, x: &Buffer, y: &Buffer, label| match place {
+            Placement::Paged(p) if p.prompt => ops.matmul_rows_tiled(enc, w, x, y, m, label),
+            Placement::Paged(_) => ops.matmul_rows(enc, w, x, y, m, label),
+            Placement::Contiguous { .. } => ops.matmul(enc, w, x, y, m, label),
         };
         let cache = match place {
             Placement::Contiguous { cache, .. } => cache,

@@ -612,15 +612,17 @@ impl<'e> Loop<'e> {
         self.waiting.push_front(s);
     }
 
-    /// One batched pass: a decode row for every generating sequence, then
-    /// prompt rows up to the chunk budget; then sampling.
+    /// One batched pass: a decode row for every sequence past its prompt
+    /// (generating, or recomputing its generated tokens after a
+    /// preemption, one a step as they were made), then prompt rows up to
+    /// the chunk budget; then sampling.
     fn step(&mut self) -> Result<()> {
         // (sequence index, first position, rows) of each sequence in the step.
         let mut plan: Vec<(usize, usize, usize)> = Vec::new();
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
-            if s.tokens.len() - s.computed == 1 {
+            if s.computed >= s.req.prompt.len() && s.computed < s.tokens.len() {
                 let pos = s.computed;
                 if !self.block_for(i, pos) {
                     continue;
@@ -633,8 +635,8 @@ impl<'e> Loop<'e> {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let s = &self.running[i];
-            let left = s.tokens.len() - s.computed;
-            if left > 1 {
+            let left = s.req.prompt.len().saturating_sub(s.computed);
+            if left > 0 {
                 let n = left.min(budget);
                 let first = s.computed;
                 if !self.block_for(i, first + n - 1) {
@@ -659,6 +661,7 @@ impl<'e> Loop<'e> {
                     token: s.tokens[p],
                     position: p,
                     table: &s.table,
+                    decode: p >= s.req.prompt.len(),
                 });
             }
             if first + n == s.tokens.len() {

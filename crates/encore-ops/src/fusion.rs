@@ -55,7 +55,7 @@ struct Product {
 impl Product {
     fn parse(node: &Node) -> Option<Product> {
         match node.op() {
-            "matmul" => {
+            "matmul" | "matmul_rows" => {
                 let a = MatmulArgs::from_node(node)?;
                 let s = a.shape;
                 Some(Product {
@@ -76,7 +76,7 @@ impl Product {
                     label: node.label.to_string(),
                 })
             }
-            "fused_matmul" => {
+            "fused_matmul" | "fused_matmul_rows" => {
                 let a = FusedArgs::from_node(node)?;
                 let shape = a.shape;
                 let weights = (shape.weights as usize).min(3);
@@ -426,6 +426,51 @@ fn store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     a.node(kernel)
 }
 
+/// Rules 1 to 4 over products of op `plain`, fused into `kernel` (whose
+/// op the later rules extend).
+fn product_rules(table: &mut Vec<FusionPattern>, kernel: &Kernel, plain: &str) {
+    let fused = kernel.op_kind().to_string();
+    let k = kernel.clone();
+    table.push(FusionPattern::siblings(
+        "shared-input products",
+        plain,
+        3,
+        move |n| siblings(n, &k),
+    ));
+    for product in [fused.as_str(), plain] {
+        let k = kernel.clone();
+        table.push(FusionPattern::new(
+            "rms_norm into product",
+            &["rms_norm", product],
+            move |n| norm_into_product(n, &k),
+        ));
+    }
+    let k = kernel.clone();
+    table.push(FusionPattern::new(
+        "swiglu",
+        &[fused.as_str(), "silu_mul"],
+        move |n| swiglu(n, &k),
+    ));
+    for product in [fused.as_str(), plain] {
+        let k = kernel.clone();
+        table.push(FusionPattern::new(
+            "product into residual",
+            &[product, "add"],
+            move |n| accumulate(n, &k),
+        ));
+    }
+}
+
+/// The rules for graphs of a batch of independent sequences: rules 1 to 4
+/// over `matmul_rows`, fused into `fused_matmul_rows` (`kernel`), whose
+/// rows keep their one-row arithmetic. The attention rules do not apply
+/// (the paged ops have no fused forms).
+pub fn row_patterns(kernel: &Kernel) -> Vec<FusionPattern> {
+    let mut table = Vec::new();
+    product_rules(&mut table, kernel, "matmul_rows");
+    table
+}
+
 /// The rules, in the order the pass applies them, for the fused kernels
 /// given: a rule whose fused kernel is `None` (the device has no
 /// implementation of it, or the kernel set leaves it out, as the exact set
@@ -438,35 +483,7 @@ pub fn patterns(
 ) -> Vec<FusionPattern> {
     let mut table = Vec::new();
     if let Some(fused_matmul) = fused_matmul {
-        let k = fused_matmul.clone();
-        table.push(FusionPattern::siblings(
-            "shared-input products",
-            "matmul",
-            3,
-            move |n| siblings(n, &k),
-        ));
-        for product in ["fused_matmul", "matmul"] {
-            let k = fused_matmul.clone();
-            table.push(FusionPattern::new(
-                "rms_norm into product",
-                &["rms_norm", product],
-                move |n| norm_into_product(n, &k),
-            ));
-        }
-        let k = fused_matmul.clone();
-        table.push(FusionPattern::new(
-            "swiglu",
-            &["fused_matmul", "silu_mul"],
-            move |n| swiglu(n, &k),
-        ));
-        for product in ["fused_matmul", "matmul"] {
-            let k = fused_matmul.clone();
-            table.push(FusionPattern::new(
-                "product into residual",
-                &[product, "add"],
-                move |n| accumulate(n, &k),
-            ));
-        }
+        product_rules(&mut table, fused_matmul, "matmul");
     }
     if let Some(rope_store) = rope_store {
         let k = rope_store.clone();

@@ -160,6 +160,7 @@ pub struct Ops {
     kv_store_paged: Slot,
     attention_paged: Slot,
     argmax_rows: Slot,
+    fused_matmul_rows: Slot,
 }
 
 impl Ops {
@@ -204,6 +205,7 @@ impl Ops {
             kv_store_paged: load(defs.kv_store_paged)?,
             attention_paged: load(defs.attention_paged)?,
             argmax_rows: load(defs.argmax_rows)?,
+            fused_matmul_rows: load(defs.fused_matmul_rows)?,
         })
     }
 
@@ -249,6 +251,16 @@ impl Ops {
             self.rope_store.kernel.as_ref(),
             self.attention_step.kernel.as_ref(),
         )
+    }
+
+    /// The fusion rules for graphs of row-invariant ops (a batch of
+    /// independent sequences: `matmul_rows` into `fused_matmul_rows`),
+    /// where fusion pays off; empty elsewhere.
+    pub fn row_fusion_patterns(&self) -> Vec<FusionPattern> {
+        match &self.fused_matmul_rows.kernel {
+            Some(k) if self.device.capabilities().fusion_pays => crate::fusion::row_patterns(k),
+            _ => Vec::new(),
+        }
     }
 
     /// `y = rms_norm(x) * w` over `rows` rows of `dim`.
@@ -435,6 +447,27 @@ impl Ops {
     ) -> Result<()> {
         let args = matmul_args(w, x, y, rows)?;
         enc.dispatch(self.matmul_rows.get(&self.device)?, &args.args(), label)
+    }
+
+    /// [`Ops::matmul_rows`] for many rows at once (a pass of prompt rows):
+    /// on a device with the tiled tensor-core product (`gemm`, CUDA), that
+    /// product at any row count, since its sums for a row do not depend on
+    /// the rows that share its tile; elsewhere `matmul_rows`.
+    pub fn matmul_rows_tiled(
+        &self,
+        enc: &mut Encoder,
+        w: &Weight,
+        x: &Buffer,
+        y: &Buffer,
+        rows: usize,
+        label: &'static str,
+    ) -> Result<()> {
+        let args = matmul_args(w, x, y, rows)?;
+        let kernel = match &self.gemm.kernel {
+            Some(gemm) => gemm,
+            None => self.matmul_rows.get(&self.device)?,
+        };
+        enc.dispatch(kernel, &args.args(), label)
     }
 
     /// [`Ops::rope`] with row `r` at position `positions[r]` (`u32[rows]`).

@@ -1544,3 +1544,165 @@ fn argmax_rows_matches_cpu() {
         );
     }
 }
+
+/// The products of a transformer block over `rows` rows of `x`, recorded
+/// with the row-invariant ops (`matmul_rows`) and instantiated with the
+/// row fusion rules (or none): norm and Q, K, V; O into the residual; norm,
+/// gate, up and SwiGLU; down into the residual. Returns Q, K, V and the
+/// residual, and the nodes after the passes.
+fn row_products(
+    ops: &Ops,
+    seed: u64,
+    dtype: DType,
+    x: &[f32],
+    rows: usize,
+    fusion: bool,
+) -> (Vec<Vec<f32>>, usize) {
+    let (k, nq, nkv) = (256, 256, 128);
+    let ff = 96usize.next_multiple_of(dtype.block_len());
+    let d = ops.device();
+    let b = common::BlockInputs::random(ops, seed, dtype, rows, k, nq, nkv, ff);
+    // The norm weights from their own draw (`b`'s follow its `x`, whose
+    // length depends on `rows`).
+    let mut g = Rng(seed ^ 0x9e37_79b9);
+    let (g1, g2) = (upload(ops, &g.vec(k)), upload(ops, &g.vec(k)));
+    let res = upload(ops, x);
+    let f = |n: usize| d.alloc(n * 4).unwrap();
+    let (xn, q, kk, v, proj) = (
+        f(rows * k),
+        f(rows * nq),
+        f(rows * nkv),
+        f(rows * nkv),
+        f(rows * k),
+    );
+    let (gate, up, act) = (f(rows * ff), f(rows * ff), f(rows * ff));
+    let mut e = d.capture();
+    ops.rms_norm(&mut e, &res, &g1, &xn, rows, k, 1e-5).unwrap();
+    ops.matmul_rows(&mut e, &b.wq, &xn, &q, rows, "q").unwrap();
+    ops.matmul_rows(&mut e, &b.wk, &xn, &kk, rows, "k").unwrap();
+    ops.matmul_rows(&mut e, &b.wv, &xn, &v, rows, "v").unwrap();
+    ops.matmul_rows(&mut e, &b.wo, &q, &proj, rows, "o")
+        .unwrap();
+    ops.add(&mut e, &res, &proj, rows * k).unwrap();
+    ops.rms_norm(&mut e, &res, &g2, &xn, rows, k, 1e-5).unwrap();
+    ops.matmul_rows(&mut e, &b.wg, &xn, &gate, rows, "gate")
+        .unwrap();
+    ops.matmul_rows(&mut e, &b.wu, &xn, &up, rows, "up")
+        .unwrap();
+    ops.silu_mul(&mut e, &gate, &up, &act, rows * ff).unwrap();
+    ops.matmul_rows(&mut e, &b.wd, &act, &proj, rows, "down")
+        .unwrap();
+    ops.add(&mut e, &res, &proj, rows * k).unwrap();
+    let mut graph = e.finish_graph().unwrap();
+    for out in [&q, &kk, &v, &res] {
+        graph.mark_output(out);
+    }
+    let patterns = if fusion {
+        ops.row_fusion_patterns()
+    } else {
+        Vec::new()
+    };
+    let exec = graph.instantiate(&patterns).unwrap();
+    exec.replay(&[]).unwrap().wait().unwrap();
+    let out = [&q, &kk, &v, &res]
+        .map(|b| b.download::<f32>().unwrap())
+        .to_vec();
+    (out, exec.stats().after.nodes)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn row_fused_products_are_row_invariant_and_match_unfused() {
+    // A batch's decode graph is fused with `fused_matmul_rows`: each row
+    // must get, bit for bit, what it gets in a batch of one (so a
+    // sequence's tokens do not depend on its batch), and the fused products
+    // must match the unfused ones within the rounding of folding the norm
+    // in (1e-4 of the rms, as the fused block graph above).
+    let cuda = open("cuda");
+    let mut rng = Rng::new();
+    let seed = rng.next();
+    let (rows, k) = (19, 256);
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::F16] {
+        let x = rng.vec(rows * k);
+        let (fused, nodes) = row_products(&cuda, seed, dtype, &x, rows, true);
+        let (plain, plain_nodes) = row_products(&cuda, seed, dtype, &x, rows, false);
+        assert_eq!(plain_nodes, 12, "{dtype}: unfused nodes");
+        // norm+QKV, O+add, norm+gate/up+SwiGLU, down+add.
+        assert_eq!(nodes, 4, "{dtype}: fused nodes");
+        for (i, name) in ["q", "k", "v", "residual"].iter().enumerate() {
+            assert_close_to_rms(
+                &format!("{dtype} {name} fused vs unfused"),
+                &fused[i],
+                &plain[i],
+                1e-4,
+                false,
+            );
+        }
+        for r in [0, 7, rows - 1] {
+            let (one, _) = row_products(&cuda, seed, dtype, &x[r * k..(r + 1) * k], 1, true);
+            for (i, name) in ["q", "k", "v", "residual"].iter().enumerate() {
+                let n = one[i].len();
+                assert_eq!(
+                    &fused[i][r * n..(r + 1) * n],
+                    &one[i][..],
+                    "{dtype} {name} row {r}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn tiled_row_products_are_row_invariant_at_any_row_count() {
+    // Prompt rows of a serving step multiply on the tiled kernel whatever
+    // their count (one row included, below GEMM_MIN_ROWS): each row must get
+    // bit for bit what it gets alone, so that how a prompt is split into
+    // chunks, and what shares its tile, changes nothing. Against the exact
+    // product, the tolerance of the test above (1e-3 Σ|w·x|).
+    let cuda = open("cuda");
+    let mut rng = Rng::new();
+    let (n, k, rows) = (200, 576, 77);
+    for dtype in [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::Q5_0,
+        DType::F16,
+        DType::F32,
+    ] {
+        let bytes = random_weights(&mut rng, dtype, n, k);
+        let x = rng.vec(rows * k);
+        let product = |x: &[f32], rows: usize| -> Vec<f32> {
+            let w = Weight {
+                buffer: upload(&cuda, &bytes),
+                dtype,
+                n,
+                k,
+            };
+            let y = cuda.device().alloc(rows * n * 4).unwrap();
+            run(&cuda, |ops, enc| {
+                ops.matmul_rows_tiled(enc, &w, &upload(ops, x), &y, rows, "m")
+            });
+            y.download().unwrap()
+        };
+        let all = product(&x, rows);
+        for (r, count) in [(0, 1), (3, 5), (64, 13), (76, 1)] {
+            let part = product(&x[r * k..(r + count) * k], count);
+            assert_eq!(
+                &all[r * n..(r + count) * n],
+                &part[..],
+                "{dtype} rows {r}..{}",
+                r + count
+            );
+        }
+        let (exact, scale) = magnitudes(&dequantize(dtype, &bytes, n, k), &x, rows, n, k);
+        for (i, ((g, e), s)) in all.iter().zip(&exact).zip(&scale).enumerate() {
+            assert!(
+                (g - e).abs() <= 1e-3 * s + 1e-6,
+                "{dtype} output {i}: {g} vs exact {e}"
+            );
+        }
+    }
+}

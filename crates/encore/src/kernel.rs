@@ -286,6 +286,8 @@ pub struct KernelDef {
     options: Vec<String>,
     programmatic: bool,
     specializable: bool,
+    /// Value words a specialized variant leaves out (compiled as 0).
+    unspecialized_words: Vec<usize>,
 }
 
 impl fmt::Debug for KernelDef {
@@ -312,6 +314,7 @@ impl KernelDef {
             options: Vec::new(),
             programmatic: false,
             specializable: false,
+            unspecialized_words: Vec::new(),
         }
     }
 
@@ -389,6 +392,18 @@ impl KernelDef {
         self
     }
 
+    /// [`KernelDef::specializable`], with the value's 32-bit words at
+    /// `words` compiled as 0 in every variant, so that values that differ
+    /// only there share one variant. The kernel must not read those fields
+    /// after `encore_fix_value()`: a kernel over independent rows, with
+    /// the row from the grid, does not need the row count (one compilation
+    /// serves every batch size).
+    pub fn specializable_except(mut self, words: &[usize]) -> KernelDef {
+        self.specializable = true;
+        self.unspecialized_words = words.to_vec();
+        self
+    }
+
     /// Whether [`KernelDef::specializable`] was declared.
     pub fn is_specializable(&self) -> bool {
         self.specializable
@@ -409,7 +424,11 @@ impl KernelDef {
         }
         let words: Vec<String> = value
             .chunks_exact(4)
-            .map(|w| format!("{:#x}u", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+            .enumerate()
+            .map(|(i, w)| match self.unspecialized_words.contains(&i) {
+                true => "0x0u".to_string(),
+                false => format!("{:#x}u", u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            })
             .collect();
         // Specializing a variant again replaces its value.
         let mut def = self.clone();
@@ -738,6 +757,19 @@ mod tests {
                 .options(),
             v.options()
         );
+    }
+
+    #[test]
+    fn words_left_out_of_specialization_do_not_make_variants() {
+        let rows = def().specializable_except(&[0]);
+        let variant = |v: [u32; 3]| rows.specialized(bytemuck::cast_slice(&v)).unwrap();
+        let (a, b) = (variant([1, 576, 7]), variant([64, 576, 7]));
+        assert_eq!(a.options(), b.options(), "the row count is left out");
+        assert_eq!(
+            a.options(),
+            ["--define-macro=ENCORE_VALUE_WORDS={0x0u,0x240u,0x7u}"]
+        );
+        assert_ne!(a.options(), variant([1, 577, 7]).options());
     }
 
     #[test]

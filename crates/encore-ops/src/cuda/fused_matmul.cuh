@@ -146,6 +146,15 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
              const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
              float* y2, FusedShape s) {
     encore_fix_value(s);
+#if MM_ROW_INVARIANT
+    // `fused_matmul_rows`: the grid's y is the activation row, each on the
+    // one-row path (as `matmul_rows`).
+    x += (size_t)blockIdx.y * s.k;
+    y0 += (size_t)blockIdx.y * s.n[0];
+    y1 += (size_t)blockIdx.y * s.n[1];
+    y2 += (size_t)blockIdx.y * s.n[2];
+    s.rows = 1;
+#endif
     const unsigned int lane = threadIdx.x & 31u;
     unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;

@@ -79,6 +79,22 @@ pub fn fused_matmul_warps(shape: &FusedShape) -> u32 {
     }
 }
 
+/// `fused_matmul_rows` of `shape`: the one-row grid, once a row along the
+/// grid's y.
+pub fn fused_matmul_rows_launch(shape: &FusedShape) -> Result<Launch, String> {
+    if shape.rows > MAX_GRID_Y {
+        return Err(format!(
+            "fused_matmul_rows takes at most {MAX_GRID_Y} rows a dispatch (got {})",
+            shape.rows
+        ));
+    }
+    let one = matmul_launch(fused_matmul_warps(&FusedShape { rows: 1, ..*shape }));
+    Ok(Launch::grid3(
+        [one.grid[0], shape.rows.max(1), 1],
+        one.block,
+    ))
+}
+
 /// The defines of `matmul` and `fused_matmul`: `MM_THREADS` (threads a
 /// block) and `MM_COLS` ([`MATMUL_COLUMNS_PER_WARP`]).
 pub(crate) fn matmul_defines() -> Vec<(&'static str, String)> {

@@ -119,7 +119,18 @@ pub(crate) fn gemm() -> CudaKernel {
 
 /// `fused_matmul`, its quantized products the exact ones with `exact`.
 pub(crate) fn fused_matmul(exact: bool) -> CudaKernel {
+    fused_matmul_kernel(exact, false)
+}
+
+/// `fused_matmul_rows`: `fused_matmul` held to its one-row path for every
+/// row, a row per grid row (as `matmul_rows`).
+pub(crate) fn fused_matmul_rows(exact: bool) -> CudaKernel {
+    fused_matmul_kernel(exact, true)
+}
+
+fn fused_matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
     let mut defines = geometry::matmul_defines();
+    defines.push(("MM_ROW_INVARIANT", u32::from(row_invariant).to_string()));
     defines.extend([
         ("EPILOGUE_STORE", format!("{EPILOGUE_STORE}u")),
         ("EPILOGUE_ACCUMULATE", format!("{EPILOGUE_ACCUMULATE}u")),
@@ -133,11 +144,15 @@ pub(crate) fn fused_matmul(exact: bool) -> CudaKernel {
     CudaKernel::checked(
         source_with(file, &defines),
         "fused_matmul",
-        |s: &FusedShape| {
+        move |s: &FusedShape| {
             for &id in s.dtype.iter().take(s.weights as usize) {
                 weight_type("fused_matmul", id)?;
             }
-            Ok(geometry::matmul_launch(geometry::fused_matmul_warps(s)))
+            if row_invariant {
+                geometry::fused_matmul_rows_launch(s)
+            } else {
+                Ok(geometry::matmul_launch(geometry::fused_matmul_warps(s)))
+            }
         },
     )
 }

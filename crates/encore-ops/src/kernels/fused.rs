@@ -104,6 +104,21 @@ impl<B> FusedArgs<B> {
 
 /// The `fused_matmul` kernel; with `exact`, its CUDA code gives the CPU's
 /// results bit for bit for quantized weights (see the module docs).
+/// `fused_matmul_rows`: `fused_matmul` with each row's arithmetic
+/// independent of the other rows (see [`super::paged`]), what the fusion
+/// rules of batch graphs build from `matmul_rows`. The CPU body is
+/// `fused_matmul`'s (the unfused ops' code, row by row already).
+/// Specialized without its row count (the kernel takes the row from the
+/// grid), so one variant serves every batch size.
+pub fn rows_def(exact: bool) -> KernelDef {
+    KernelDef::new("fused_matmul_rows")
+        .op("fused_matmul_rows")
+        .cpu("fused_matmul v1", crate::cpu::kernels::fused::fused_matmul)
+        .cuda(crate::cuda::fused_matmul_rows(exact))
+        .programmatic()
+        .specializable_except(&[0])
+}
+
 pub fn def(exact: bool) -> KernelDef {
     let def = KernelDef::new("fused_matmul")
         .op("fused_matmul")

@@ -73,6 +73,7 @@ pub struct KernelDefs {
     pub kv_store_paged: KernelDef,
     pub attention_paged: KernelDef,
     pub argmax_rows: KernelDef,
+    pub fused_matmul_rows: KernelDef,
 }
 
 impl KernelSet {
@@ -107,6 +108,7 @@ impl KernelSet {
             kv_store_paged: paged::kv_store_paged_def(),
             attention_paged: paged::attention_paged_def(),
             argmax_rows: paged::argmax_rows_def(),
+            fused_matmul_rows: fused::rows_def(exact),
         }
     }
 }
@@ -184,6 +186,7 @@ impl KernelDefs {
             self.kv_store_paged,
             self.attention_paged,
             self.argmax_rows,
+            self.fused_matmul_rows,
         ]);
         all
     }

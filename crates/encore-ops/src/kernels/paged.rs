@@ -171,7 +171,9 @@ pub fn attention_paged_def() -> KernelDef {
 }
 
 /// `matmul_rows`; with `exact`, the exact set's products (see
-/// [`super::matmul::def`]).
+/// [`super::matmul::def`]). Specialized without its row count (the
+/// kernel takes the row from the grid), so one variant serves every batch
+/// size.
 // The closure inlines the CPU body (see the matmul body for why).
 #[allow(clippy::redundant_closure)]
 pub fn matmul_rows_def(exact: bool) -> KernelDef {
@@ -180,5 +182,5 @@ pub fn matmul_rows_def(exact: bool) -> KernelDef {
         .cpu("matmul v1", |a| crate::cpu::kernels::matmul::matmul(a))
         .cuda(crate::cuda::matmul_rows(exact))
         .programmatic()
-        .specializable()
+        .specializable_except(&[0])
 }
