@@ -296,6 +296,43 @@ fn token_counts_are_checked_against_the_context() {
 }
 
 #[test]
+fn parallel_bench_levels_are_checked_and_measured() {
+    let model = model("parallel");
+    for n in ["0", "1025"] {
+        rejected(
+            &bench_args(&model, &["--parallel", n]),
+            &[],
+            &["--parallel", n, "1 to 1024"],
+        );
+    }
+    // Two levels, one JSON line each, with every request's tokens counted.
+    let args = bench_args(
+        &model,
+        &[
+            "--parallel",
+            "1,3",
+            "--prompt-tokens",
+            "5",
+            "--gen-tokens",
+            "4",
+            "--json",
+        ],
+    );
+    let out = accepted(&args, &[]);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (line, n) in lines.iter().zip([1, 3]) {
+        assert_eq!(line["parallel"], n);
+        assert!(line["tok_s"].as_f64().unwrap() > 0.0, "{line}");
+        // Prompt steps, then one step a generated token after the first.
+        assert!(line["steps"].as_f64().unwrap() >= 3.0, "{line}");
+    }
+}
+
+#[test]
 fn repeats_are_bounded() {
     let model = model("repeats");
     for r in ["0", "1001", "18446744073709551615"] {

@@ -302,7 +302,7 @@ pub enum Placement<'a> {
 #[derive(Clone, Copy)]
 pub struct PagedRows<'a> {
     /// Prompt rows, many at once: products on the tiled kernel
-    /// ([`encore_ops::Ops::matmul_rows_tiled`]); else decode rows.
+    /// (`tiled` in [`encore_ops::Ops::matmul_rows`]); else decode rows.
     pub prompt: bool,
     pub positions: &'a Buffer,
     pub slots: &'a Buffer,
@@ -376,7 +376,7 @@ impl Model {
             c.norm_eps,
         )?;
         if by_rows {
-            ops.matmul_rows(enc, &self.output, normed, logits, rows, "output")?;
+            ops.matmul_rows(enc, &self.output, normed, logits, rows, false, "output")?;
         } else {
             ops.matmul(enc, &self.output, normed, logits, rows, "output")?;
         }
@@ -397,8 +397,7 @@ impl Model {
         let (m, d, q_dim, kv, ff) = (a.rows, c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let neox = c.rope == RopeLayout::Neox;
         let matmul = |enc: &mut Encoder, w: &Weight, x: &Buffer, y: &Buffer, label| match place {
-            Placement::Paged(p) if p.prompt => ops.matmul_rows_tiled(enc, w, x, y, m, label),
-            Placement::Paged(_) => ops.matmul_rows(enc, w, x, y, m, label),
+            Placement::Paged(p) => ops.matmul_rows(enc, w, x, y, m, p.prompt, label),
             Placement::Contiguous { .. } => ops.matmul(enc, w, x, y, m, label),
         };
         let cache = match place {

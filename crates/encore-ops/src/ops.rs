@@ -436,6 +436,11 @@ impl Ops {
     /// `y[rows, n] = x[rows, k] · wᵀ` with each row's arithmetic independent
     /// of the other rows: the product of a batch of independent sequences,
     /// whose results must not depend on the batch ([`crate::kernels::paged`]).
+    /// With `tiled` (a pass of many prompt rows), on a device with the tiled
+    /// tensor-core product (`gemm`, CUDA), that product at any row count,
+    /// since its sums for a row do not depend on the rows sharing its tile;
+    /// else, and elsewhere, the matrix-vector kernel row by row.
+    #[allow(clippy::too_many_arguments)]
     pub fn matmul_rows(
         &self,
         enc: &mut Encoder,
@@ -443,29 +448,13 @@ impl Ops {
         x: &Buffer,
         y: &Buffer,
         rows: usize,
-        label: &'static str,
-    ) -> Result<()> {
-        let args = matmul_args(w, x, y, rows)?;
-        enc.dispatch(self.matmul_rows.get(&self.device)?, &args.args(), label)
-    }
-
-    /// [`Ops::matmul_rows`] for many rows at once (a pass of prompt rows):
-    /// on a device with the tiled tensor-core product (`gemm`, CUDA), that
-    /// product at any row count, since its sums for a row do not depend on
-    /// the rows that share its tile; elsewhere `matmul_rows`.
-    pub fn matmul_rows_tiled(
-        &self,
-        enc: &mut Encoder,
-        w: &Weight,
-        x: &Buffer,
-        y: &Buffer,
-        rows: usize,
+        tiled: bool,
         label: &'static str,
     ) -> Result<()> {
         let args = matmul_args(w, x, y, rows)?;
         let kernel = match &self.gemm.kernel {
-            Some(gemm) => gemm,
-            None => self.matmul_rows.get(&self.device)?,
+            Some(gemm) if tiled => gemm,
+            _ => self.matmul_rows.get(&self.device)?,
         };
         enc.dispatch(kernel, &args.args(), label)
     }

@@ -1479,7 +1479,7 @@ fn matmul_rows_is_row_invariant_and_matches_cpu() {
             };
             let y = ops.device().alloc(rows * n * 4).unwrap();
             run(ops, |ops, enc| {
-                ops.matmul_rows(enc, &w, &upload(ops, x), &y, rows, "m")
+                ops.matmul_rows(enc, &w, &upload(ops, x), &y, rows, false, "m")
             });
             y.download().unwrap()
         };
@@ -1578,19 +1578,22 @@ fn row_products(
     let (gate, up, act) = (f(rows * ff), f(rows * ff), f(rows * ff));
     let mut e = d.capture();
     ops.rms_norm(&mut e, &res, &g1, &xn, rows, k, 1e-5).unwrap();
-    ops.matmul_rows(&mut e, &b.wq, &xn, &q, rows, "q").unwrap();
-    ops.matmul_rows(&mut e, &b.wk, &xn, &kk, rows, "k").unwrap();
-    ops.matmul_rows(&mut e, &b.wv, &xn, &v, rows, "v").unwrap();
-    ops.matmul_rows(&mut e, &b.wo, &q, &proj, rows, "o")
+    ops.matmul_rows(&mut e, &b.wq, &xn, &q, rows, false, "q")
+        .unwrap();
+    ops.matmul_rows(&mut e, &b.wk, &xn, &kk, rows, false, "k")
+        .unwrap();
+    ops.matmul_rows(&mut e, &b.wv, &xn, &v, rows, false, "v")
+        .unwrap();
+    ops.matmul_rows(&mut e, &b.wo, &q, &proj, rows, false, "o")
         .unwrap();
     ops.add(&mut e, &res, &proj, rows * k).unwrap();
     ops.rms_norm(&mut e, &res, &g2, &xn, rows, k, 1e-5).unwrap();
-    ops.matmul_rows(&mut e, &b.wg, &xn, &gate, rows, "gate")
+    ops.matmul_rows(&mut e, &b.wg, &xn, &gate, rows, false, "gate")
         .unwrap();
-    ops.matmul_rows(&mut e, &b.wu, &xn, &up, rows, "up")
+    ops.matmul_rows(&mut e, &b.wu, &xn, &up, rows, false, "up")
         .unwrap();
     ops.silu_mul(&mut e, &gate, &up, &act, rows * ff).unwrap();
-    ops.matmul_rows(&mut e, &b.wd, &act, &proj, rows, "down")
+    ops.matmul_rows(&mut e, &b.wd, &act, &proj, rows, false, "down")
         .unwrap();
     ops.add(&mut e, &res, &proj, rows * k).unwrap();
     let mut graph = e.finish_graph().unwrap();
@@ -1684,7 +1687,7 @@ fn tiled_row_products_are_row_invariant_at_any_row_count() {
             };
             let y = cuda.device().alloc(rows * n * 4).unwrap();
             run(&cuda, |ops, enc| {
-                ops.matmul_rows_tiled(enc, &w, &upload(ops, x), &y, rows, "m")
+                ops.matmul_rows(enc, &w, &upload(ops, x), &y, rows, true, "m")
             });
             y.download().unwrap()
         };

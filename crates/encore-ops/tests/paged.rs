@@ -141,7 +141,7 @@ fn matmul_rows_gives_each_row_its_one_row_product() {
         let x = rng.vec(rows * k);
         let y = ops.device().alloc(rows * n * 4).unwrap();
         let mut enc = ops.device().encoder();
-        ops.matmul_rows(&mut enc, &w, &upload(&ops, &x), &y, rows, "m")
+        ops.matmul_rows(&mut enc, &w, &upload(&ops, &x), &y, rows, false, "m")
             .unwrap();
         enc.commit_and_wait().unwrap();
         let all: Vec<f32> = y.download().unwrap();
@@ -154,6 +154,7 @@ fn matmul_rows_gives_each_row_its_one_row_product() {
                 &upload(&ops, &x[r * k..(r + 1) * k]),
                 &one,
                 1,
+                false,
                 "m",
             )
             .unwrap();

@@ -23,7 +23,10 @@
 //!   sequence's results do not depend on what else is in its batch. On the
 //!   CPU that is the `matmul` body itself (its sums never depend on the
 //!   tile); on CUDA it is the `matmul` kernel held to its one-row path for
-//!   every row.
+//!   every row, a row per grid row, or for a pass of many prompt rows the
+//!   tiled tensor-core `gemm` at any row count (whose sums for a row do not
+//!   depend on what shares its tile either). Its fused form,
+//!   `fused_matmul_rows`, is what batch graphs' fusion builds from it.
 //!
 //! - `argmax_rows`: the argmax of each row of the logits (as
 //!   [`super::argmax`], the first index among equal maxima), so that greedy
