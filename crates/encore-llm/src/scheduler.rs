@@ -17,8 +17,11 @@
 //! is not sent twice.
 //!
 //! Results are the same whatever the batch: every row is computed on its
-//! own ([`crate::model::Placement::Paged`]), and each request samples with
-//! its own seeded sampler.
+//! own ([`crate::model::Placement::Paged`]), a row's kind comes from its
+//! position (prompt, or past it: a decode row), each kind always runs the
+//! same kernels ([`BatchRunner::run`]), so recomputed generated tokens go
+//! through decode rows again, one a step; and each request samples with its
+//! own seeded sampler.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
