@@ -52,7 +52,7 @@ pub fn run(
 ) -> Result<Vec<Level>, String> {
     let mut levels = Vec::new();
     for &n in parallel {
-        let ctx = prompt_tokens + gen_tokens + 1;
+        let ctx = prompt_tokens.saturating_add(gen_tokens).saturating_add(1);
         let scheduler = Scheduler::start(engine.clone(), SchedulerConfig::new(n, ctx))
             .map_err(|e| e.to_string())?;
         let mut rounds = Vec::new();

@@ -190,7 +190,8 @@ struct BenchArgs {
     /// without HTTP. Reports generated tokens per second.
     #[arg(long, value_delimiter = ',', value_parser = count, allow_negative_numbers = true)]
     parallel: Vec<usize>,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object instead of text (one line a level with
+    /// --parallel).
     #[arg(long)]
     json: bool,
 }
@@ -741,7 +742,7 @@ fn bench_parallel(a: &BenchArgs, device: &Device, engine: Engine) -> CliResult {
     let context = engine.model().config.context_length;
     in_range(
         "--prompt-tokens + --gen-tokens",
-        a.prompt_tokens + a.gen_tokens,
+        a.prompt_tokens.saturating_add(a.gen_tokens),
         2,
         context.saturating_sub(1),
         " (the model's context less one)",

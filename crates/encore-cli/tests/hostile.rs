@@ -305,6 +305,12 @@ fn parallel_bench_levels_are_checked_and_measured() {
             &["--parallel", n, "1 to 1024"],
         );
     }
+    let huge = "18446744073709551615";
+    rejected(
+        &bench_args(&model, &["--parallel", "2", "--prompt-tokens", huge]),
+        &[],
+        &["--prompt-tokens + --gen-tokens"],
+    );
     // Two levels, one JSON line each, with every request's tokens counted.
     let args = bench_args(
         &model,

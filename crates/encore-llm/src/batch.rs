@@ -58,8 +58,8 @@ pub enum RowResult {
     Logits(Vec<f32>),
 }
 
-/// Batch sizes a decode graph is recorded for; larger decode batches run
-/// eagerly.
+/// Batch sizes a decode graph is recorded for; more decode rows than the
+/// largest replay its graph once for each part of that size.
 pub const BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 48, 64];
 
 /// The device buffers of one row count: activations, the per-row inputs,
