@@ -94,6 +94,12 @@ async fn serve(a: ServeArgs) -> CliResult {
 /// request (compiling kernels and recording the first decode graph).
 fn start(a: &ServeArgs) -> Result<(Arc<Engine>, Arc<Scheduler>), String> {
     let device = open(&a.model, &ProfileArgs::default())?;
+    to_stderr(&format!(
+        "encore: loading the model on {} and recording its decode graphs \
+         (a first start on a GPU compiles its kernels, which can take minutes; \
+         later starts take them from the disk cache)\n",
+        device.name()
+    ));
     let engine = Arc::new(load(&a.model, &device)?);
     let context = engine.model().config.context_length;
     let ctx_size = a.ctx_size.unwrap_or(4096.min(context));
