@@ -249,6 +249,7 @@ impl BatchRunner {
         let graphs = self.graphs.is_some();
         let (decode, prompt): (Vec<usize>, Vec<usize>) =
             (0..rows.len()).partition(|&i| graphs && rows[i].decode);
+        self.check_decode_rows(rows, &decode)?;
         let device = self.model.device.clone();
         let _span = device
             .trace_span("batch step")
@@ -265,6 +266,38 @@ impl BatchRunner {
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| LlmError::Request("a step lost an output row".into()))
+    }
+
+    /// Checks the promise decode rows make (one a sequence, see
+    /// [`PagedRows::prompt`]): no decode row stores into a block another
+    /// decode row reads, which a decode graph's fused attention, storing
+    /// and reading in one dispatch, would race on.
+    fn check_decode_rows(&self, rows: &[Row<'_>], decode: &[usize]) -> Result<()> {
+        let bs = self.block_size;
+        // (block, row) of each decode row's store, sorted by block.
+        let mut stores: Vec<(u32, usize)> = decode
+            .iter()
+            .filter_map(|&i| Some((*rows[i].table.get(rows[i].position / bs)?, i)))
+            .collect();
+        stores.sort_unstable();
+        for &i in decode {
+            let row = &rows[i];
+            let seen = row.table.get(..=row.position / bs).unwrap_or(row.table);
+            for &block in seen {
+                let from = stores.partition_point(|s| s.0 < block);
+                let other = stores[from..]
+                    .iter()
+                    .take_while(|s| s.0 == block)
+                    .find(|s| s.1 != i);
+                if let Some(&(_, j)) = other {
+                    return Err(LlmError::Request(format!(
+                        "decode rows {i} and {j} of one step share block {block}: \
+                         a step takes one decode row a sequence"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Runs the rows `part` of `rows`: replaying their bucket's decode

@@ -302,7 +302,9 @@ pub enum Placement<'a> {
 #[derive(Clone, Copy)]
 pub struct PagedRows<'a> {
     /// Prompt rows, many at once: products on the tiled kernel
-    /// (`tiled` in [`encore_ops::Ops::matmul_rows`]); else decode rows.
+    /// (`tiled` in [`encore_ops::Ops::matmul_rows`]); else decode rows, at
+    /// most one a sequence (the promise of
+    /// [`encore_ops::kernels::paged::PagedAttnShape::decode`]).
     pub prompt: bool,
     pub positions: &'a Buffer,
     pub slots: &'a Buffer,
@@ -488,6 +490,8 @@ impl Model {
                         blocks: p.blocks as u32,
                         scale: c.attn_scale,
                         window: la.window as u32,
+                        // Decode passes hold one row a sequence.
+                        decode: u32::from(!p.prompt),
                     };
                     ops.attention_paged(
                         enc,

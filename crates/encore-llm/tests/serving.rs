@@ -245,3 +245,43 @@ fn bad_requests_are_refused_at_submission() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+#[test]
+fn a_step_refuses_two_decode_rows_of_one_sequence() {
+    // Decode rows run in graphs whose attention stores each row's K and V
+    // and reads the cache in one dispatch: two rows of one sequence there
+    // would race, so a step refuses them. As prompt rows they run.
+    use encore_llm::batch::{BatchRunner, Output, Row, RowResult};
+    let model = engine().model().clone();
+    let mut runner = BatchRunner::new(model, 8, 16, 4, true).unwrap();
+    let (a, b): (&'static [u32], &'static [u32]) = (&[1, 2], &[3]);
+    let row = |table: &'static [u32], position: usize, decode| Row {
+        token: 5 + position as u32,
+        position,
+        table,
+        decode,
+    };
+    let last = |row| Output { row, greedy: true };
+    // Sequence a's positions 0..17 and b's 0..5, as prompt rows.
+    let mut prompt: Vec<Row<'_>> = (0..17).map(|p| row(a, p, false)).collect();
+    prompt.extend((0..5).map(|p| row(b, p, false)));
+    let got = runner.run(&prompt, &[last(16), last(21)]).unwrap();
+    assert!(got.iter().all(|r| matches!(r, RowResult::Token(_))));
+    let err = runner
+        .run(&[row(a, 17, true), row(a, 18, true)], &[last(1)])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("one decode row a sequence"),
+        "{err}"
+    );
+    // One decode row of each sequence runs, and so do two rows of one
+    // sequence as prompt rows.
+    let got = runner
+        .run(&[row(a, 17, true), row(b, 5, true)], &[last(0), last(1)])
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    let got = runner
+        .run(&[row(a, 17, false), row(a, 18, false)], &[last(1)])
+        .unwrap();
+    assert_eq!(got.len(), 1);
+}

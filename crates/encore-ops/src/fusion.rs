@@ -13,7 +13,11 @@
 //! 5. `rope` then `kv_store` of the rotated rows: `rope_store`;
 //! 6. for one decode row, `rope` of the query, `rope_store` (or `kv_store`)
 //!    of the new K row and `kv_store` of the new V row, each folded into the
-//!    `attention` that reads them: `attention_step`.
+//!    `attention` that reads them: `attention_step`;
+//! 7. in a batch's graph ([`row_patterns`]), the same for the decode rows
+//!    of a paged cache: `kv_store_paged` of the new K and V rows, then
+//!    `rope_rows` of the query and of the new K rows, each folded into the
+//!    `attention_paged` that reads them: `attention_step_paged`.
 //!
 //! Every rule reads the nodes it matches through their ops' argument
 //! layouts (`from_node`) and builds the fused node through the fused
@@ -30,6 +34,9 @@ use crate::kernels::elementwise::{AddArgs, SiluMulArgs};
 use crate::kernels::fused::{self, FusedArgs, FusedShape};
 use crate::kernels::matmul::MatmulArgs;
 use crate::kernels::norm::NormArgs;
+use crate::kernels::paged::{
+    AttnStepPagedArgs, AttnStepPagedShape, PagedAttnArgs, PagedKvArgs, RopeRowsArgs,
+};
 use crate::kernels::rope::{RopeArgs, RopeShape, RopeStoreArgs, RopeStoreShape};
 
 fn same(a: &Buffer, b: &Buffer) -> bool {
@@ -262,6 +269,23 @@ fn rope_then_store(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     Some(args.into_node(kernel, format!("{}+{}", rope.label, store.label)))
 }
 
+/// Whether an attention step of `head_dim` whose folded rotation is `mine`
+/// (per `flags`) can take rotation `r` too: an even rotation within the
+/// head, without frequency factors, the same as any folded in already.
+fn rope_fits(mine: &RopeShape, flags: u32, r: &RopeShape, head_dim: u32) -> bool {
+    let folded = flags & (attention_step::STEP_ROPE_Q | attention_step::STEP_ROPE_K);
+    r.factors == 0
+        && r.head_dim == head_dim
+        && r.head_dim.is_multiple_of(2)
+        && r.rope_dim <= r.head_dim
+        && r.rope_dim.is_multiple_of(2)
+        && (folded == 0
+            || (mine.rope_dim == r.rope_dim
+                && mine.base.to_bits() == r.base.to_bits()
+                && mine.theta_scale.to_bits() == r.theta_scale.to_bits()
+                && mine.neox == r.neox))
+}
+
 /// An `attention` of one query row (or an `attention_step`) taken apart.
 struct Attend {
     q: Buffer,
@@ -322,18 +346,13 @@ impl Attend {
     /// Whether `r` rotates as the rotation already folded in (if any) does,
     /// and is one the kernel can apply (even sizes, within the head).
     fn takes_rope(&self, r: &RopeShape) -> bool {
-        let mine = &self.shape.rope;
-        let folded = self.shape.flags & (attention_step::STEP_ROPE_Q | attention_step::STEP_ROPE_K);
         r.rows == 1
-            && r.head_dim == self.shape.attn.head_dim
-            && r.head_dim.is_multiple_of(2)
-            && r.rope_dim <= r.head_dim
-            && r.rope_dim.is_multiple_of(2)
-            && (folded == 0
-                || (mine.rope_dim == r.rope_dim
-                    && mine.base.to_bits() == r.base.to_bits()
-                    && mine.theta_scale.to_bits() == r.theta_scale.to_bits()
-                    && mine.neox == r.neox))
+            && rope_fits(
+                &self.shape.rope,
+                self.shape.flags,
+                r,
+                self.shape.attn.head_dim,
+            )
     }
 
     fn node(self, kernel: &Kernel) -> Option<Node> {
@@ -358,8 +377,7 @@ fn rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let rope_args = RopeArgs::from_node(rope)?;
     let r = rope_args.shape;
     let mut a = Attend::parse(attn)?;
-    if r.factors != 0
-        || a.shape.flags & attention_step::STEP_ROPE_Q != 0
+    if a.shape.flags & attention_step::STEP_ROPE_Q != 0
         || !same(&rope_args.x, &a.q)
         || !same(&rope_args.pos, &a.pos)
         || r.heads != a.shape.attn.heads
@@ -461,13 +479,163 @@ fn product_rules(table: &mut Vec<FusionPattern>, kernel: &Kernel, plain: &str) {
     }
 }
 
-/// The rules for graphs of a batch of independent sequences: rules 1 to 4
-/// over `matmul_rows`, fused into `fused_matmul_rows` (`kernel`), whose
-/// rows keep their one-row arithmetic. The attention rules do not apply
-/// (the paged ops have no fused forms).
-pub fn row_patterns(kernel: &Kernel) -> Vec<FusionPattern> {
+/// A paged attention (`attention_paged`, or an `attention_step_paged` with
+/// some parts folded in) taken apart.
+struct PagedAttend {
+    args: AttnStepPagedArgs,
+    /// Whether `args.slots` is bound (a store is folded in).
+    has_slots: bool,
+    label: String,
+}
+
+impl PagedAttend {
+    fn parse(node: &Node) -> Option<PagedAttend> {
+        let label = node.label.to_string();
+        match node.op() {
+            "attention_paged" => {
+                let a = PagedAttnArgs::from_node(node)?;
+                let empty = a.q.view(0, 0).ok()?;
+                Some(PagedAttend {
+                    args: AttnStepPagedArgs {
+                        k_new: empty.clone(),
+                        v_new: empty,
+                        slots: a.positions.clone(),
+                        q: a.q,
+                        k: a.k,
+                        v: a.v,
+                        positions: a.positions,
+                        tables: a.tables,
+                        out: a.out,
+                        shape: AttnStepPagedShape::unfused(a.shape),
+                    },
+                    has_slots: false,
+                    label,
+                })
+            }
+            "attention_step_paged" => {
+                let args = AttnStepPagedArgs::from_node(node)?;
+                let stores = attention_step::STEP_K_NEW | attention_step::STEP_V_NEW;
+                Some(PagedAttend {
+                    has_slots: args.shape.flags & stores != 0,
+                    args,
+                    label,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn node(self, kernel: &Kernel) -> Node {
+        self.args.into_node(kernel, self.label)
+    }
+}
+
+/// Rule 7a: `kv_store_paged` of the new K or V rows into a paged cache the
+/// attention reads, at the slots of any store folded in before.
+fn paged_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
+    let [store, attn] = nodes else { return None };
+    let st = PagedKvArgs::from_node(store)?;
+    let mut a = PagedAttend::parse(attn)?;
+    let s = a.args.shape.attn;
+    if s.decode == 0
+        || st.shape.rows != s.rows
+        || st.shape.kv_dim != s.kv_heads * s.head_dim
+        || st.shape.slots as u64 != s.blocks as u64 * s.block_size as u64
+        || !s.head_dim.is_multiple_of(2)
+        || (a.has_slots && !same(&st.slots, &a.args.slots))
+    {
+        return None;
+    }
+    let flags = a.args.shape.flags;
+    if same(&st.cache, &a.args.v) && flags & attention_step::STEP_V_NEW == 0 {
+        a.args.shape.flags |= attention_step::STEP_V_NEW;
+        a.args.v_new = st.src;
+    } else if same(&st.cache, &a.args.k) && flags & attention_step::STEP_K_NEW == 0 {
+        a.args.shape.flags |= attention_step::STEP_K_NEW;
+        a.args.k_new = st.src;
+    } else {
+        return None;
+    }
+    a.args.slots = st.slots;
+    a.label = format!("{}+{}", store.label, a.label);
+    Some(a.node(kernel))
+}
+
+/// Rule 7b: `rope_rows` of the query, or of the new K rows whose store is
+/// folded in already, at the attention's positions.
+fn paged_rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
+    let [rope, attn] = nodes else { return None };
+    let r = RopeRowsArgs::from_node(rope)?;
+    let mut a = PagedAttend::parse(attn)?;
+    let (s, flags) = (a.args.shape.attn, a.args.shape.flags);
+    if r.shape.rows != s.rows
+        || !same(&r.positions, &a.args.positions)
+        || !rope_fits(&a.args.shape.rope, flags, &r.shape, s.head_dim)
+    {
+        return None;
+    }
+    let is_q = same(&r.x, &a.args.q) && r.shape.heads == s.heads;
+    let is_k = same(&r.x, &a.args.k_new) && r.shape.heads == s.kv_heads;
+    if is_q && flags & attention_step::STEP_ROPE_Q == 0 {
+        a.args.shape.flags |= attention_step::STEP_ROPE_Q;
+    } else if is_k
+        && flags & attention_step::STEP_K_NEW != 0
+        && flags & attention_step::STEP_ROPE_K == 0
+    {
+        a.args.shape.flags |= attention_step::STEP_ROPE_K;
+    } else {
+        return None;
+    }
+    // Its row and head counts are not the kernel's (they come from the
+    // attention): zero, so that every batch size shares one variant.
+    a.args.shape.rope = RopeShape {
+        rows: 0,
+        heads: 0,
+        ..r.shape
+    };
+    a.label = format!("{}+{}", rope.label, a.label);
+    Some(a.node(kernel))
+}
+
+/// The rules for graphs of a batch of independent sequences, for the fused
+/// kernels given (a rule whose kernel is `None` is left out): rules 1 to 4
+/// over `matmul_rows`, fused into `fused_matmul_rows`, whose rows keep
+/// their one-row arithmetic; then rule 7, the paged stores and then the
+/// RoPE of each decode row folded into `attention_step_paged`, one part at
+/// a time (the stores first: the new K rows' rotation folds in only once
+/// their store has, as the rotation's next reader is then the attention).
+pub fn row_patterns(
+    fused_matmul_rows: Option<&Kernel>,
+    attention_step_paged: Option<&Kernel>,
+) -> Vec<FusionPattern> {
     let mut table = Vec::new();
-    product_rules(&mut table, kernel, "matmul_rows");
+    if let Some(kernel) = fused_matmul_rows {
+        product_rules(&mut table, kernel, "matmul_rows");
+    }
+    let Some(step) = attention_step_paged else {
+        return table;
+    };
+    type Rule = fn(&[&Node], &Kernel) -> Option<Node>;
+    let into_attention: [(&str, &str, Rule); 2] = [
+        (
+            "kv_store_paged into attention",
+            "kv_store_paged",
+            paged_store_into_attention,
+        ),
+        (
+            "rope_rows into attention",
+            "rope_rows",
+            paged_rope_into_attention,
+        ),
+    ];
+    for (name, op, rule) in into_attention {
+        for attention in ["attention_paged", "attention_step_paged"] {
+            let k = step.clone();
+            table.push(FusionPattern::new(name, &[op, attention], move |n| {
+                rule(n, &k)
+            }));
+        }
+    }
     table
 }
 

@@ -161,6 +161,7 @@ pub struct Ops {
     attention_paged: Slot,
     argmax_rows: Slot,
     fused_matmul_rows: Slot,
+    attention_step_paged: Slot,
 }
 
 impl Ops {
@@ -206,6 +207,7 @@ impl Ops {
             attention_paged: load(defs.attention_paged)?,
             argmax_rows: load(defs.argmax_rows)?,
             fused_matmul_rows: load(defs.fused_matmul_rows)?,
+            attention_step_paged: optional(defs.attention_step_paged)?,
         })
     }
 
@@ -254,13 +256,24 @@ impl Ops {
     }
 
     /// The fusion rules for graphs of row-invariant ops (a batch of
-    /// independent sequences: `matmul_rows` into `fused_matmul_rows`),
-    /// where fusion pays off; empty elsewhere.
+    /// independent sequences: `matmul_rows` into `fused_matmul_rows`, the
+    /// paged RoPE and stores into `attention_step_paged`), where fusion
+    /// pays off; empty elsewhere.
     pub fn row_fusion_patterns(&self) -> Vec<FusionPattern> {
-        match &self.fused_matmul_rows.kernel {
-            Some(k) if self.device.capabilities().fusion_pays => crate::fusion::row_patterns(k),
-            _ => Vec::new(),
+        if self.device.capabilities().fusion_pays {
+            self.all_row_fusion_patterns()
+        } else {
+            Vec::new()
         }
+    }
+
+    /// Every row fusion rule whose fused kernel the device has, whatever
+    /// the device (as [`Ops::all_fusion_patterns`]).
+    pub fn all_row_fusion_patterns(&self) -> Vec<FusionPattern> {
+        crate::fusion::row_patterns(
+            self.fused_matmul_rows.kernel.as_ref(),
+            self.attention_step_paged.kernel.as_ref(),
+        )
     }
 
     /// `y = rms_norm(x) * w` over `rows` rows of `dim`.

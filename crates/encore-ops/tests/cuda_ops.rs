@@ -1710,3 +1710,55 @@ fn tiled_row_products_are_row_invariant_at_any_row_count() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn paged_decode_step_fuses_and_matches_cpu_and_each_row_is_batch_invariant() {
+    // A batch's decode step folds the rows' RoPE and stores into one
+    // `attention_step_paged`. Against the CPU's unfused ops: the output
+    // within 1e-3 (as the single-sequence step above: split softmax, CUDA's
+    // sincosf); in the pools, the new rows within one f16 step and every
+    // other slot untouched. Each row alone gets bit for bit what it gets in
+    // the batch (its split depends only on its own position).
+    let pair = both();
+    let mut rng = Rng::new();
+    for (window, rope_dim) in [(0, 64), (20, 32)] {
+        let case = common::PagedCase::random(&mut rng, &[37, 1, 16, 70, 300, 1000], 0, window);
+        let what = format!("window {window}, rope_dim {rope_dim}");
+        let (out, kc, vc, nodes) = case.decode_step(&pair[1], rope_dim, true);
+        assert_eq!(nodes, 1, "{what}: the step did not fuse into one dispatch");
+        let (r_out, r_kc, r_vc, _) = case.decode_step(&pair[0], rope_dim, false);
+        assert_close(&format!("{what} attention"), &out, &r_out, 0.0, 1e-3);
+        let kv_dim = case.kv_dim();
+        let new_slots: Vec<usize> = case
+            .rows
+            .iter()
+            .map(|&(s, p)| {
+                let t = &case.seqs[s].1;
+                t[p / case.block_size] as usize * case.block_size + p % case.block_size
+            })
+            .collect();
+        for (name, got, want) in [("k pool", &kc, &r_kc), ("v pool", &vc, &r_vc)] {
+            for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                let tol = if new_slots.contains(&(i / kv_dim)) {
+                    f16_step(*w)
+                } else {
+                    0.0
+                };
+                assert!(
+                    (g - w).abs() <= tol,
+                    "{what} {name}: element {i}: {g} vs {w}"
+                );
+            }
+        }
+        let n = case.heads * case.head_dim;
+        for s in [0, 3, 5] {
+            let (alone, ..) = case.only(s).decode_step(&pair[1], rope_dim, true);
+            assert_eq!(
+                &out[s * n..(s + 1) * n],
+                &alone[..],
+                "{what}: row {s} alone"
+            );
+        }
+    }
+}

@@ -210,3 +210,60 @@ fn argmax_rows_gives_each_rows_first_largest_and_flags_non_finite_rows() {
     assert_eq!(got[4], 10, "the first of two maxima");
     assert_eq!(got[8], u32::MAX, "an infinite maximum is flagged");
 }
+
+#[test]
+fn a_paged_decode_step_fuses_into_one_dispatch_with_the_unfused_results_bit_for_bit() {
+    // RoPE of the queries and new K rows, the K and V stores and the
+    // attention of decode rows become one `attention_step_paged`, whose CPU
+    // body runs the unfused code: the same output and pools, bit for bit.
+    let ops = cpu();
+    let mut rng = Rng::new();
+    for (window, rope_dim) in [(0, 64), (20, 32)] {
+        let case = PagedCase::random(&mut rng, &[37, 1, 16, 70, 300], 0, window);
+        let fused = case.decode_step(&ops, rope_dim, true);
+        let plain = case.decode_step(&ops, rope_dim, false);
+        assert_eq!(plain.3, 5, "unfused nodes");
+        assert_eq!(
+            fused.3, 1,
+            "window {window}: the step did not fuse into one dispatch"
+        );
+        assert_eq!(fused.0, plain.0, "window {window}: attention output");
+        assert_eq!(fused.1, plain.1, "window {window}: K pool");
+        assert_eq!(fused.2, plain.2, "window {window}: V pool");
+    }
+}
+
+#[test]
+fn paged_stores_fold_into_the_attention_only_for_decode_rows() {
+    // Without the decode promise (rows of one sequence may read what
+    // another row stores in the same dispatch) nothing folds.
+    let ops = cpu();
+    let mut rng = Rng::new();
+    let case = PagedCase::random(&mut rng, &[5, 40], 0, 0);
+    let (q, k, v) = (
+        upload(&ops, &case.q),
+        ops.device()
+            .alloc(case.blocks * 16 * case.kv_dim() * 2)
+            .unwrap(),
+        ops.device()
+            .alloc(case.blocks * 16 * case.kv_dim() * 2)
+            .unwrap(),
+    );
+    let rows = case.rows.len();
+    let positions = upload(
+        &ops,
+        &case.rows.iter().map(|r| r.1 as u32).collect::<Vec<_>>(),
+    );
+    let tables = upload(&ops, &vec![0u32; rows * case.max_blocks]);
+    let new = upload(&ops, &rng.vec(rows * case.kv_dim()));
+    let out = ops.device().alloc(case.q.len() * 4).unwrap();
+    let mut e = ops.device().capture();
+    ops.kv_store_paged(&mut e, &new, &k, &positions, rows, case.kv_dim(), "k")
+        .unwrap();
+    ops.attention_paged(&mut e, &q, &k, &v, &positions, &tables, &out, case.shape())
+        .unwrap();
+    let mut graph = e.finish_graph().unwrap();
+    graph.mark_output(&out);
+    let exec = graph.instantiate(&ops.all_row_fusion_patterns()).unwrap();
+    assert_eq!(exec.nodes().len(), 2);
+}

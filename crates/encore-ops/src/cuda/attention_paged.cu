@@ -26,6 +26,7 @@ struct PagedAttnShape {
     unsigned int blocks;
     float scale;
     unsigned int window;
+    unsigned int decode;
 };
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)

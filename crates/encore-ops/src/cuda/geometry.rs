@@ -47,7 +47,8 @@ pub fn matmul_launch(warps: u32) -> Launch {
     )
 }
 
-/// Most rows `matmul_rows` and `argmax_rows` take: the grid's y dimension.
+/// Most rows `matmul_rows`, `argmax_rows` and `attention_step_paged` take:
+/// the grid's y (and z) dimension.
 const MAX_GRID_Y: u32 = 65_535;
 
 /// `matmul_rows` over `rows` rows: the one-row grid of `n` columns, once a
@@ -264,11 +265,45 @@ pub fn attention_step_launch(heads: u32) -> Launch {
     )
 }
 
+/// Threads a block of `attention_step_paged`. A batch's step has a cluster
+/// for every (row, head), each block taking a few dozen positions, so
+/// smaller blocks, several resident on a multiprocessor, beat one large one.
+pub const ATTENTION_STEP_PAGED_THREADS: u32 = 128;
+
+/// Blocks of `attention_step_paged` the compiler keeps room for on one
+/// multiprocessor (`STEP_MIN_BLOCKS`, the launch bounds' second number).
+pub const ATTENTION_STEP_PAGED_BLOCKS: u32 = 4;
+
+/// `attention_step_paged` over `rows` rows of `heads` query heads: a
+/// cluster of [`ATTENTION_STEP_SPLITS`] blocks a (head, row), the row along
+/// the grid's z.
+pub fn attention_step_paged_launch(heads: u32, rows: u32) -> Result<Launch, String> {
+    if rows > MAX_GRID_Y {
+        return Err(format!(
+            "attention_step_paged takes at most {MAX_GRID_Y} rows a dispatch (got {rows})"
+        ));
+    }
+    Ok(Launch::grid3(
+        [heads.max(1), ATTENTION_STEP_SPLITS, rows.max(1)],
+        [ATTENTION_STEP_PAGED_THREADS, 1, 1],
+    ))
+}
+
 /// The defines of `attention_step` that are launch geometry.
 pub(crate) fn attention_step_defines() -> Vec<(&'static str, String)> {
     vec![
         ("STEP_THREADS", ATTENTION_STEP_THREADS.to_string()),
         ("STEP_SPLITS", ATTENTION_STEP_SPLITS.to_string()),
+        ("STEP_MIN_BLOCKS", "1".to_string()),
+    ]
+}
+
+/// The defines of `attention_step_paged` that are launch geometry.
+pub(crate) fn attention_step_paged_defines() -> Vec<(&'static str, String)> {
+    vec![
+        ("STEP_THREADS", ATTENTION_STEP_PAGED_THREADS.to_string()),
+        ("STEP_SPLITS", ATTENTION_STEP_SPLITS.to_string()),
+        ("STEP_MIN_BLOCKS", ATTENTION_STEP_PAGED_BLOCKS.to_string()),
     ]
 }
 
@@ -374,6 +409,7 @@ mod tests {
             attention_defines(),
             attention_exact_defines(),
             attention_step_defines(),
+            attention_step_paged_defines(),
             prefill_attention_defines(),
             argmax_defines(),
         ]

@@ -24,7 +24,7 @@ use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
-use crate::kernels::paged::{ArgmaxRowsShape, PagedKvShape};
+use crate::kernels::paged::{ArgmaxRowsShape, AttnStepPagedShape, PagedKvShape};
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
 
@@ -248,18 +248,38 @@ pub(crate) fn prefill_attention() -> CudaKernel {
     )
 }
 
-pub(crate) fn attention_step() -> CudaKernel {
+/// The defines of an attention step kernel: the flag bits, then its
+/// `geometry`.
+fn attention_step_defines(geometry: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
     let mut defines = vec![
         ("STEP_ROPE_Q", format!("{STEP_ROPE_Q}u")),
         ("STEP_K_NEW", format!("{STEP_K_NEW}u")),
         ("STEP_ROPE_K", format!("{STEP_ROPE_K}u")),
         ("STEP_V_NEW", format!("{STEP_V_NEW}u")),
     ];
-    defines.extend(geometry::attention_step_defines());
+    defines.extend(geometry);
+    defines
+}
+
+pub(crate) fn attention_step() -> CudaKernel {
     CudaKernel::new(
-        source_with("attention_step.cu", &defines),
+        source_with(
+            "attention_step.cu",
+            &attention_step_defines(geometry::attention_step_defines()),
+        ),
         "attention_step",
         |s: &AttnStepShape| geometry::attention_step_launch(s.attn.heads),
+    )
+}
+
+pub(crate) fn attention_step_paged() -> CudaKernel {
+    CudaKernel::checked(
+        source_with(
+            "attention_step_paged.cu",
+            &attention_step_defines(geometry::attention_step_paged_defines()),
+        ),
+        "attention_step_paged",
+        |s: &AttnStepPagedShape| geometry::attention_step_paged_launch(s.attn.heads, s.attn.rows),
     )
 }
 
@@ -310,7 +330,7 @@ pub(crate) fn argmax() -> CudaKernel {
 
 pub(crate) fn argmax_rows() -> CudaKernel {
     CudaKernel::checked(
-        source_with("argmax.cu", &geometry::argmax_defines()),
+        source_with("argmax_rows.cu", &geometry::argmax_defines()),
         "argmax_rows",
         |s: &ArgmaxRowsShape| geometry::argmax_rows_launch(s.rows, s.n),
     )
@@ -337,6 +357,11 @@ const FILES: &[(&str, &str)] = &[
     ("rope_common.cuh", include_str!("rope_common.cuh")),
     ("attention_common.cuh", include_str!("attention_common.cuh")),
     ("attention_body.cuh", include_str!("attention_body.cuh")),
+    ("argmax_common.cuh", include_str!("argmax_common.cuh")),
+    (
+        "attention_step_body.cuh",
+        include_str!("attention_step_body.cuh"),
+    ),
     // Kernels.
     ("rms_norm.cu", include_str!("rms_norm.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
@@ -356,6 +381,10 @@ const FILES: &[(&str, &str)] = &[
     ("rope_rows.cu", include_str!("rope_rows.cu")),
     ("attention_exact.cu", include_str!("attention_exact.cu")),
     ("attention_step.cu", include_str!("attention_step.cu")),
+    (
+        "attention_step_paged.cu",
+        include_str!("attention_step_paged.cu"),
+    ),
     ("prefill_attention.cu", include_str!("prefill_attention.cu")),
     ("add.cu", include_str!("add.cu")),
     ("add_rows.cu", include_str!("add_rows.cu")),
@@ -364,6 +393,7 @@ const FILES: &[(&str, &str)] = &[
     ("scale.cu", include_str!("scale.cu")),
     ("embed.cu", include_str!("embed.cu")),
     ("argmax.cu", include_str!("argmax.cu")),
+    ("argmax_rows.cu", include_str!("argmax_rows.cu")),
     ("advance.cu", include_str!("advance.cu")),
 ];
 
@@ -406,6 +436,21 @@ mod tests {
                     def.name()
                 );
             }
+        }
+    }
+
+    /// A specializable kernel's source holds one entry point: specializing
+    /// compiles the whole source for one value type, so a second entry
+    /// calling `encore_fix_value` on another type would fail to compile.
+    #[test]
+    fn specializable_kernels_have_one_entry_point_in_their_source() {
+        let sets = [crate::KernelSet::Default, crate::KernelSet::Exact];
+        for def in sets.into_iter().flat_map(|s| s.defs().all()) {
+            let (Some(cuda), true) = (def.cuda_impl(), def.is_specializable()) else {
+                continue;
+            };
+            let entries = cuda.source.matches("extern \"C\"").count();
+            assert_eq!(entries, 1, "{}: {entries} entry points", def.name());
         }
     }
 

@@ -74,6 +74,9 @@ pub struct KernelDefs {
     pub attention_paged: KernelDef,
     pub argmax_rows: KernelDef,
     pub fused_matmul_rows: KernelDef,
+    /// Paged decode attention with the rows' RoPE and stores folded in
+    /// (fusion only; not in the exact set, as `attention_step`).
+    pub attention_step_paged: Option<KernelDef>,
 }
 
 impl KernelSet {
@@ -109,6 +112,7 @@ impl KernelSet {
             attention_paged: paged::attention_paged_def(),
             argmax_rows: paged::argmax_rows_def(),
             fused_matmul_rows: fused::rows_def(exact),
+            attention_step_paged: (!exact).then(paged::attention_step_paged_def),
         }
     }
 }
@@ -188,6 +192,7 @@ impl KernelDefs {
             self.argmax_rows,
             self.fused_matmul_rows,
         ]);
+        all.extend(self.attention_step_paged);
         all
     }
 }

@@ -28,6 +28,14 @@
 //!   depend on what shares its tile either). Its fused form,
 //!   `fused_matmul_rows`, is what batch graphs' fusion builds from it.
 //!
+//! - `attention_step_paged`: for decode rows (one a sequence), the RoPE of
+//!   the query and the new K row, the stores of the new K and V rows and
+//!   the attention in one dispatch, as [`super::attention_step`] folds them
+//!   for a single sequence; the fusion rules build it from the three ops
+//!   above (each part optional). Each row's positions are split over
+//!   several blocks as in `attention_step`, the split depending only on the
+//!   row's own position.
+//!
 //! - `argmax_rows`: the argmax of each row of the logits (as
 //!   [`super::argmax`], the first index among equal maxima), so that greedy
 //!   rows take one index each off the device instead of their logits;
@@ -41,12 +49,14 @@
 //! CPU: [`crate::cpu::kernels::paged`] (`argmax_rows` in
 //! [`crate::cpu::kernels::argmax`]); CUDA: `cuda/rope_rows.cu`,
 //! `cuda/kv_store_paged.cu`, `cuda/attention_paged.cu` (the attention body
-//! shared with `attention.cu` in `cuda/attention_body.cuh`), `argmax_rows`
-//! in `cuda/argmax.cu`. wgpu has no
-//! implementation yet: the ops report `Unsupported` there.
+//! shared with `attention.cu` in `cuda/attention_body.cuh`),
+//! `cuda/attention_step_paged.cu` (the body shared with `attention_step.cu`
+//! in `cuda/attention_step_body.cuh`), `argmax_rows` in `cuda/argmax.cu`.
+//! wgpu has no implementation yet: the ops report `Unsupported` there.
 
 use encore::{Access, KernelDef};
 
+use super::attention_step::{STEP_K_NEW, STEP_V_NEW};
 use super::rope::RopeShape;
 
 crate::op_args! {
@@ -87,6 +97,13 @@ pub struct PagedAttnShape {
     /// A sliding window: each query sees only the last `window` positions,
     /// its own included. 0 sees every position.
     pub window: u32,
+    /// 1 when every row is the newest position of a sequence no other row
+    /// of the dispatch belongs to (the decode rows of a step), so that no
+    /// row reads a position another row stores in the same step: the
+    /// condition under which the fusion rules fold the rows' stores into the
+    /// attention (`attention_step_paged`). 0 makes no such promise. The
+    /// kernels do not read it.
+    pub decode: u32,
 }
 
 impl PagedAttnShape {
@@ -111,6 +128,61 @@ crate::op_args! {
         tables: Access::Read,
         out: Access::Write;
         shape: PagedAttnShape
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct AttnStepPagedShape {
+    /// The attention; its `rows` (the first word) is not compiled into
+    /// specialized variants: the kernel takes its row from the grid.
+    pub attn: PagedAttnShape,
+    /// The rotation of the query and the new K rows, as
+    /// [`super::attention_step::AttnStepShape::rope`] (`rows` and `heads`
+    /// are not used; the fusion rules leave them 0).
+    pub rope: RopeShape,
+    /// Which parts are folded in: the `STEP_*` bits of
+    /// [`super::attention_step`].
+    pub flags: u32,
+}
+
+impl AttnStepPagedShape {
+    /// How a cache is bound: read-write when the step stores its new rows
+    /// (`flag` set), read otherwise.
+    pub fn cache_access(&self, flag: u32) -> Access {
+        if self.flags & flag != 0 {
+            Access::ReadWrite
+        } else {
+            Access::Read
+        }
+    }
+
+    /// The step's shape with nothing folded in yet: `attention_paged`'s.
+    pub fn unfused(attn: PagedAttnShape) -> AttnStepPagedShape {
+        AttnStepPagedShape {
+            attn,
+            rope: bytemuck::Zeroable::zeroed(),
+            flags: 0,
+        }
+    }
+}
+
+crate::op_args! {
+    /// `attention_step_paged`'s arguments: those of `attention_paged`, with
+    /// `k_new, v_new: f32[rows, kv_dim]` (empty views when not folded) and
+    /// `slots: u32[rows]`, where each row's new K and V rows go (bound to
+    /// `positions` when no store is folded).
+    pub struct AttnStepPagedArgs {
+        q: Access::Read,
+        k_new: Access::Read,
+        v_new: Access::Read,
+        k: shape.cache_access(STEP_K_NEW),
+        v: shape.cache_access(STEP_V_NEW),
+        positions: Access::Read,
+        slots: Access::Read,
+        tables: Access::Read,
+        out: Access::Write;
+        shape: AttnStepPagedShape
     }
 }
 
@@ -171,6 +243,21 @@ pub fn attention_paged_def() -> KernelDef {
         )
         .cuda(crate::cuda::attention_paged())
         .programmatic()
+}
+
+/// `attention_step_paged` (fusion only, as `attention_step`): the paged
+/// decode rows' RoPE, cache stores and attention in one dispatch.
+/// Specialized without its row count, as `matmul_rows`.
+pub fn attention_step_paged_def() -> KernelDef {
+    KernelDef::new("attention_step_paged")
+        .op("attention_step_paged")
+        .cpu(
+            "attention_step_paged f16-cache v1",
+            crate::cpu::kernels::paged::attention_step_paged,
+        )
+        .cuda(crate::cuda::attention_step_paged())
+        .programmatic()
+        .specializable_except(&[0])
 }
 
 /// `matmul_rows`; with `exact`, the exact set's products (see

@@ -394,7 +394,118 @@ impl PagedCase {
             blocks: self.blocks as u32,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: self.window as u32,
+            decode: 0,
         }
+    }
+
+    /// `self` with only sequence `s` and its last-position row (the same
+    /// table and pool size), for comparing a row alone with it in a batch.
+    pub fn only(&self, s: usize) -> PagedCase {
+        let n = self.heads * self.head_dim;
+        let r = self.rows.iter().position(|&(q, _)| q == s).unwrap();
+        PagedCase {
+            seqs: vec![self.seqs[s].clone()],
+            rows: vec![(0, self.rows[r].1)],
+            kv: vec![self.kv[s].clone()],
+            q: self.q[r * n..(r + 1) * n].to_vec(),
+            ..*self
+        }
+    }
+
+    /// One decode step over the rows (one a sequence, each at its
+    /// sequence's last position), recorded as a graph: `rope_rows` (NeoX,
+    /// `rope_dim`) of the queries and of the new K rows, `kv_store_paged` of
+    /// the new K and V rows (each sequence's last), `attention_paged` with
+    /// the decode promise; instantiated with the row fusion rules when
+    /// `fused`. The pools start random, with each sequence's earlier
+    /// positions in its blocks. Returns the attention output, the K and V
+    /// pools widened to f32, and the graph's node count.
+    pub fn decode_step(
+        &self,
+        ops: &Ops,
+        rope_dim: usize,
+        fused: bool,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, usize) {
+        assert_eq!(self.rows.len(), self.seqs.len(), "one row a sequence");
+        let (kv_dim, bs) = (self.kv_dim(), self.block_size);
+        let slot = |table: &[u32], t: usize| table[t / bs] as usize * bs + t % bs;
+        let mut rng = Rng(0x5eed ^ self.blocks as u64);
+        let mut pools = [0, 1].map(|_| {
+            (0..self.blocks * bs * kv_dim)
+                .map(|_| f16::from_f32(rng.f32()))
+                .collect::<Vec<f16>>()
+        });
+        let (mut k_new, mut v_new, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for &(s, pos) in &self.rows {
+            let (_, table) = &self.seqs[s];
+            for (pool, data) in pools.iter_mut().zip([&self.kv[s].0, &self.kv[s].1]) {
+                for t in 0..pos {
+                    let at = slot(table, t) * kv_dim;
+                    for (d, x) in pool[at..at + kv_dim].iter_mut().zip(&data[t * kv_dim..]) {
+                        *d = f16::from_f32(*x);
+                    }
+                }
+            }
+            k_new.extend_from_slice(&self.kv[s].0[pos * kv_dim..(pos + 1) * kv_dim]);
+            v_new.extend_from_slice(&self.kv[s].1[pos * kv_dim..(pos + 1) * kv_dim]);
+            slots.push(slot(table, pos) as u32);
+        }
+        let [k, v] = pools.map(|p| upload(ops, &p));
+        let positions: Vec<u32> = self.rows.iter().map(|&(_, p)| p as u32).collect();
+        let mut tables = vec![0u32; self.rows.len() * self.max_blocks];
+        for (r, &(s, _)) in self.rows.iter().enumerate() {
+            let t = &self.seqs[s].1;
+            tables[r * self.max_blocks..r * self.max_blocks + t.len()].copy_from_slice(t);
+        }
+        let [positions, slots, tables] = [&positions, &slots, &tables].map(|d| upload(ops, d));
+        let [q, k_new, v_new] = [&self.q, &k_new, &v_new].map(|d| upload(ops, d));
+        let out = ops.device().alloc(self.q.len() * 4).unwrap();
+        let m = self.rows.len();
+        let (hd, base) = (self.head_dim, 1e4);
+        let mut e = ops.device().capture();
+        for (x, heads, label) in [
+            (&q, self.heads, "rope_q"),
+            (&k_new, self.kv_heads, "rope_k"),
+        ] {
+            ops.rope_rows(
+                &mut e, x, &positions, m, heads, hd, rope_dim, base, true, None, label,
+            )
+            .unwrap();
+        }
+        ops.kv_store_paged(&mut e, &k_new, &k, &slots, m, kv_dim, "k_store")
+            .unwrap();
+        ops.kv_store_paged(&mut e, &v_new, &v, &slots, m, kv_dim, "v_store")
+            .unwrap();
+        let shape = encore_ops::kernels::paged::PagedAttnShape {
+            decode: 1,
+            ..self.shape()
+        };
+        ops.attention_paged(&mut e, &q, &k, &v, &positions, &tables, &out, shape)
+            .unwrap();
+        let mut graph = e.finish_graph().unwrap();
+        for b in [&out, &k, &v] {
+            graph.mark_output(b);
+        }
+        let patterns = if fused {
+            ops.all_row_fusion_patterns()
+        } else {
+            Vec::new()
+        };
+        let exec = graph.instantiate(&patterns).unwrap();
+        exec.replay(&[]).unwrap().wait().unwrap();
+        let widen = |b: &Buffer| -> Vec<f32> {
+            b.download::<f16>()
+                .unwrap()
+                .iter()
+                .map(|h| h.to_f32())
+                .collect()
+        };
+        (
+            out.download::<f32>().unwrap(),
+            widen(&k),
+            widen(&v),
+            exec.nodes().len(),
+        )
     }
 
     /// Stores every sequence's K and V into pools on `ops`' device with
