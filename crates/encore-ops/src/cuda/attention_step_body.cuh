@@ -22,11 +22,15 @@
 // A contiguous cache of `limit` positions: position `t` is row `t`, and the
 // new row goes to its position.
 struct StepContiguous {
+    // Whether `row` reads memory (a table), so must not be asked for
+    // positions outside the sequence.
+    static constexpr bool indirect = false;
     unsigned int limit;
     __device__ __forceinline__ size_t row(unsigned int t) const { return t; }
     // `row` for an address computed from data that may be stale (prefetches
-    // and loads made before the data is final): always inside the cache.
-    __device__ __forceinline__ size_t row_clamped(unsigned int t) const { return min(t, limit - 1); }
+    // and loads made before the data is final), always inside the cache:
+    // the callers' positions are below `limit` already.
+    __device__ __forceinline__ size_t row_clamped(unsigned int t) const { return t; }
     // Whether position `p` can be attended to and stored: the same answer in
     // every thread of every block of a cluster (a block that left alone
     // would leave the others waiting).
@@ -39,6 +43,7 @@ struct StepContiguous {
 // `*slot` (the engine's slot of the same position). `limit` is the positions
 // the table can map (`max_blocks * bs`).
 struct StepPaged {
+    static constexpr bool indirect = true;
     const unsigned int* table;
     const unsigned int* slot;
     unsigned int bs;
@@ -126,7 +131,8 @@ __device__ __forceinline__ void step_v_batch(const f16_bits* __restrict__ vh, un
 #pragma unroll
     for (int u = 0; u < STEP_BATCH; ++u) {
         const unsigned int i = i0 + u * STEP_WARPS;
-        const f16_bits* vt = i >= n ? sh.vn : (new_v && t0 + i == p) ? sh.vn : vh + rows.row(t0 + i) * kv_dim;
+        const bool own = (Rows::indirect && i >= n) || (new_v && t0 + i == p);
+        const f16_bits* vt = own ? sh.vn : vh + rows.row(t0 + i) * kv_dim;
 #pragma unroll
         for (int c = 0; c < STEP_PAIRS; ++c) {
             const unsigned int d = 2 * lane + 64 * c;
