@@ -64,6 +64,9 @@ pub struct Model {
     pub rope_factors: Option<Buffer>,
 }
 
+/// Bytes of a weight copied to the device at a time when loading.
+const LOAD_PIECE_BYTES: usize = 8 << 20;
+
 fn upload_weight(device: &Device, f: &GgufFile, name: &str, n: usize, k: usize) -> Result<Weight> {
     let t = f.tensor(name)?;
     if t.dims.len() != 2 || t.dims[0] as usize != k || t.dims[1] as usize != n {
@@ -72,12 +75,24 @@ fn upload_weight(device: &Device, f: &GgufFile, name: &str, n: usize, k: usize) 
             t.dims
         )));
     }
+    // Copied a piece at a time, each piece's file pages released once
+    // copied, so that a large tensor (an embedding table of 262,144 tokens)
+    // never has both its file pages and its copy resident.
     let data = f.tensor_data(t);
-    if let Some(at) = t.dtype.first_non_finite(data) {
-        return Err(non_finite(name, t.dtype.is_quantized(), at));
+    let unit = t.dtype.block_bytes().max(1);
+    let piece = (LOAD_PIECE_BYTES / unit).max(1) * unit;
+    let buffer = device.alloc(data.len())?;
+    for (i, bytes) in data.chunks(piece).enumerate() {
+        if let Some(at) = t.dtype.first_non_finite(bytes) {
+            return Err(non_finite(
+                name,
+                t.dtype.is_quantized(),
+                i * piece / unit + at,
+            ));
+        }
+        buffer.upload_at(i * piece, bytes)?;
+        f.release_tensor_bytes(t, i * piece..i * piece + bytes.len());
     }
-    let buffer = device.buffer_from(data)?;
-    f.release_tensor(t);
     Ok(Weight {
         buffer,
         dtype: t.dtype,

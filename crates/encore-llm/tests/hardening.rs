@@ -20,7 +20,16 @@ const PROMPT: [u32; 5] = [3, 17, 4, 9, 30];
 /// embedding table) when `untie`, so that a corrupt embedding row only
 /// matters where that token is an input.
 fn model_bytes(seed: u64, untie: bool, patch: impl Fn(&str, DType, &mut [u8])) -> Vec<u8> {
-    let file = GgufFile::from_bytes(synthetic_gguf(&SyntheticSpec::tiny(seed))).unwrap();
+    model_bytes_of(&SyntheticSpec::tiny(seed), untie, patch)
+}
+
+/// [`model_bytes`] for the synthetic model of `spec`.
+fn model_bytes_of(
+    spec: &SyntheticSpec,
+    untie: bool,
+    patch: impl Fn(&str, DType, &mut [u8]),
+) -> Vec<u8> {
+    let file = GgufFile::from_bytes(synthetic_gguf(spec)).unwrap();
     let mut w = GgufWriter::new();
     for (key, value) in file.metadata() {
         w.add_metadata(key.clone(), value.clone());
@@ -437,6 +446,34 @@ fn generate_refuses_sampling_parameters_out_of_range() {
         ..GenerateOptions::greedy(usize::MAX)
     };
     assert!(e.generate("hi", &options, |_| true).is_ok());
+}
+
+#[test]
+fn a_non_finite_scale_is_found_and_placed_in_any_piece_of_a_large_tensor() {
+    // Weights are copied to the device in pieces of a few MiB; the block
+    // named in the error is the tensor's, counted from its start.
+    let spec = SyntheticSpec {
+        vocab: 300_000,
+        ..SyntheticSpec::tiny(5)
+    };
+    let blocks = spec.vocab * spec.n_embd / spec.embed_type.block_len();
+    for index in [1, blocks / 2 + 3, blocks - 2] {
+        let bytes = model_bytes_of(&spec, false, |name, dtype, data| {
+            if name == "token_embd.weight" {
+                set(dtype, data, index, f32::NAN)
+            }
+        });
+        let file = GgufFile::from_bytes(bytes).unwrap();
+        let device = Device::open("cpu", &Config::default()).unwrap();
+        let err = Engine::from_gguf(&file, &device, &EngineOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("block {index} = NaN loaded"));
+        let text = err.to_string();
+        assert!(
+            text.contains("token_embd.weight") && text.contains(&format!("block {index})")),
+            "{text}"
+        );
+    }
 }
 
 /// A file whose norm weight, plain float weight or block scale holds an

@@ -234,11 +234,12 @@ impl GgufFile {
             .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))
     }
 
-    /// Tells the operating system that a tensor's mapped pages are no longer
-    /// needed, so they leave the resident set once the tensor has been copied
-    /// elsewhere (to a device). Reading the tensor again still works: the
-    /// pages come back from the file. Does nothing for owned bytes.
-    pub fn release_tensor(&self, tensor: &TensorInfo) {
+    /// Tells the operating system that bytes `range` of a tensor's data
+    /// are no longer needed, so their mapped pages leave the resident set
+    /// once they have been copied elsewhere (to a device). Reading them
+    /// again still works: the pages come back from the file. Does nothing
+    /// for owned bytes.
+    pub fn release_tensor_bytes(&self, tensor: &TensorInfo, range: std::ops::Range<usize>) {
         const PAGE: usize = 4096;
         let Bytes::Mapped(map) = &self.bytes else {
             return;
@@ -246,10 +247,12 @@ impl GgufFile {
         let Some(start) = usize::try_from(self.data_offset)
             .ok()
             .and_then(|d| d.checked_add(usize::try_from(tensor.offset).ok()?))
+            .and_then(|s| s.checked_add(range.start))
         else {
             return;
         };
-        let end = start.saturating_add(tensor.n_bytes).min(map.len());
+        let len = range.len().min(tensor.n_bytes.saturating_sub(range.start));
+        let end = start.saturating_add(len).min(map.len());
         let first = start / PAGE * PAGE;
         if end <= first {
             return;
