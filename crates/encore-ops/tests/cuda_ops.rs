@@ -1325,30 +1325,12 @@ fn decode_attention_step(
         .unwrap();
     ops.attention(&mut e, &q, &kc, &vc, &p, &out, shape)
         .unwrap();
-    let mut graph = e.finish_graph().unwrap();
-    for b in [&out, &kc, &vc] {
-        graph.mark_output(b);
-    }
     let patterns = if fused {
         ops.all_fusion_patterns()
     } else {
         Vec::new()
     };
-    let exec = graph.instantiate(&patterns).unwrap();
-    exec.replay(&[]).unwrap().wait().unwrap();
-    let widen = |b: &Buffer| -> Vec<f32> {
-        b.download::<f16>()
-            .unwrap()
-            .iter()
-            .map(|h| h.to_f32())
-            .collect()
-    };
-    (
-        out.download::<f32>().unwrap(),
-        widen(&kc),
-        widen(&vc),
-        exec.nodes().len(),
-    )
+    common::replay_attention(e, &patterns, &out, &kc, &vc)
 }
 
 #[test]

@@ -13,6 +13,22 @@ struct AttnShape {
     unsigned int window;  // sliding window (0: every position)
 };
 
+// The shape of the paged attention kernels (kernels/paged.rs): a batch of
+// rows, each of its own sequence, over a pool of `blocks` blocks of
+// `block_size` positions.
+struct PagedAttnShape {
+    unsigned int rows;
+    unsigned int heads;
+    unsigned int kv_heads;
+    unsigned int head_dim;
+    unsigned int block_size;
+    unsigned int max_blocks;
+    unsigned int blocks;
+    float scale;
+    unsigned int window;
+    unsigned int decode;
+};
+
 // The first position a query at position `at` sees: its sliding window's
 // start, or 0 without a window.
 __device__ __forceinline__ unsigned int attn_first(const AttnShape& s, unsigned long long at) {

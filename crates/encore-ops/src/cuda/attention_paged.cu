@@ -16,19 +16,6 @@
 
 #include "attention_body.cuh"
 
-struct PagedAttnShape {
-    unsigned int rows;
-    unsigned int heads;
-    unsigned int kv_heads;
-    unsigned int head_dim;
-    unsigned int block_size;
-    unsigned int max_blocks;
-    unsigned int blocks;
-    float scale;
-    unsigned int window;
-    unsigned int decode;
-};
-
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attention_paged(const float* __restrict__ q, const f16_bits* __restrict__ k, const f16_bits* __restrict__ v,
                 const unsigned int* __restrict__ positions, const unsigned int* __restrict__ tables,

@@ -26,19 +26,6 @@
 
 #include "attention_step_body.cuh"
 
-struct PagedAttnShape {
-    unsigned int rows;
-    unsigned int heads;
-    unsigned int kv_heads;
-    unsigned int head_dim;
-    unsigned int block_size;
-    unsigned int max_blocks;
-    unsigned int blocks;
-    float scale;
-    unsigned int window;
-    unsigned int decode;
-};
-
 struct AttnStepPagedShape {
     PagedAttnShape attn;
     RopeShape rope;

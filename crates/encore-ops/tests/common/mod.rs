@@ -482,30 +482,12 @@ impl PagedCase {
         };
         ops.attention_paged(&mut e, &q, &k, &v, &positions, &tables, &out, shape)
             .unwrap();
-        let mut graph = e.finish_graph().unwrap();
-        for b in [&out, &k, &v] {
-            graph.mark_output(b);
-        }
         let patterns = if fused {
             ops.all_row_fusion_patterns()
         } else {
             Vec::new()
         };
-        let exec = graph.instantiate(&patterns).unwrap();
-        exec.replay(&[]).unwrap().wait().unwrap();
-        let widen = |b: &Buffer| -> Vec<f32> {
-            b.download::<f16>()
-                .unwrap()
-                .iter()
-                .map(|h| h.to_f32())
-                .collect()
-        };
-        (
-            out.download::<f32>().unwrap(),
-            widen(&k),
-            widen(&v),
-            exec.nodes().len(),
-        )
+        replay_attention(e, &patterns, &out, &k, &v)
     }
 
     /// Stores every sequence's K and V into pools on `ops`' device with
@@ -556,4 +538,35 @@ impl PagedCase {
         enc.commit_and_wait().unwrap();
         out.download().unwrap()
     }
+}
+
+/// Finishes the capture `e` of an attention step, instantiates it with
+/// `patterns` and replays it once; returns the output `out`, the f16
+/// caches `k` and `v` widened to f32, and the instantiated node count.
+pub fn replay_attention(
+    mut e: encore::Encoder,
+    patterns: &[encore::graph::passes::FusionPattern],
+    out: &Buffer,
+    k: &Buffer,
+    v: &Buffer,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, usize) {
+    let mut graph = e.finish_graph().unwrap();
+    for b in [out, k, v] {
+        graph.mark_output(b);
+    }
+    let exec = graph.instantiate(patterns).unwrap();
+    exec.replay(&[]).unwrap().wait().unwrap();
+    let widen = |b: &Buffer| -> Vec<f32> {
+        b.download::<f16>()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_f32())
+            .collect()
+    };
+    (
+        out.download::<f32>().unwrap(),
+        widen(k),
+        widen(v),
+        exec.nodes().len(),
+    )
 }
