@@ -51,8 +51,9 @@
 //! `cuda/kv_store_paged.cu`, `cuda/attention_paged.cu` (the attention body
 //! shared with `attention.cu` in `cuda/attention_body.cuh`),
 //! `cuda/attention_step_paged.cu` (the body shared with `attention_step.cu`
-//! in `cuda/attention_step_body.cuh`), `argmax_rows` in `cuda/argmax.cu`.
-//! wgpu has no implementation yet: the ops report `Unsupported` there.
+//! in `cuda/attention_step_body.cuh`), `cuda/argmax_rows.cu` (the body
+//! shared with `argmax.cu` in `cuda/argmax_common.cuh`). wgpu has no
+//! implementation yet: the ops report `Unsupported` there.
 
 use encore::{Access, KernelDef};
 
