@@ -45,8 +45,12 @@ fn f16_step(v: f16) -> f32 {
 /// of the CPU's (the rotation agrees to a few ulp, which can tip a
 /// rounding, as `rope_store`'s test says); every other half untouched.
 ///
-/// `out`: within 1e-3 of the CPU's, as `attention`'s decode rows are (the
-/// CPU keeps its weighted sum of V in f16, rounded at every position). A
+/// `out`: within 2e-3 of the CPU's. The CPU keeps its weighted sum of V in
+/// f16, rounded at every position (llama.cpp's one-row recurrence), where
+/// wgpu keeps f32: that recurrence, emulated on inputs like these, is off
+/// the exact result by up to 4.5e-4 in a typical dispatch and 8e-4 in the
+/// worst of 60, and a dispatch here was seen 1.25e-3 off (lavapipe's
+/// exponential adds its own rounding), so 1e-3 failed now and then. A
 /// rotation that tips the f16 rounding of a query or new K element moves
 /// a score by at most one f16 step of that element times `|x| * scale`, and
 /// the output by at most twice that; 5e-4 more covers one tipped element
@@ -135,7 +139,7 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, attn: AttnShape, rope: RopeShape, flags
         );
     }
     let rotates = flags & (STEP_ROPE_Q | STEP_ROPE_K) != 0;
-    let tol = if rotates { 1.5e-3 } else { 1e-3 };
+    let tol = if rotates { 2.5e-3 } else { 2e-3 };
     assert_close(&what, out_gpu, out_cpu, 0.0, tol);
 }
 
