@@ -483,8 +483,6 @@ fn product_rules(table: &mut Vec<FusionPattern>, kernel: &Kernel, plain: &str) {
 /// some parts folded in) taken apart.
 struct PagedAttend {
     args: AttnStepPagedArgs,
-    /// Whether `args.slots` is bound (a store is folded in).
-    has_slots: bool,
     label: String,
 }
 
@@ -508,21 +506,21 @@ impl PagedAttend {
                         out: a.out,
                         shape: AttnStepPagedShape::unfused(a.shape),
                     },
-                    has_slots: false,
                     label,
                 })
             }
-            "attention_step_paged" => {
-                let args = AttnStepPagedArgs::from_node(node)?;
-                let stores = attention_step::STEP_K_NEW | attention_step::STEP_V_NEW;
-                Some(PagedAttend {
-                    has_slots: args.shape.flags & stores != 0,
-                    args,
-                    label,
-                })
-            }
+            "attention_step_paged" => Some(PagedAttend {
+                args: AttnStepPagedArgs::from_node(node)?,
+                label,
+            }),
             _ => None,
         }
+    }
+
+    /// Whether `args.slots` is bound: a store is folded in.
+    fn has_slots(&self) -> bool {
+        let stores = attention_step::STEP_K_NEW | attention_step::STEP_V_NEW;
+        self.args.shape.flags & stores != 0
     }
 
     fn node(self, kernel: &Kernel) -> Node {
@@ -542,7 +540,7 @@ fn paged_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> 
         || st.shape.kv_dim != s.kv_heads * s.head_dim
         || st.shape.slots as u64 != s.blocks as u64 * s.block_size as u64
         || !s.head_dim.is_multiple_of(2)
-        || (a.has_slots && !same(&st.slots, &a.args.slots))
+        || (a.has_slots() && !same(&st.slots, &a.args.slots))
     {
         return None;
     }
