@@ -388,7 +388,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::kquant::IQ4_LEVELS;
-    use super::super::simd::avx2::{hsum, lane1, load_f16, load_f16_pair, nibbles};
+    use super::super::simd::avx2::{fifth_bits, hsum, lane1, load_f16, load_f16_pair, nibbles};
     use super::{store, ActivationBlock};
 
     /// Quantized weight formats, as const parameters.
@@ -459,30 +459,6 @@ mod avx2 {
     /// they have no offset term.
     const fn signed(kind: u8) -> bool {
         matches!(kind, Q8_0 | Q5_0 | IQ4_NL)
-    }
-
-    /// The 32 fifth bits at `qh` (a little-endian u32) as bytes of 0xFF or 0,
-    /// in weight order.
-    ///
-    /// # Safety
-    /// `qh` must point at 4 readable bytes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn fifth_bits(qh: *const u8) -> __m256i {
-        // SAFETY: the caller guarantees 4 readable bytes; read_unaligned has no alignment needs.
-        let bits = unsafe { qh.cast::<i32>().read_unaligned() };
-        // Byte k takes byte k / 8 of the word, then tests bit k % 8 of it.
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(bits),
-            _mm256_setr_epi64x(
-                0,
-                0x0101_0101_0101_0101,
-                0x0202_0202_0202_0202,
-                0x0303_0303_0303_0303,
-            ),
-        );
-        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
     }
 
     /// Per block: the weight bytes as unsigned values for `maddubs` (nibbles or

@@ -146,6 +146,13 @@ pub(crate) fn matmul_quantized_on(
     let cols = x.cols();
     QuantError::check_weights(dtype, weights.len(), rows, cols)?;
     check_output(y, x.rows(), rows)?;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(proof) = isa.avx512_vnni() {
+        if x.rows() > 1 && super::gemm::supports(dtype) {
+            super::gemm::multiply(proof, dtype, weights, rows, x, y);
+            return Ok(());
+        }
+    }
     let row_blocks = cols / x.format().block_len();
     let row_bytes = row_blocks * dtype.block_bytes();
     match x.format() {
@@ -269,10 +276,27 @@ fn multiply<K: Kernel>(
         y.fill(0.0); // empty dot products
         return;
     }
-    let rows = y.len() / m;
-    let task_rows = task_rows(rows, row_bytes.saturating_mul(m));
     let chunk =
         |w: &[u8], out: &mut [&mut [f32]]| multiply_chunk(kernel, w, row_bytes, x, x_row, out);
+    for_each_task(weights, row_bytes, m, y, chunk);
+}
+
+/// Splits a product of `weights` (whole rows of `row_bytes`) with `m`
+/// activation rows into tasks of whole weight rows and runs `chunk` on each,
+/// on the worker pool: `chunk(w, out)` gets a task's weight rows and, for
+/// each activation row `j`, `out[j]`, the outputs of those weight rows.
+pub(crate) fn for_each_task(
+    weights: &[u8],
+    row_bytes: usize,
+    m: usize,
+    y: &mut [f32],
+    chunk: impl Fn(&[u8], &mut [&mut [f32]]) + Sync,
+) {
+    if m == 0 || y.is_empty() {
+        return;
+    }
+    let rows = y.len() / m;
+    let task_rows = task_rows(rows, row_bytes.saturating_mul(m));
     if m == 1 {
         if task_rows >= rows {
             chunk(weights, &mut [y]);
@@ -466,9 +490,11 @@ mod tests {
                 // differs, so types in blocks of 32 agree far closer than
                 // their tolerance (bit for bit where the kernels add blocks
                 // in order), and super-block types (whose kernels finish
-                // each block with the same float operations) bit for bit.
+                // each block with the same float operations) bit for bit,
+                // except in the AVX-512 products of several rows, which
+                // sum in lanes (`gemm.rs`).
                 let exact = match ActivationFormat::of(dtype) {
-                    Some(ActivationFormat::Q8K) => true,
+                    Some(ActivationFormat::Q8K) => isa.avx512_vnni().is_none(),
                     Some(ActivationFormat::Q8) => isa.sums_blocks_in_order(),
                     None => false,
                 };

@@ -54,6 +54,8 @@
 #![warn(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod dot;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
 mod kdot;
 pub mod kernels;
 mod kquant;

@@ -7,7 +7,9 @@
 pub(crate) enum Isa {
     /// Portable Rust, on every target.
     Scalar,
-    /// AVX2 + FMA + F16C, holding the proof that the CPU has them.
+    /// AVX2 + FMA + F16C, holding the proof that the CPU has them (and
+    /// whether it also has AVX-512 with VNNI, for the products of several
+    /// activation rows).
     #[cfg(target_arch = "x86_64")]
     Avx2(Avx2Proof),
     /// NEON, which every aarch64 CPU has, multiplying bytes with widening
@@ -25,7 +27,16 @@ pub(crate) enum Isa {
 /// `#[target_feature(enable = "avx2,fma,f16c")]` kernels.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Avx2Proof(());
+pub(crate) struct Avx2Proof {
+    avx512_vnni: Option<Avx512VnniProof>,
+}
+
+/// Evidence that the running CPU also supports AVX-512 (F and BW) with VNNI,
+/// so code holding it may call the `#[target_feature(enable =
+/// "avx512f,avx512bw,avx512vnni,...")]` kernels. Only [`Isa::detect`] makes one.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Avx512VnniProof(());
 
 /// Evidence that the running CPU has the aarch64 dot-product extension. Its
 /// private field means only [`Isa::detect`] can make one, so code holding it
@@ -42,7 +53,11 @@ impl Isa {
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            return Isa::Avx2(Avx2Proof(()));
+            let avx512_vnni = (is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni"))
+            .then_some(Avx512VnniProof(()));
+            return Isa::Avx2(Avx2Proof { avx512_vnni });
         }
         #[cfg(target_arch = "aarch64")]
         return if std::arch::is_aarch64_feature_detected!("dotprod") {
@@ -54,6 +69,15 @@ impl Isa {
         Isa::Scalar
     }
 
+    /// The proof of AVX-512 VNNI, where the CPU has it.
+    pub(crate) fn avx512_vnni(self) -> Option<Avx512VnniProof> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(p) => p.avx512_vnni,
+            _ => None,
+        }
+    }
+
     /// Every instruction set this CPU can run, the scalar code first, so
     /// that tests compare them all.
     #[cfg(test)]
@@ -61,6 +85,13 @@ impl Isa {
         let mut all = vec![Isa::Scalar];
         #[cfg(target_arch = "aarch64")]
         all.push(Isa::Neon);
+        // Without AVX-512 too, as on CPUs that lack it.
+        #[cfg(target_arch = "x86_64")]
+        if let Isa::Avx2(p) = Isa::detect() {
+            if p.avx512_vnni.is_some() {
+                all.push(Isa::Avx2(Avx2Proof { avx512_vnni: None }));
+            }
+        }
         if Isa::detect() != Isa::Scalar && !all.contains(&Isa::detect()) {
             all.push(Isa::detect());
         }
@@ -121,6 +152,30 @@ pub(crate) mod avx2 {
             _mm256_setr_epi64x(0, 0, 4, 4),
         );
         _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    }
+
+    /// The 32 fifth bits at `qh` (a little-endian u32) as bytes of 0xFF or 0,
+    /// in weight order.
+    ///
+    /// # Safety
+    /// `qh` must point at 4 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn fifth_bits(qh: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees 4 readable bytes; read_unaligned has no alignment needs.
+        let bits = unsafe { qh.cast::<i32>().read_unaligned() };
+        // Byte k takes byte k / 8 of the word, then tests bit k % 8 of it.
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits),
+            _mm256_setr_epi64x(
+                0,
+                0x0101_0101_0101_0101,
+                0x0202_0202_0202_0202,
+                0x0303_0303_0303_0303,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
     }
 
     /// The little-endian f16 at `p` in lane 0, zero in the other lanes.

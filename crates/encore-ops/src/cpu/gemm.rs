@@ -1,0 +1,563 @@
+//! Products of several activation rows at once (prompts, batched decoding)
+//! on AVX-512 with VNNI, where the work is arithmetic rather than memory
+//! traffic.
+//!
+//! Both sides are first laid out in pairs of 64 values, one 512-bit register
+//! each, in one form for every weight type:
+//!
+//! - weights ([`WeightPair`]): integer codes `c` stored as the unsigned bytes
+//!   `c + 128`, and per group of 16 a scale and an offset, so that
+//!   `w = scale * c + offset`;
+//! - activations ([`ActivationPair`]): the 8-bit `q` of [`ActivationBlock`](super::quant::ActivationBlock)s
+//!   or [`BlockQ8K`](super::kquant::BlockQ8K)s, and per group of 16 the scale `d` (`x ≈ d q`) and the
+//!   group's sum `Σ x`, as those blocks hold them.
+//!
+//! `vpdpbusd` multiplies unsigned by signed bytes and sums each four products
+//! into a 32-bit lane in one instruction; starting each lane from `-128 Σ q`
+//! over its four activations makes it the exact integer `Σ c q`. Lane `l`
+//! belongs to group `l / 4`, and adds `(scale d) Σ c q` and a quarter of the
+//! group's `offset Σ x` to an f32 lane; the 16 lanes are added up once per
+//! output. Every type becomes the same integer and float work this way, with
+//! the same rounding as the dot-product kernels up to the order of the
+//! additions, and each weight is unpacked once per product rather than once
+//! for every few activation rows.
+//!
+//! The weights are unpacked a few rows at a time, into a buffer the size of
+//! the L1 cache, and each tile of 4 weight rows meets the activation rows 4 at
+//! a time: 16 accumulators stay in registers while the tile's weights serve 4
+//! activation rows and each activation register 4 weight rows.
+
+use std::arch::x86_64::*;
+
+use bytemuck::Zeroable;
+
+use super::kquant::scale_and_min_bytes;
+use super::kquant::{
+    BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, SuperBlock, IQ4_LEVELS, SUPER,
+};
+use super::quant::{blocks, f16_le, ActivationFormat, QuantizedActivations};
+use super::simd::avx2::{fifth_bits, nibbles};
+use super::simd::Avx512VnniProof;
+use crate::DType;
+
+/// Values per pair: two blocks of 32, four groups of 16.
+const PAIR: usize = 64;
+/// Unpacked weights per buffer: a tile's rows and the activations they meet
+/// stay in L1 (48 KiB on the machines this was tuned on).
+const UNPACKED_BYTES: usize = 24 * 1024;
+/// Weight rows per tile.
+const TILE_W: usize = 4;
+/// Activation rows per tile.
+const TILE_X: usize = 4;
+
+/// 64 weights as `w = scale[g] * c + offset[g]` for group `g` of 16; the
+/// offsets are kept apart, in a row of their own ([`Rows`]).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Zeroable)]
+pub(crate) struct WeightPair {
+    /// `c + 128` for each weight's integer code `c`.
+    codes: [u8; PAIR],
+    /// Each group's scale, in the four lanes of its products.
+    scale: [f32; 16],
+}
+
+/// 64 activations as `x ≈ d[g] * q` for group `g` of 16; the groups' sums
+/// `Σ x` are kept apart, in a row of their own ([`Rows`]).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Zeroable)]
+pub(crate) struct ActivationPair {
+    q: [i8; PAIR],
+    /// `-128` times the sum of each lane's four `q`.
+    start: [i32; 16],
+    /// Each group's scale, in the four lanes of its products.
+    d: [f32; 16],
+}
+
+/// Rows laid out for the tiles: `width` pairs a row, and, for weights with
+/// offsets, a row of `groups` f32s each (one per group of 16, zero-padded to
+/// a multiple of 16): the weights' offsets, or the activations' sums.
+struct Rows<P> {
+    pairs: Vec<P>,
+    groups: Vec<f32>,
+    width: usize,
+    group_width: usize,
+}
+
+impl<P: Zeroable + Copy> Rows<P> {
+    fn new(rows: usize, width: usize, offsets: bool) -> Rows<P> {
+        let group_width = if offsets {
+            (4 * width).next_multiple_of(16)
+        } else {
+            0
+        };
+        Rows {
+            pairs: vec![P::zeroed(); rows * width],
+            groups: vec![0.0; rows * group_width],
+            width,
+            group_width,
+        }
+    }
+
+    /// Row `r`'s pairs and groups.
+    fn row_mut(&mut self, r: usize) -> (&mut [P], &mut [f32]) {
+        let (w, g) = (self.width, self.group_width);
+        (
+            &mut self.pairs[r * w..(r + 1) * w],
+            &mut self.groups[r * g..(r + 1) * g],
+        )
+    }
+
+    /// Pointers to row `r`'s pairs and groups.
+    fn row_ptr(&self, r: usize) -> (*const P, *const f32) {
+        let (w, g) = (self.width, self.group_width);
+        (self.pairs[r * w..].as_ptr(), self.groups[r * g..].as_ptr())
+    }
+}
+
+/// Four per-group values spread over 16 lanes, value `g` in lanes `4g..4g + 4`.
+fn spread<T: Copy>(quad: [T; 4]) -> [T; 16] {
+    std::array::from_fn(|l| quad[l / 4])
+}
+
+/// Whether [`multiply`] takes `dtype`: every quantized type.
+pub(crate) fn supports(dtype: DType) -> bool {
+    ActivationFormat::of(dtype).is_some()
+}
+
+/// Whether `dtype`'s weights have offsets (`w = scale c + offset`), whose
+/// products need the activations' sums.
+fn has_offset(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q2_K
+    )
+}
+
+/// `y = x · Wᵀ` for `rows` rows of `dtype` weights (whole rows, checked by
+/// the caller, as are `x`'s format and `y`'s length) and the `x.rows()`
+/// activation rows of `x`.
+pub(crate) fn multiply(
+    proof: Avx512VnniProof,
+    dtype: DType,
+    weights: &[u8],
+    rows: usize,
+    x: &QuantizedActivations,
+    y: &mut [f32],
+) {
+    let _ = proof;
+    let pairs = x.cols().div_ceil(PAIR);
+    let m = x.rows();
+    if pairs == 0 {
+        y.fill(0.0); // empty dot products
+        return;
+    }
+    let offsets = has_offset(dtype);
+    let acts = pack_activations(x, pairs, offsets);
+    let row_bytes = weights.len().checked_div(rows).unwrap_or(0);
+    super::matmul::for_each_task(weights, row_bytes, m, y, |w, out| {
+        let task_rows = w.len().checked_div(row_bytes).unwrap_or(0);
+        let row_size = pairs * size_of::<WeightPair>() + 4 * acts.group_width;
+        let chunk_rows = (UNPACKED_BYTES / row_size)
+            .next_multiple_of(TILE_W)
+            .max(TILE_W);
+        let mut unpacked = Rows::new(chunk_rows.min(task_rows), pairs, offsets);
+        let mut first = 0;
+        while first < task_rows {
+            let count = chunk_rows.min(task_rows - first);
+            // SAFETY: the proof says the CPU has AVX-512 F, BW and VNNI;
+            // `unpacked` holds `count` rows, `acts` `m` rows, of `pairs` pairs.
+            unsafe {
+                for r in 0..count {
+                    let at = (first + r) * row_bytes;
+                    let (codes, offsets) = unpacked.row_mut(r);
+                    unpack_row(dtype, &w[at..at + row_bytes], codes, offsets);
+                }
+                if offsets {
+                    tiles::<true>(&unpacked, count, &acts, first, out);
+                } else {
+                    tiles::<false>(&unpacked, count, &acts, first, out);
+                }
+            }
+            first += count;
+        }
+    });
+}
+
+/// The activations as pairs, `pairs` a row (the last one padded with zeros),
+/// with their groups' sums if `sums`.
+fn pack_activations(x: &QuantizedActivations, pairs: usize, sums: bool) -> Rows<ActivationPair> {
+    let mut out = Rows::<ActivationPair>::new(x.rows(), pairs, sums);
+    for r in 0..x.rows() {
+        let (row, groups) = out.row_mut(r);
+        match x.format() {
+            ActivationFormat::Q8 => {
+                let per_row = x.cols() / 32;
+                let blocks = &x.blocks()[r * per_row..(r + 1) * per_row];
+                for (p, (pair, two)) in row.iter_mut().zip(blocks.chunks(2)).enumerate() {
+                    let mut d = [0.0; 4];
+                    for (h, b) in two.iter().enumerate() {
+                        pair.q[32 * h..32 * h + 32].copy_from_slice(&b.qs);
+                        d[2 * h..2 * h + 2].fill(b.d);
+                        if sums {
+                            // s is the block's Σ x, half of it in each group.
+                            groups[4 * p + 2 * h..4 * p + 2 * h + 2].fill(b.s / 2.0);
+                        }
+                    }
+                    pair.d = spread(d);
+                }
+            }
+            ActivationFormat::Q8K => {
+                let per_row = x.cols() / SUPER;
+                let blocks = &x.super_blocks()[r * per_row..(r + 1) * per_row];
+                for (s, (four, b)) in row.chunks_mut(SUPER / PAIR).zip(blocks).enumerate() {
+                    for (p, pair) in four.iter_mut().enumerate() {
+                        pair.q.copy_from_slice(&b.qs[PAIR * p..PAIR * (p + 1)]);
+                        pair.d = [b.d; 16];
+                    }
+                    if sums {
+                        for (g, &bsum) in b.bsums.iter().enumerate() {
+                            groups[16 * s + g] = b.d * f32::from(bsum);
+                        }
+                    }
+                }
+            }
+        }
+        for pair in row.iter_mut() {
+            pair.start = std::array::from_fn(|l| {
+                -128 * pair.q[4 * l..4 * l + 4]
+                    .iter()
+                    .map(|&q| i32::from(q))
+                    .sum::<i32>()
+            });
+        }
+    }
+    out
+}
+
+/// One weight row of `dtype` as pairs.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+///
+/// `offsets` receives each group's offset where the type has them (it is
+/// empty otherwise).
+fn unpack_row(dtype: DType, row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
+    match dtype {
+        DType::Q4_K => unpack_q4_k(row, out, offsets),
+        DType::Q6_K => unpack_q6_k(row, out),
+        DType::Q5_K => unpack_super::<BlockQ5K>(row, out, offsets),
+        DType::Q2_K => unpack_super::<BlockQ2K>(row, out, offsets),
+        DType::Q3_K => unpack_super::<BlockQ3K>(row, out, offsets),
+        DType::IQ4_XS => unpack_super::<BlockIQ4XS>(row, out, offsets),
+        _ => unpack_small(dtype, row, out, offsets),
+    }
+}
+
+/// A row of super-blocks through their portable [`SuperBlock::unpack`]:
+/// four pairs each.
+fn unpack_super<T: SuperBlock>(row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
+    for (s, (four, block)) in out
+        .chunks_exact_mut(SUPER / PAIR)
+        .zip(blocks::<T>(row))
+        .enumerate()
+    {
+        let u = block.unpack();
+        for (p, pair) in four.iter_mut().enumerate() {
+            for (code, &c) in pair.codes.iter_mut().zip(&u.codes[PAIR * p..]) {
+                *code = (c as u8) ^ 0x80;
+            }
+            pair.scale = spread(std::array::from_fn(|g| {
+                u.d * f32::from(u.scales[4 * p + g])
+            }));
+        }
+        if let Some(o) = offsets.get_mut(16 * s..16 * s + 16) {
+            for (o, &m) in o.iter_mut().zip(&u.mins) {
+                *o = -(u.dmin * f32::from(m));
+            }
+        }
+    }
+}
+
+/// Stores 32 codes into half `h` of `pair`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn store_half(pair: &mut WeightPair, h: usize, codes: __m256i) {
+    let half = &mut pair.codes[32 * h..32 * h + 32];
+    // SAFETY: `half` is 32 writable bytes; the store is unaligned.
+    unsafe { _mm256_storeu_si256(half.as_mut_ptr().cast(), codes) };
+}
+
+/// A row of Q4_K super-blocks (layout in `kquant.rs`): pair `c` is the low
+/// nibbles of `qs[32c..32c + 32]` then their high nibbles, with sub-blocks
+/// `2c` and `2c + 1`'s scales and minimums.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn unpack_q4_k(row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
+    let (low, bias) = (_mm256_set1_epi8(15), _mm256_set1_epi8(-128));
+    for (s, (four, b)) in out
+        .chunks_exact_mut(4)
+        .zip(blocks::<BlockQ4K>(row))
+        .enumerate()
+    {
+        let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+        let (scales, mins) = scale_and_min_bytes(&b.scales);
+        for (c, pair) in four.iter_mut().enumerate() {
+            let qs = &b.qs[32 * c..32 * c + 32];
+            // SAFETY: `qs` is 32 readable bytes; the load is unaligned.
+            let v = unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) };
+            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+            store_half(pair, 0, _mm256_or_si256(_mm256_and_si256(v, low), bias));
+            store_half(pair, 1, _mm256_or_si256(high, bias));
+            pair.scale = spread(std::array::from_fn(|g| {
+                d * f32::from(scales[2 * c + g / 2])
+            }));
+        }
+        if let Some(o) = offsets.get_mut(16 * s..16 * s + 16) {
+            for (g, o) in o.iter_mut().enumerate() {
+                *o = -(dmin * f32::from(mins[g / 2]));
+            }
+        }
+    }
+}
+
+/// A row of Q6_K super-blocks (layout in `kquant.rs`): pair `p` of half `h`
+/// is the low (`p` even) or high nibbles of `ql[64h..64h + 64]`, with two high
+/// bits from `qh[32h..32h + 32]` at bits `4 (p % 2)` (first 32) and
+/// `4 (p % 2) + 2` (next 32); codes are those six bits less 32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn unpack_q6_k(row: &[u8], out: &mut [WeightPair]) {
+    let (low, two) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
+    // c + 128 = q - 32 + 128
+    let bias = _mm256_set1_epi8(96);
+    for (four, b) in out.chunks_exact_mut(4).zip(blocks::<BlockQ6K>(row)) {
+        let d = f16_le(b.d);
+        for (p, pair) in four.iter_mut().enumerate() {
+            let (h, odd) = (p / 2, p % 2 == 1);
+            let ql = &b.ql[64 * h..64 * h + 64];
+            let qh = &b.qh[32 * h..32 * h + 32];
+            // SAFETY: `ql` is 64 and `qh` 32 readable bytes; the loads are unaligned.
+            let (l0, l1, hv) = unsafe {
+                (
+                    _mm256_loadu_si256(ql.as_ptr().cast()),
+                    _mm256_loadu_si256(ql.as_ptr().add(32).cast()),
+                    _mm256_loadu_si256(qh.as_ptr().cast()),
+                )
+            };
+            let nib = |v| match odd {
+                true => _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
+                false => _mm256_and_si256(v, low),
+            };
+            // The high bits of the first 32, and of the next 32, moved to bits 4 and 5.
+            let (h0, h1) = match odd {
+                true => (_mm256_srli_epi16::<4>(hv), _mm256_srli_epi16::<6>(hv)),
+                false => (hv, _mm256_srli_epi16::<2>(hv)),
+            };
+            let high = |x| _mm256_slli_epi16::<4>(_mm256_and_si256(x, two));
+            store_half(
+                pair,
+                0,
+                _mm256_add_epi8(_mm256_or_si256(nib(l0), high(h0)), bias),
+            );
+            store_half(
+                pair,
+                1,
+                _mm256_add_epi8(_mm256_or_si256(nib(l1), high(h1)), bias),
+            );
+            pair.scale = spread(std::array::from_fn(|g| d * f32::from(b.scales[4 * p + g])));
+        }
+    }
+}
+
+/// A row of blocks of 32: half a pair each, the last pair's upper half left
+/// zero where the count is odd. Codes are `c + 128` for `w = d c + offset`:
+/// Q4_0, Q4_1 and Q5_1 take their unsigned values as `c` (offset `-8 d` or
+/// the block's minimum), Q8_0, Q5_0 and IQ4_NL their signed ones.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn unpack_small(dtype: DType, row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
+    let bias = _mm256_set1_epi8(-128);
+    let sixteen = _mm256_set1_epi8(16);
+    // SAFETY: the table is 16 readable bytes; the load is unaligned.
+    let levels =
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()) });
+    let bytes = dtype.block_bytes();
+    for (b, block) in row.chunks_exact(bytes).enumerate() {
+        let Some(pair) = out.get_mut(b / 2) else {
+            return;
+        };
+        let d = f16_le([block[0], block[1]]);
+        let p = block.as_ptr();
+        // SAFETY: `block` is one whole block of `dtype`; each load below lies
+        // within it (the layouts in `quant.rs`) and is unaligned.
+        let (codes, offset) = unsafe {
+            match dtype {
+                DType::Q8_0 => (
+                    _mm256_xor_si256(_mm256_loadu_si256(p.add(2).cast()), bias),
+                    0.0,
+                ),
+                DType::Q4_0 => (_mm256_or_si256(nibbles(p.add(2)), bias), -8.0 * d),
+                DType::Q4_1 => (
+                    _mm256_or_si256(nibbles(p.add(4)), bias),
+                    f16_le([block[2], block[3]]),
+                ),
+                // c + 128 = (q - 16) + 128
+                DType::Q5_0 => {
+                    let fifth = _mm256_and_si256(fifth_bits(p.add(2)), sixteen);
+                    let q = _mm256_or_si256(nibbles(p.add(6)), fifth);
+                    (_mm256_add_epi8(q, _mm256_set1_epi8(112)), 0.0)
+                }
+                DType::Q5_1 => {
+                    let fifth = _mm256_and_si256(fifth_bits(p.add(4)), sixteen);
+                    let q = _mm256_or_si256(nibbles(p.add(8)), fifth);
+                    (_mm256_or_si256(q, bias), f16_le([block[2], block[3]]))
+                }
+                DType::IQ4_NL => {
+                    let q = _mm256_shuffle_epi8(levels, nibbles(p.add(2)));
+                    (_mm256_xor_si256(q, bias), 0.0)
+                }
+                _ => (bias, 0.0),
+            }
+        };
+        let h = b % 2;
+        store_half(pair, h, codes);
+        pair.scale[8 * h..8 * h + 8].fill(d);
+        if let Some(o) = offsets.get_mut(2 * b..2 * b + 2) {
+            o.fill(offset);
+        }
+    }
+}
+
+/// All tiles of `count` unpacked weight rows against every activation row
+/// of `acts`; row `r` of `w` is output `first + r` of each `out[j]`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI; `w` must hold `count` rows
+/// and `acts` `out.len()` rows, of as many pairs (and groups, if `OFFSET`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tiles<const OFFSET: bool>(
+    w: &Rows<WeightPair>,
+    count: usize,
+    acts: &Rows<ActivationPair>,
+    first: usize,
+    out: &mut [&mut [f32]],
+) {
+    let (pairs, groups) = (w.width, w.group_width);
+    let m = out.len();
+    let mut j = 0;
+    while j < m {
+        let nx = TILE_X.min(m - j);
+        let mut r = 0;
+        while r < count {
+            let nw = TILE_W.min(count - r);
+            let wr = |i: usize| w.row_ptr(r + i.min(nw - 1));
+            let xr = |t: usize| acts.row_ptr(j + t.min(nx - 1));
+            // SAFETY: rows r..r + nw of `w` and j..j + nx of `acts` exist,
+            // with `pairs` pairs and `groups` groups each.
+            unsafe {
+                if nw == TILE_W && nx == TILE_X {
+                    let dots = tile::<OFFSET, TILE_W, TILE_X>(
+                        std::array::from_fn(wr),
+                        std::array::from_fn(xr),
+                        pairs,
+                        groups,
+                    );
+                    store(out, j, first + r, &dots, nw, nx);
+                } else if nx == TILE_X {
+                    for i in 0..nw {
+                        let x = std::array::from_fn(xr);
+                        let dots = tile::<OFFSET, 1, TILE_X>([wr(i)], x, pairs, groups);
+                        store(out, j, first + r + i, &dots, 1, nx);
+                    }
+                } else {
+                    for t in 0..nx {
+                        let w = std::array::from_fn(wr);
+                        let dots = tile::<OFFSET, TILE_W, 1>(w, [xr(t)], pairs, groups);
+                        store(out, j + t, first + r, &dots, nw, 1);
+                    }
+                }
+            }
+            r += nw;
+        }
+        j += nx;
+    }
+}
+
+/// Writes `dots[i][t]` (the first `nw` x `nx`) to output `at + i` of row `j + t`.
+fn store<const NW: usize, const NX: usize>(
+    out: &mut [&mut [f32]],
+    j: usize,
+    at: usize,
+    dots: &[[f32; NX]; NW],
+    nw: usize,
+    nx: usize,
+) {
+    for (t, row) in out[j..j + nx].iter_mut().enumerate() {
+        for (i, d) in dots[..nw].iter().enumerate() {
+            if let Some(y) = row.get_mut(at + i) {
+                *y = d[t];
+            }
+        }
+    }
+}
+
+/// The dot products of `NW` unpacked weight rows with `NX` activation rows,
+/// each a pointer to its `pairs` pairs and to its `groups` groups.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI; the pointers must be valid
+/// for `pairs` pairs and (if `OFFSET`) `groups` f32s, a multiple of 16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const OFFSET: bool, const NW: usize, const NX: usize>(
+    w: [(*const WeightPair, *const f32); NW],
+    x: [(*const ActivationPair, *const f32); NX],
+    pairs: usize,
+    groups: usize,
+) -> [[f32; NX]; NW] {
+    let mut acc = [[_mm512_setzero_ps(); NX]; NW];
+    for p in 0..pairs {
+        // SAFETY: p < pairs, and every row holds `pairs` pairs.
+        let (ws, xs) = unsafe { (w.map(|r| &*r.0.add(p)), x.map(|r| &*r.0.add(p))) };
+        let mut codes = [_mm512_setzero_si512(); NW];
+        let mut scale = [_mm512_setzero_ps(); NW];
+        for i in 0..NW {
+            // SAFETY: a pair's fields are 64 readable bytes each, 64-byte aligned.
+            unsafe {
+                codes[i] = _mm512_load_si512(ws[i].codes.as_ptr().cast());
+                scale[i] = _mm512_load_ps(ws[i].scale.as_ptr());
+            }
+        }
+        for t in 0..NX {
+            // SAFETY: as above.
+            let (q, start, d) = unsafe {
+                (
+                    _mm512_load_si512(xs[t].q.as_ptr().cast()),
+                    _mm512_load_si512(xs[t].start.as_ptr().cast()),
+                    _mm512_load_ps(xs[t].d.as_ptr()),
+                )
+            };
+            for i in 0..NW {
+                let dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, codes[i], q));
+                acc[i][t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale[i], d), acc[i][t]);
+            }
+        }
+    }
+    if OFFSET {
+        // Σ offset Σ x over the groups, 16 groups at a time, into the same lanes.
+        for g in (0..groups).step_by(16) {
+            // SAFETY: g + 16 <= groups, and every row holds `groups` f32s.
+            unsafe {
+                let offsets = w.map(|r| _mm512_loadu_ps(r.1.add(g)));
+                let sums = x.map(|r| _mm512_loadu_ps(r.1.add(g)));
+                for i in 0..NW {
+                    for t in 0..NX {
+                        acc[i][t] = _mm512_fmadd_ps(offsets[i], sums[t], acc[i][t]);
+                    }
+                }
+            }
+        }
+    }
+    let mut dots = [[0.0; NX]; NW];
+    for i in 0..NW {
+        for t in 0..NX {
+            dots[i][t] = _mm512_reduce_add_ps(acc[i][t]);
+        }
+    }
+    dots
+}
