@@ -29,6 +29,8 @@
 
 use std::arch::x86_64::*;
 
+use std::cell::RefCell;
+
 use bytemuck::Zeroable;
 
 use super::kquant::scale_and_min_bytes;
@@ -83,19 +85,31 @@ struct Rows<P> {
     group_width: usize,
 }
 
+impl<P> Default for Rows<P> {
+    fn default() -> Self {
+        Rows {
+            pairs: Vec::new(),
+            groups: Vec::new(),
+            width: 0,
+            group_width: 0,
+        }
+    }
+}
+
 impl<P: Zeroable + Copy> Rows<P> {
-    fn new(rows: usize, width: usize, offsets: bool) -> Rows<P> {
+    /// Makes this `rows` rows of `width` zeroed pairs (and groups if `offsets`),
+    /// keeping the memory it has.
+    fn reset(&mut self, rows: usize, width: usize, offsets: bool) {
         let group_width = if offsets {
             (4 * width).next_multiple_of(16)
         } else {
             0
         };
-        Rows {
-            pairs: vec![P::zeroed(); rows * width],
-            groups: vec![0.0; rows * group_width],
-            width,
-            group_width,
-        }
+        self.pairs.clear();
+        self.pairs.resize(rows * width, P::zeroed());
+        self.groups.clear();
+        self.groups.resize(rows * group_width, 0.0);
+        (self.width, self.group_width) = (width, group_width);
     }
 
     /// Row `r`'s pairs and groups.
@@ -152,15 +166,67 @@ pub(crate) fn multiply(
         return;
     }
     let offsets = has_offset(dtype);
-    let acts = pack_activations(x, pairs, offsets);
-    let row_bytes = weights.len().checked_div(rows).unwrap_or(0);
-    super::matmul::for_each_task(weights, row_bytes, m, y, |w, out| {
-        let task_rows = w.len().checked_div(row_bytes).unwrap_or(0);
-        let row_size = pairs * size_of::<WeightPair>() + 4 * acts.group_width;
-        let chunk_rows = (UNPACKED_BYTES / row_size)
-            .next_multiple_of(TILE_W)
-            .max(TILE_W);
-        let mut unpacked = Rows::new(chunk_rows.min(task_rows), pairs, offsets);
+    with_scratch(&ACTIVATIONS, |acts| {
+        acts.reset(m, pairs, offsets);
+        // SAFETY: the proof says the CPU has AVX-512 F, BW and VNNI.
+        unsafe { pack_activations(x, acts) };
+        let acts = &*acts;
+        let row_bytes = weights.len().checked_div(rows).unwrap_or(0);
+        super::matmul::for_each_task(weights, row_bytes, m, y, |w, out| {
+            with_scratch(&WEIGHTS, |unpacked| {
+                // SAFETY: as above.
+                unsafe { multiply_task(dtype, w, row_bytes, acts, unpacked, out) }
+            });
+        });
+    });
+}
+
+thread_local! {
+    /// Each thread's buffers, kept from one product to the next so that a
+    /// product allocates (and has fresh pages zeroed) only when it needs more.
+    static ACTIVATIONS: RefCell<Rows<ActivationPair>> = RefCell::new(Rows::default());
+    static WEIGHTS: RefCell<Rows<WeightPair>> = RefCell::new(Rows::default());
+}
+
+/// `f` on this thread's buffer in `cell`, or on a fresh one if it is in use.
+fn with_scratch<P: Zeroable + Copy>(
+    cell: &'static std::thread::LocalKey<RefCell<Rows<P>>>,
+    f: impl FnOnce(&mut Rows<P>),
+) {
+    let mut f = Some(f);
+    let _ = cell.try_with(|c| {
+        if let (Ok(mut rows), Some(f)) = (c.try_borrow_mut(), f.take()) {
+            f(&mut rows);
+        }
+    });
+    if let Some(f) = f {
+        f(&mut Rows::default());
+    }
+}
+
+/// One task's weight rows `w` (of `row_bytes` each) against all of `acts`,
+/// unpacked a few rows at a time into `unpacked`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI; `acts` must hold `out.len()`
+/// rows laid out for `dtype` (with groups if it has offsets).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn multiply_task(
+    dtype: DType,
+    w: &[u8],
+    row_bytes: usize,
+    acts: &Rows<ActivationPair>,
+    unpacked: &mut Rows<WeightPair>,
+    out: &mut [&mut [f32]],
+) {
+    let (pairs, offsets) = (acts.width, acts.group_width > 0);
+    let task_rows = w.len().checked_div(row_bytes).unwrap_or(0);
+    let row_size = pairs * size_of::<WeightPair>() + 4 * acts.group_width;
+    let chunk_rows = (UNPACKED_BYTES / row_size.max(1))
+        .next_multiple_of(TILE_W)
+        .max(TILE_W);
+    unpacked.reset(chunk_rows.min(task_rows), pairs, offsets);
+    {
         let mut first = 0;
         while first < task_rows {
             let count = chunk_rows.min(task_rows - first);
@@ -180,13 +246,18 @@ pub(crate) fn multiply(
             }
             first += count;
         }
-    });
+    }
 }
 
-/// The activations as pairs, `pairs` a row (the last one padded with zeros),
-/// with their groups' sums if `sums`.
-fn pack_activations(x: &QuantizedActivations, pairs: usize, sums: bool) -> Rows<ActivationPair> {
-    let mut out = Rows::<ActivationPair>::new(x.rows(), pairs, sums);
+/// Lays out the activations in `out` (zeroed, `x.rows()` rows): `out.width`
+/// pairs a row (the last one padded with zeros), and the groups' sums if it
+/// has groups.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn pack_activations(x: &QuantizedActivations, out: &mut Rows<ActivationPair>) {
+    let sums = out.group_width > 0;
     for r in 0..x.rows() {
         let (row, groups) = out.row_mut(r);
         match x.format() {
@@ -223,15 +294,15 @@ fn pack_activations(x: &QuantizedActivations, pairs: usize, sums: bool) -> Rows<
             }
         }
         for pair in row.iter_mut() {
-            pair.start = std::array::from_fn(|l| {
-                -128 * pair.q[4 * l..4 * l + 4]
-                    .iter()
-                    .map(|&q| i32::from(q))
-                    .sum::<i32>()
-            });
+            // SAFETY: `q` and `start` are 64 bytes each, 64-byte aligned.
+            unsafe {
+                let q = _mm512_load_si512(pair.q.as_ptr().cast());
+                let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+                let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sums));
+                _mm512_store_si512(pair.start.as_mut_ptr().cast(), start);
+            }
         }
     }
-    out
 }
 
 /// One weight row of `dtype` as pairs.
@@ -423,6 +494,11 @@ fn unpack_small(dtype: DType, row: &[u8], out: &mut [WeightPair], offsets: &mut 
     }
 }
 
+/// Pairs of one slice of the rows: long rows (FFN down's) are taken a slice
+/// at a time, so that a tile's 4 weight and 4 activation slices stay in L1.
+/// A multiple of 4, so that slices start on whole groups of 16 groups.
+const SLICE_PAIRS: usize = 32;
+
 /// All tiles of `count` unpacked weight rows against every activation row
 /// of `acts`; row `r` of `w` is output `first + r` of each `out[j]`.
 ///
@@ -438,47 +514,73 @@ unsafe fn tiles<const OFFSET: bool>(
     out: &mut [&mut [f32]],
 ) {
     let (pairs, groups) = (w.width, w.group_width);
+    // Equal slices of at most SLICE_PAIRS, in multiples of 4 pairs.
+    let slice = pairs
+        .div_ceil(pairs.div_ceil(SLICE_PAIRS))
+        .next_multiple_of(4);
     let m = out.len();
-    let mut j = 0;
-    while j < m {
-        let nx = TILE_X.min(m - j);
-        let mut r = 0;
-        while r < count {
-            let nw = TILE_W.min(count - r);
-            let wr = |i: usize| w.row_ptr(r + i.min(nw - 1));
-            let xr = |t: usize| acts.row_ptr(j + t.min(nx - 1));
-            // SAFETY: rows r..r + nw of `w` and j..j + nx of `acts` exist,
-            // with `pairs` pairs and `groups` groups each.
-            unsafe {
-                if nw == TILE_W && nx == TILE_X {
-                    let dots = tile::<OFFSET, TILE_W, TILE_X>(
-                        std::array::from_fn(wr),
-                        std::array::from_fn(xr),
-                        pairs,
-                        groups,
-                    );
-                    store(out, j, first + r, &dots, nw, nx);
-                } else if nx == TILE_X {
-                    for i in 0..nw {
-                        let x = std::array::from_fn(xr);
-                        let dots = tile::<OFFSET, 1, TILE_X>([wr(i)], x, pairs, groups);
-                        store(out, j, first + r + i, &dots, 1, nx);
-                    }
-                } else {
-                    for t in 0..nx {
-                        let w = std::array::from_fn(wr);
-                        let dots = tile::<OFFSET, TILE_W, 1>(w, [xr(t)], pairs, groups);
-                        store(out, j + t, first + r, &dots, nw, 1);
+    let mut k = 0;
+    while k < pairs {
+        let n = slice.min(pairs - k);
+        // The last slice takes the groups' padding too.
+        let g = match (groups, k + n == pairs) {
+            (0, _) => 0,
+            (_, true) => groups - 4 * k,
+            (_, false) => 4 * n,
+        };
+        let skip = if groups == 0 { 0 } else { 4 * k };
+        let add = k > 0;
+        let mut j = 0;
+        while j < m {
+            let nx = TILE_X.min(m - j);
+            let mut r = 0;
+            while r < count {
+                let nw = TILE_W.min(count - r);
+                let at = |(p, q): (*const WeightPair, *const f32)| {
+                    // SAFETY: pair k and group `skip` are within the row.
+                    unsafe { (p.add(k), q.add(skip)) }
+                };
+                let wr = |i: usize| at(w.row_ptr(r + i.min(nw - 1)));
+                let xr = |t: usize| {
+                    let (p, q) = acts.row_ptr(j + t.min(nx - 1));
+                    // SAFETY: as above.
+                    unsafe { (p.add(k), q.add(skip)) }
+                };
+                // SAFETY: rows r..r + nw of `w` and j..j + nx of `acts` exist,
+                // with `n` pairs from pair `k` and `g` groups from group `4k`.
+                unsafe {
+                    if nw == TILE_W && nx == TILE_X {
+                        let dots = tile::<OFFSET, TILE_W, TILE_X>(
+                            std::array::from_fn(wr),
+                            std::array::from_fn(xr),
+                            n,
+                            g,
+                        );
+                        store(out, j, first + r, &dots, nw, nx, add);
+                    } else if nx == TILE_X {
+                        for i in 0..nw {
+                            let x = std::array::from_fn(xr);
+                            let dots = tile::<OFFSET, 1, TILE_X>([wr(i)], x, n, g);
+                            store(out, j, first + r + i, &dots, 1, nx, add);
+                        }
+                    } else {
+                        for t in 0..nx {
+                            let w = std::array::from_fn(wr);
+                            let dots = tile::<OFFSET, TILE_W, 1>(w, [xr(t)], n, g);
+                            store(out, j + t, first + r, &dots, nw, 1, add);
+                        }
                     }
                 }
+                r += nw;
             }
-            r += nw;
+            j += nx;
         }
-        j += nx;
+        k += n;
     }
 }
 
-/// Writes `dots[i][t]` (the first `nw` x `nx`) to output `at + i` of row `j + t`.
+/// Writes (or with `add`, adds) `dots[i][t]` (the first `nw` x `nx`) to
+/// output `at + i` of row `j + t`.
 fn store<const NW: usize, const NX: usize>(
     out: &mut [&mut [f32]],
     j: usize,
@@ -486,11 +588,12 @@ fn store<const NW: usize, const NX: usize>(
     dots: &[[f32; NX]; NW],
     nw: usize,
     nx: usize,
+    add: bool,
 ) {
     for (t, row) in out[j..j + nx].iter_mut().enumerate() {
         for (i, d) in dots[..nw].iter().enumerate() {
             if let Some(y) = row.get_mut(at + i) {
-                *y = d[t];
+                *y = if add { *y + d[t] } else { d[t] };
             }
         }
     }
@@ -560,4 +663,47 @@ unsafe fn tile<const OFFSET: bool, const NW: usize, const NX: usize>(
         }
     }
     dots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::simd::Isa;
+    use crate::cpu::testing::{random_activations, random_weights, reference};
+    use rand::{rngs::StdRng, SeedableRng};
+
+    /// Every quantized type against the f64 reference, on shapes off every
+    /// tile (rows, activation rows), with an odd number of blocks of 32, and
+    /// with rows long enough to be taken in slices (3,072 and 4,864 values).
+    #[test]
+    fn products_of_several_rows_match_the_reference() {
+        let Some(proof) = Isa::detect().avx512_vnni() else {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        };
+        let mut rng = StdRng::seed_from_u64(31);
+        for dtype in DType::ALL.into_iter().filter(|&t| supports(t)) {
+            let mut shapes = vec![(9, 256, 2), (6, 3072, 5), (5, 4864, 4)];
+            if dtype.block_len() == 32 {
+                shapes.extend([(7, 96, 3), (13, 2080, 6)]);
+            }
+            for (rows, cols, m) in shapes {
+                let w = random_weights(&mut rng, dtype, rows, cols);
+                let x = random_activations(&mut rng, m * cols);
+                let format = ActivationFormat::of(dtype).unwrap();
+                let mut q = QuantizedActivations::new();
+                q.quantize_on(Isa::detect(), format, &x, cols).unwrap();
+                let mut y = vec![f32::NAN; m * rows];
+                multiply(proof, dtype, &w, rows, &q, &mut y);
+                let (exact, tol) = reference(dtype, &w, rows, cols, &x);
+                for (k, ((got, want), tol)) in y.iter().zip(&exact).zip(&tol).enumerate() {
+                    let err = (f64::from(*got) - want).abs();
+                    assert!(
+                        err <= *tol,
+                        "{dtype} {rows}x{cols}, m={m}, output {k}: {got} vs {want} (error {err} > {tol})"
+                    );
+                }
+            }
+        }
+    }
 }
