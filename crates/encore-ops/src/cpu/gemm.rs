@@ -239,9 +239,9 @@ unsafe fn multiply_task(
                     unpack_row(dtype, &w[at..at + row_bytes], codes, offsets);
                 }
                 if offsets {
-                    tiles::<true>(&unpacked, count, &acts, first, out);
+                    tiles::<true>(unpacked, count, acts, first, out);
                 } else {
-                    tiles::<false>(&unpacked, count, &acts, first, out);
+                    tiles::<false>(unpacked, count, acts, first, out);
                 }
             }
             first += count;
@@ -306,10 +306,10 @@ unsafe fn pack_activations(x: &QuantizedActivations, out: &mut Rows<ActivationPa
 }
 
 /// One weight row of `dtype` as pairs.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 ///
 /// `offsets` receives each group's offset where the type has them (it is
 /// empty otherwise).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 fn unpack_row(dtype: DType, row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
     match dtype {
         DType::Q4_K => unpack_q4_k(row, out, offsets),
