@@ -1,7 +1,7 @@
 //! CPU matrix products at SmolLM2-135M's shapes (hidden 576, FFN 1536, k/v
 //! 192, 30 layers, vocabulary 49152; Q4_1 layers, Q8_0 output head).
 //!
-//! `matvec/*` and `prefill128/*` time one product, with the weight bytes read
+//! `matvec/*`, `batch8/*` and `prefill128/*` time one product, with the weight bytes read
 //! per call as throughput (GB/s). Their weights stay in cache between
 //! iterations, so they show the kernels' speed rather than memory's. Every
 //! quantized type has the FFN-down product (1536 inputs, a whole number of
@@ -30,6 +30,8 @@ const KV: usize = 192;
 const LAYERS: usize = 30;
 const VOCAB: usize = 49152;
 const PREFILL: usize = 128;
+/// Activation rows of a batched decode step of 8 sequences.
+const BATCH: usize = 8;
 
 /// The quantized types, in the order their products are listed.
 const QUANTIZED: [DType; 12] = [
@@ -92,6 +94,7 @@ fn single_products(c: &mut Criterion) {
         (DType::Q4_1, KV, HIDDEN, 1),
         (DType::Q8_0, VOCAB, HIDDEN, 1),
         (DType::Q4_1, FFN, HIDDEN, PREFILL),
+        (DType::Q4_1, FFN, HIDDEN, BATCH),
     ];
     for dtype in QUANTIZED {
         products.extend([(dtype, HIDDEN, FFN, 1), (dtype, HIDDEN, FFN, PREFILL)]);
@@ -105,6 +108,7 @@ fn single_products(c: &mut Criterion) {
             match (m, rows) {
                 (1, 4096) => "matvec4096",
                 (1, _) => "matvec",
+                (BATCH, _) => "batch8",
                 _ => "prefill128",
             }
         ),

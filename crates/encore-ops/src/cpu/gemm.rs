@@ -442,52 +442,75 @@ fn unpack_q6_k(row: &[u8], out: &mut [WeightPair]) {
 /// the block's minimum), Q8_0, Q5_0 and IQ4_NL their signed ones.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 fn unpack_small(dtype: DType, row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
+    match dtype {
+        DType::Q8_0 => unpack_blocks::<{ DType::Q8_0 as u8 }>(row, out, offsets),
+        DType::Q4_0 => unpack_blocks::<{ DType::Q4_0 as u8 }>(row, out, offsets),
+        DType::Q4_1 => unpack_blocks::<{ DType::Q4_1 as u8 }>(row, out, offsets),
+        DType::Q5_0 => unpack_blocks::<{ DType::Q5_0 as u8 }>(row, out, offsets),
+        DType::Q5_1 => unpack_blocks::<{ DType::Q5_1 as u8 }>(row, out, offsets),
+        DType::IQ4_NL => unpack_blocks::<{ DType::IQ4_NL as u8 }>(row, out, offsets),
+        _ => {}
+    }
+}
+
+/// [`unpack_small`] for the type whose `DType` discriminant is `KIND`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn unpack_blocks<const KIND: u8>(row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
+    const Q8_0: u8 = DType::Q8_0 as u8;
+    const Q4_0: u8 = DType::Q4_0 as u8;
+    const Q4_1: u8 = DType::Q4_1 as u8;
+    const Q5_0: u8 = DType::Q5_0 as u8;
+    const Q5_1: u8 = DType::Q5_1 as u8;
+    let bytes = match KIND {
+        Q8_0 => 34,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        _ => 18, // Q4_0, IQ4_NL
+    };
     let bias = _mm256_set1_epi8(-128);
     let sixteen = _mm256_set1_epi8(16);
     // SAFETY: the table is 16 readable bytes; the load is unaligned.
     let levels =
         _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()) });
-    let bytes = dtype.block_bytes();
     for (b, block) in row.chunks_exact(bytes).enumerate() {
         let Some(pair) = out.get_mut(b / 2) else {
             return;
         };
-        let d = f16_le([block[0], block[1]]);
         let p = block.as_ptr();
-        // SAFETY: `block` is one whole block of `dtype`; each load below lies
-        // within it (the layouts in `quant.rs`) and is unaligned.
-        let (codes, offset) = unsafe {
-            match dtype {
-                DType::Q8_0 => (
-                    _mm256_xor_si256(_mm256_loadu_si256(p.add(2).cast()), bias),
-                    0.0,
-                ),
-                DType::Q4_0 => (_mm256_or_si256(nibbles(p.add(2)), bias), -8.0 * d),
-                DType::Q4_1 => (
-                    _mm256_or_si256(nibbles(p.add(4)), bias),
-                    f16_le([block[2], block[3]]),
-                ),
+        // SAFETY: `block` is one whole block of its type; each load below
+        // lies within it (the layouts in `quant.rs`) and is unaligned. Every
+        // block starts with its f16 scale (and Q4_1's and Q5_1's minimum).
+        let (codes, head) = unsafe {
+            let head = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+            let codes = match KIND {
+                Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(p.add(2).cast()), bias),
+                Q4_0 => _mm256_or_si256(nibbles(p.add(2)), bias),
+                Q4_1 => _mm256_or_si256(nibbles(p.add(4)), bias),
                 // c + 128 = (q - 16) + 128
-                DType::Q5_0 => {
+                Q5_0 => {
                     let fifth = _mm256_and_si256(fifth_bits(p.add(2)), sixteen);
                     let q = _mm256_or_si256(nibbles(p.add(6)), fifth);
-                    (_mm256_add_epi8(q, _mm256_set1_epi8(112)), 0.0)
+                    _mm256_add_epi8(q, _mm256_set1_epi8(112))
                 }
-                DType::Q5_1 => {
+                Q5_1 => {
                     let fifth = _mm256_and_si256(fifth_bits(p.add(4)), sixteen);
-                    let q = _mm256_or_si256(nibbles(p.add(8)), fifth);
-                    (_mm256_or_si256(q, bias), f16_le([block[2], block[3]]))
+                    _mm256_or_si256(_mm256_or_si256(nibbles(p.add(8)), fifth), bias)
                 }
-                DType::IQ4_NL => {
-                    let q = _mm256_shuffle_epi8(levels, nibbles(p.add(2)));
-                    (_mm256_xor_si256(q, bias), 0.0)
-                }
-                _ => (bias, 0.0),
-            }
+                _ => _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(p.add(2))), bias),
+            };
+            (codes, head)
         };
         let h = b % 2;
         store_half(pair, h, codes);
-        pair.scale[8 * h..8 * h + 8].fill(d);
+        let lanes = &mut pair.scale[8 * h..8 * h + 8];
+        // SAFETY: `lanes` is 8 writable f32s; the store is unaligned.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_broadcastss_ps(head)) };
+        let offset = match KIND {
+            Q4_0 => -8.0 * _mm_cvtss_f32(head),
+            Q4_1 | Q5_1 => _mm_cvtss_f32(_mm_movehdup_ps(head)),
+            _ => continue,
+        };
         if let Some(o) = offsets.get_mut(2 * b..2 * b + 2) {
             o.fill(offset);
         }
