@@ -38,11 +38,12 @@
 //!
 //! Products of several activation rows (prompts, batched decoding) are
 //! arithmetic-bound rather than memory-bound. Where the CPU has AVX-512 with
-//! VNNI they take another path (`gemm.rs`): every weight type is unpacked
-//! once per product into one form (bytes with a scale and an offset per 16
-//! weights), and 4 x 4 tiles of weight and activation rows multiply it with
-//! `vpdpbusd`, 64 bytes an instruction. Its sums differ from the dot
-//! products' only in the order of the float additions.
+//! VNNI, those of the super-block types take another path (`gemm.rs`): the
+//! weights are unpacked once per product into one form (bytes with a scale
+//! and an offset per 16 weights), and 4 x 4 tiles of weight and activation
+//! rows multiply it with `vpdpbusd`, 64 bytes an instruction. Its sums differ
+//! from the dot products' only in the order of the float additions; the types
+//! in blocks of 32 keep the dot products, whose order is llama.cpp's.
 //!
 //! The AVX2 + FMA + F16C kernels are chosen at run time with
 //! `is_x86_feature_detected!`. On aarch64 the NEON kernels always run (NEON
