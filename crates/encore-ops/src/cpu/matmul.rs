@@ -152,6 +152,10 @@ pub(crate) fn matmul_quantized_on(
             super::gemm::multiply(proof, dtype, weights, rows, x, y);
             return Ok(());
         }
+        if x.rows() > 1 && super::gemm::blocks::supports(dtype) {
+            super::gemm::blocks::multiply(proof, dtype, weights, rows, x, y);
+            return Ok(());
+        }
     }
     let row_blocks = cols / x.format().block_len();
     let row_bytes = row_blocks * dtype.block_bytes();

@@ -1,31 +1,33 @@
 //! Products of several activation rows at once (prompts, batched decoding)
 //! on AVX-512 with VNNI, where the work is arithmetic rather than memory
-//! traffic.
+//! traffic. This module takes the super-block types (K-quants, IQ4_XS);
+//! [`blocks`] the types in blocks of 32, summed in llama.cpp's order.
 //!
 //! Both sides are first laid out in pairs of 64 values, one 512-bit register
-//! each, in one form for every weight type:
+//! each, in one form for every super-block type:
 //!
 //! - weights ([`WeightPair`]): integer codes `c` stored as the unsigned bytes
 //!   `c + 128`, and per group of 16 a scale and an offset, so that
 //!   `w = scale * c + offset`;
-//! - activations ([`ActivationPair`]): the 8-bit `q` of [`ActivationBlock`](super::quant::ActivationBlock)s
-//!   or [`BlockQ8K`](super::kquant::BlockQ8K)s, and per group of 16 the scale `d` (`x ≈ d q`) and the
-//!   group's sum `Σ x`, as those blocks hold them.
+//! - activations ([`ActivationPair`]): the 8-bit `q` of
+//!   [`BlockQ8K`](super::kquant::BlockQ8K)s, and per group of 16 the scale
+//!   `d` (`x ≈ d q`) and the group's sum `d Σ q`.
 //!
 //! `vpdpbusd` multiplies unsigned by signed bytes and sums each four products
 //! into a 32-bit lane in one instruction; starting each lane from `-128 Σ q`
 //! over its four activations makes it the exact integer `Σ c q`. Lane `l`
-//! belongs to group `l / 4`, and adds `(scale d) Σ c q` and a quarter of the
-//! group's `offset Σ x` to an f32 lane; the 16 lanes are added up once per
-//! output. Every type becomes the same integer and float work this way, with
-//! the same rounding as the dot-product kernels up to the order of the
-//! additions, and each weight is unpacked once per product rather than once
-//! for every few activation rows.
+//! belongs to group `l / 4` and adds `(scale d) Σ c q` to an f32 lane; the
+//! offsets' products `offset Σ x` are added into the same lanes 16 groups at
+//! a time, and the 16 lanes are added up once per output. The sums are the
+//! dot products' up to the order of the float additions, and each weight is
+//! unpacked once per product rather than once for every few activation rows.
 //!
 //! The weights are unpacked a few rows at a time, into a buffer the size of
 //! the L1 cache, and each tile of 4 weight rows meets the activation rows 4 at
 //! a time: 16 accumulators stay in registers while the tile's weights serve 4
 //! activation rows and each activation register 4 weight rows.
+
+pub(crate) mod blocks;
 
 use std::arch::x86_64::*;
 
@@ -35,10 +37,9 @@ use bytemuck::Zeroable;
 
 use super::kquant::scale_and_min_bytes;
 use super::kquant::{
-    BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, SuperBlock, IQ4_LEVELS, SUPER,
+    BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, SuperBlock, SUPER,
 };
 use super::quant::{blocks, f16_le, ActivationFormat, QuantizedActivations};
-use super::simd::avx2::{fifth_bits, nibbles};
 use super::simd::Avx512VnniProof;
 use crate::DType;
 
@@ -268,22 +269,8 @@ unsafe fn pack_activations(x: &QuantizedActivations, out: &mut Rows<ActivationPa
     for r in 0..x.rows() {
         let (row, groups) = out.row_mut(r);
         match x.format() {
-            ActivationFormat::Q8 => {
-                let per_row = x.cols() / 32;
-                let blocks = &x.blocks()[r * per_row..(r + 1) * per_row];
-                for (p, (pair, two)) in row.iter_mut().zip(blocks.chunks(2)).enumerate() {
-                    let mut d = [0.0; 4];
-                    for (h, b) in two.iter().enumerate() {
-                        pair.q[32 * h..32 * h + 32].copy_from_slice(&b.qs);
-                        d[2 * h..2 * h + 2].fill(b.d);
-                        if sums {
-                            // s is the block's Σ x, half of it in each group.
-                            groups[4 * p + 2 * h..4 * p + 2 * h + 2].fill(b.s / 2.0);
-                        }
-                    }
-                    pair.d = spread(d);
-                }
-            }
+            // The types in blocks of 32 take `blocks`.
+            ActivationFormat::Q8 => {}
             ActivationFormat::Q8K => {
                 let per_row = x.cols() / SUPER;
                 let blocks = &x.super_blocks()[r * per_row..(r + 1) * per_row];
@@ -325,7 +312,7 @@ fn unpack_row(dtype: DType, row: &[u8], out: &mut [WeightPair], offsets: &mut [f
         DType::Q2_K => unpack_super::<BlockQ2K>(row, out, offsets),
         DType::Q3_K => unpack_super::<BlockQ3K>(row, out, offsets),
         DType::IQ4_XS => unpack_super::<BlockIQ4XS>(row, out, offsets),
-        _ => unpack_small(dtype, row, out, offsets),
+        _ => {}
     }
 }
 
@@ -439,87 +426,6 @@ fn unpack_q6_k(row: &[u8], out: &mut [WeightPair]) {
                 _mm256_add_epi8(_mm256_or_si256(nib(l1), high(h1)), bias),
             );
             pair.scale = spread(std::array::from_fn(|g| d * f32::from(b.scales[4 * p + g])));
-        }
-    }
-}
-
-/// A row of blocks of 32: half a pair each, the last pair's upper half left
-/// zero where the count is odd. Codes are `c + 128` for `w = d c + offset`:
-/// Q4_0, Q4_1 and Q5_1 take their unsigned values as `c` (offset `-8 d` or
-/// the block's minimum), Q8_0, Q5_0 and IQ4_NL their signed ones.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-fn unpack_small(dtype: DType, row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
-    match dtype {
-        DType::Q8_0 => unpack_blocks::<{ DType::Q8_0 as u8 }>(row, out, offsets),
-        DType::Q4_0 => unpack_blocks::<{ DType::Q4_0 as u8 }>(row, out, offsets),
-        DType::Q4_1 => unpack_blocks::<{ DType::Q4_1 as u8 }>(row, out, offsets),
-        DType::Q5_0 => unpack_blocks::<{ DType::Q5_0 as u8 }>(row, out, offsets),
-        DType::Q5_1 => unpack_blocks::<{ DType::Q5_1 as u8 }>(row, out, offsets),
-        DType::IQ4_NL => unpack_blocks::<{ DType::IQ4_NL as u8 }>(row, out, offsets),
-        _ => {}
-    }
-}
-
-/// [`unpack_small`] for the type whose `DType` discriminant is `KIND`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-fn unpack_blocks<const KIND: u8>(row: &[u8], out: &mut [WeightPair], offsets: &mut [f32]) {
-    const Q8_0: u8 = DType::Q8_0 as u8;
-    const Q4_0: u8 = DType::Q4_0 as u8;
-    const Q4_1: u8 = DType::Q4_1 as u8;
-    const Q5_0: u8 = DType::Q5_0 as u8;
-    const Q5_1: u8 = DType::Q5_1 as u8;
-    let bytes = match KIND {
-        Q8_0 => 34,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        Q5_1 => 24,
-        _ => 18, // Q4_0, IQ4_NL
-    };
-    let bias = _mm256_set1_epi8(-128);
-    let sixteen = _mm256_set1_epi8(16);
-    // SAFETY: the table is 16 readable bytes; the load is unaligned.
-    let levels =
-        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()) });
-    for (b, block) in row.chunks_exact(bytes).enumerate() {
-        let Some(pair) = out.get_mut(b / 2) else {
-            return;
-        };
-        let p = block.as_ptr();
-        // SAFETY: `block` is one whole block of its type; each load below
-        // lies within it (the layouts in `quant.rs`) and is unaligned. Every
-        // block starts with its f16 scale (and Q4_1's and Q5_1's minimum).
-        let (codes, head) = unsafe {
-            let head = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
-            let codes = match KIND {
-                Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(p.add(2).cast()), bias),
-                Q4_0 => _mm256_or_si256(nibbles(p.add(2)), bias),
-                Q4_1 => _mm256_or_si256(nibbles(p.add(4)), bias),
-                // c + 128 = (q - 16) + 128
-                Q5_0 => {
-                    let fifth = _mm256_and_si256(fifth_bits(p.add(2)), sixteen);
-                    let q = _mm256_or_si256(nibbles(p.add(6)), fifth);
-                    _mm256_add_epi8(q, _mm256_set1_epi8(112))
-                }
-                Q5_1 => {
-                    let fifth = _mm256_and_si256(fifth_bits(p.add(4)), sixteen);
-                    _mm256_or_si256(_mm256_or_si256(nibbles(p.add(8)), fifth), bias)
-                }
-                _ => _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(p.add(2))), bias),
-            };
-            (codes, head)
-        };
-        let h = b % 2;
-        store_half(pair, h, codes);
-        let lanes = &mut pair.scale[8 * h..8 * h + 8];
-        // SAFETY: `lanes` is 8 writable f32s; the store is unaligned.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_broadcastss_ps(head)) };
-        let offset = match KIND {
-            Q4_0 => -8.0 * _mm_cvtss_f32(head),
-            Q4_1 | Q5_1 => _mm_cvtss_f32(_mm_movehdup_ps(head)),
-            _ => continue,
-        };
-        if let Some(o) = offsets.get_mut(2 * b..2 * b + 2) {
-            o.fill(offset);
         }
     }
 }
@@ -712,13 +618,8 @@ mod tests {
             return;
         };
         let mut rng = StdRng::seed_from_u64(31);
-        // Every type the layout takes, not only those `supports` routes here.
-        for dtype in DType::ALL.into_iter().filter(|t| t.is_quantized()) {
-            let mut shapes = vec![(9, 256, 2), (6, 3072, 5), (5, 4864, 4)];
-            if dtype.block_len() == 32 {
-                shapes.extend([(7, 96, 3), (13, 2080, 6)]);
-            }
-            for (rows, cols, m) in shapes {
+        for dtype in DType::ALL.into_iter().filter(|&t| supports(t)) {
+            for (rows, cols, m) in [(9, 256, 2), (6, 3072, 5), (5, 4864, 4)] {
                 let w = random_weights(&mut rng, dtype, rows, cols);
                 let x = random_activations(&mut rng, m * cols);
                 let format = ActivationFormat::of(dtype).unwrap();
