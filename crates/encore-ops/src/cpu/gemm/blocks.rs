@@ -25,7 +25,7 @@ use super::super::kquant::IQ4_LEVELS;
 use super::super::quant::{ActivationFormat, QuantizedActivations};
 use super::super::simd::avx2::{fifth_bits, hsum, nibbles};
 use super::super::simd::Avx512VnniProof;
-use super::{with_scratch, Rows, TILE_W, UNPACKED_BYTES};
+use super::{chunk_rows, lane_starts, with_scratch, Rows, TILE_W};
 use crate::DType;
 
 /// Values per block.
@@ -123,13 +123,7 @@ unsafe fn pack_activations(x: &QuantizedActivations, out: &mut Rows<RowPairBlock
         }
     }
     for pb in out.pairs.iter_mut() {
-        // SAFETY: `q` and `start` are 64 bytes each, 64-byte aligned.
-        unsafe {
-            let q = _mm512_load_si512(pb.q.as_ptr().cast());
-            let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
-            let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sums));
-            _mm512_store_si512(pb.start.as_mut_ptr().cast(), start);
-        }
+        pb.start = lane_starts(&pb.q);
     }
 }
 
@@ -150,9 +144,7 @@ unsafe fn multiply_task(
 ) {
     let blocks = acts.width;
     let task_rows = w.len().checked_div(row_bytes).unwrap_or(0);
-    let chunk_rows = (UNPACKED_BYTES / (blocks * size_of::<WeightBlock>()).max(1))
-        .next_multiple_of(TILE_W)
-        .max(TILE_W);
+    let chunk_rows = chunk_rows(blocks * size_of::<WeightBlock>());
     unpacked.reset(chunk_rows.min(task_rows), blocks, false);
     let mut first = 0;
     while first < task_rows {

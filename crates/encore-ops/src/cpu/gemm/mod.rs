@@ -229,31 +229,26 @@ unsafe fn multiply_task(
 ) {
     let (pairs, offsets) = (acts.width, acts.group_width > 0);
     let task_rows = w.len().checked_div(row_bytes).unwrap_or(0);
-    let row_size = pairs * size_of::<WeightPair>() + 4 * acts.group_width;
-    let chunk_rows = (UNPACKED_BYTES / row_size.max(1))
-        .next_multiple_of(TILE_W)
-        .max(TILE_W);
+    let chunk_rows = chunk_rows(pairs * size_of::<WeightPair>() + 4 * acts.group_width);
     unpacked.reset(chunk_rows.min(task_rows), pairs, offsets);
-    {
-        let mut first = 0;
-        while first < task_rows {
-            let count = chunk_rows.min(task_rows - first);
-            // SAFETY: the proof says the CPU has AVX-512 F, BW and VNNI;
-            // `unpacked` holds `count` rows, `acts` `m` rows, of `pairs` pairs.
-            unsafe {
-                for r in 0..count {
-                    let at = (first + r) * row_bytes;
-                    let (codes, offsets) = unpacked.row_mut(r);
-                    unpack_row(dtype, &w[at..at + row_bytes], codes, offsets);
-                }
-                if offsets {
-                    tiles::<true>(unpacked, count, acts, first, out);
-                } else {
-                    tiles::<false>(unpacked, count, acts, first, out);
-                }
-            }
-            first += count;
+    let mut first = 0;
+    while first < task_rows {
+        let count = chunk_rows.min(task_rows - first);
+        for r in 0..count {
+            let at = (first + r) * row_bytes;
+            let (codes, offsets) = unpacked.row_mut(r);
+            unpack_row(dtype, &w[at..at + row_bytes], codes, offsets);
         }
+        // SAFETY: `unpacked` holds `count` rows and `acts` `out.len()` rows,
+        // of `pairs` pairs each; the CPU has the features.
+        unsafe {
+            if offsets {
+                tiles::<true>(unpacked, count, acts, first, out);
+            } else {
+                tiles::<false>(unpacked, count, acts, first, out);
+            }
+        }
+        first += count;
     }
 }
 
@@ -288,15 +283,31 @@ unsafe fn pack_activations(x: &QuantizedActivations, out: &mut Rows<ActivationPa
             }
         }
         for pair in row.iter_mut() {
-            // SAFETY: `q` and `start` are 64 bytes each, 64-byte aligned.
-            unsafe {
-                let q = _mm512_load_si512(pair.q.as_ptr().cast());
-                let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
-                let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sums));
-                _mm512_store_si512(pair.start.as_mut_ptr().cast(), start);
-            }
+            pair.start = lane_starts(&pair.q);
         }
     }
+}
+
+/// Where each lane of `vpdpbusd` over codes `c + 128` and activations `q`
+/// starts, so that it ends at `Σ c q`: `-128` times the sum of the lane's four `q`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn lane_starts(q: &[i8; PAIR]) -> [i32; 16] {
+    // SAFETY: `q` is 64 readable bytes; the load is unaligned.
+    let q = unsafe { _mm512_loadu_si512(q.as_ptr().cast()) };
+    let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+    let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sums));
+    let mut out = [0; 16];
+    // SAFETY: `out` is 64 writable bytes; the store is unaligned.
+    unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), start) };
+    out
+}
+
+/// Weight rows unpacked at a time, of `row_size` bytes unpacked: a whole
+/// number of tiles, about [`UNPACKED_BYTES`] in all.
+fn chunk_rows(row_size: usize) -> usize {
+    (UNPACKED_BYTES / row_size.max(1))
+        .next_multiple_of(TILE_W)
+        .max(TILE_W)
 }
 
 /// One weight row of `dtype` as pairs.
