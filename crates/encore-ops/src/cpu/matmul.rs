@@ -498,7 +498,7 @@ mod tests {
                 // except in the AVX-512 products of several rows, which
                 // sum in lanes (`gemm.rs`).
                 let exact = match ActivationFormat::of(dtype) {
-                    Some(ActivationFormat::Q8K) => isa.avx512_vnni().is_none(),
+                    Some(ActivationFormat::Q8K) => !isa.has_avx512_vnni(),
                     Some(ActivationFormat::Q8) => isa.sums_blocks_in_order(),
                     None => false,
                 };

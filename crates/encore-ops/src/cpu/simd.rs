@@ -70,12 +70,23 @@ impl Isa {
     }
 
     /// The proof of AVX-512 VNNI, where the CPU has it.
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn avx512_vnni(self) -> Option<Avx512VnniProof> {
         match self {
-            #[cfg(target_arch = "x86_64")]
             Isa::Avx2(p) => p.avx512_vnni,
-            _ => None,
+            Isa::Scalar => None,
         }
+    }
+
+    /// Whether products of several rows run on the AVX-512 VNNI tiles, whose
+    /// super-block sums add in another order than the dot products'.
+    #[cfg(test)]
+    pub(crate) fn has_avx512_vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        let vnni = self.avx512_vnni().is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        let vnni = false;
+        vnni
     }
 
     /// Every instruction set this CPU can run, the scalar code first, so
