@@ -196,6 +196,10 @@ thread_local! {
     static WEIGHTS: RefCell<Rows<WeightPair>> = RefCell::new(Rows::default());
 }
 
+/// The most memory a thread's buffer keeps between products; a larger one
+/// (a long prompt's activations) is freed after its product.
+const KEEP_BYTES: usize = 8 << 20;
+
 /// `f` on this thread's buffer in `cell`, or on a fresh one if it is in use.
 fn with_scratch<P: Zeroable + Copy>(
     cell: &'static std::thread::LocalKey<RefCell<Rows<P>>>,
@@ -205,6 +209,10 @@ fn with_scratch<P: Zeroable + Copy>(
     let _ = cell.try_with(|c| {
         if let (Ok(mut rows), Some(f)) = (c.try_borrow_mut(), f.take()) {
             f(&mut rows);
+            let kept = rows.pairs.capacity() * size_of::<P>() + rows.groups.capacity() * 4;
+            if kept > KEEP_BYTES {
+                *rows = Rows::default();
+            }
         }
     });
     if let Some(f) = f {
