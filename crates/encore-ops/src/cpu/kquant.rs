@@ -93,13 +93,16 @@ pub fn quantize_row_q8_k(src: &[f32], dst: &mut [BlockQ8K]) -> Result<(), QuantE
 }
 
 fn quantize_block(x: &[f32], out: &mut BlockQ8K) {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    // The largest magnitude, NaN left out, as an integer maximum of the bits
+    // (which orders non-negative floats and vectorizes); then the first value
+    // of that magnitude.
+    let bits = x
+        .iter()
+        .map(|v| v.to_bits() & 0x7fff_ffff)
+        .map(|b| if b > 0x7f80_0000 { 0 } else { b })
+        .fold(0, u32::max);
+    let amax = f32::from_bits(bits);
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
     if amax == 0.0 {
         *out = BlockQ8K::zeroed();
         return;

@@ -272,6 +272,44 @@ pub fn quantize_row_q8(src: &[f32], dst: &mut [ActivationBlock]) -> Result<(), Q
     quantize_row_on(Isa::detect(), src, dst)
 }
 
+/// Values below which one thread quantizes all the rows: handing work to
+/// another thread costs about what it saves.
+const PARALLEL_VALUES: usize = 16 * 1024;
+
+/// `quantize(src, dst)` over `x` (rows of `cols` values) into `dst`
+/// (`per_row` blocks a row): for many rows (a prompt), a share of the rows a
+/// task on the worker pool ([`encore::parallel`]). Returns the first error.
+fn by_rows<T: Send>(
+    x: &[f32],
+    cols: usize,
+    dst: &mut [T],
+    per_row: usize,
+    quantize: impl Fn(&[f32], &mut [T]) -> Result<(), QuantError> + Sync,
+) -> Result<(), QuantError> {
+    let threads = encore::parallel::threads();
+    let rows = x.len().checked_div(cols).unwrap_or(0);
+    if threads <= 1 || x.len() < PARALLEL_VALUES || per_row == 0 {
+        return quantize(x, dst);
+    }
+    let task_rows = rows.div_ceil(2 * threads).max(1);
+    let failed = std::sync::Mutex::new(None);
+    encore::parallel::for_each_chunk_mut(dst, task_rows * per_row, |t, d| {
+        let first = t * task_rows * cols;
+        let src = x
+            .get(first..first + d.len() / per_row * cols)
+            .unwrap_or(&[]);
+        if let Err(e) = quantize(src, d) {
+            if let Ok(mut f) = failed.lock() {
+                f.get_or_insert(e);
+            }
+        }
+    });
+    match failed.into_inner() {
+        Ok(Some(e)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn quantize_row_on(
     isa: Isa,
     src: &[f32],
@@ -505,16 +543,19 @@ impl QuantizedActivations {
         self.cols = cols;
         self.blocks.clear();
         self.super_blocks.clear();
+        let per_row = cols / block;
         match format {
             ActivationFormat::Q8 => {
                 self.blocks
                     .resize(x.len() / block, ActivationBlock::zeroed());
-                quantize_row_on(isa, x, &mut self.blocks)
+                by_rows(x, cols, &mut self.blocks, per_row, |src, dst| {
+                    quantize_row_on(isa, src, dst)
+                })
             }
             ActivationFormat::Q8K => {
                 self.super_blocks
                     .resize(x.len() / block, BlockQ8K::zeroed());
-                quantize_row_q8_k(x, &mut self.super_blocks)
+                by_rows(x, cols, &mut self.super_blocks, per_row, quantize_row_q8_k)
             }
         }
     }
@@ -551,6 +592,27 @@ impl QuantizedActivations {
 mod tests {
     use super::*;
     use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// A prompt's rows, quantized a share a task on a pool of 3 threads, give
+    /// the blocks one thread gives, in both formats.
+    #[test]
+    fn rows_quantized_on_the_pool_equal_one_thread() {
+        let mut rng = StdRng::seed_from_u64(41);
+        let (rows, cols) = (67, 512);
+        let x: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let pool = encore::parallel::WorkerPool::new(3).unwrap();
+        for format in [ActivationFormat::Q8, ActivationFormat::Q8K] {
+            let mut serial = QuantizedActivations::new();
+            serial.quantize(format, &x, cols).unwrap();
+            let mut pooled = QuantizedActivations::new();
+            pool.install(|| pooled.quantize(format, &x, cols)).unwrap();
+            assert_eq!(pooled.rows(), rows);
+            match format {
+                ActivationFormat::Q8 => assert_eq!(pooled.blocks(), serial.blocks()),
+                ActivationFormat::Q8K => assert_eq!(pooled.super_blocks(), serial.super_blocks()),
+            }
+        }
+    }
 
     fn f16_bytes(v: f32) -> [u8; 2] {
         f16::from_f32(v).to_le_bytes()
