@@ -496,7 +496,7 @@ mod tests {
                 // in order), and super-block types (whose kernels finish
                 // each block with the same float operations) bit for bit,
                 // except in the AVX-512 products of several rows, which
-                // sum in lanes (`gemm.rs`).
+                // sum in lanes (`gemm/mod.rs`).
                 let exact = match ActivationFormat::of(dtype) {
                     Some(ActivationFormat::Q8K) => !isa.has_avx512_vnni(),
                     Some(ActivationFormat::Q8) => isa.sums_blocks_in_order(),
