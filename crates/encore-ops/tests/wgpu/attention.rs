@@ -10,8 +10,11 @@ use super::{assert_close, both, run};
 /// Runs `attention` on the CPU and on wgpu over random queries and caches
 /// (`|q|, |k|, |v| < 1`) and compares. Below 64 rows the CPU keeps its
 /// weighted sum of V in f16 (llama.cpp's recurrence, rounded at every
-/// position, 2^-11 relative) where wgpu keeps f32: every output within 1e-3
-/// of the CPU's. From 64 rows on the CPU stays in f32 (llama.cpp's tiled
+/// position, 2^-11 relative) where wgpu keeps f32: every output within 2e-3
+/// of the CPU's, as `attention_step`'s test says why (that recurrence is off
+/// the exact result by up to 8e-4 in the worst of 60 dispatches, lavapipe's
+/// exponential adds its own rounding, and 1e-3 failed now and then: 1.08e-3
+/// once here). From 64 rows on the CPU stays in f32 (llama.cpp's tiled
 /// path) and only the order of the sums differs: within 1e-4.
 fn check(pair: &[Ops; 2], rng: &mut Rng, shape: AttnShape, pos: u32) {
     let (rows, heads, hd) = (
@@ -42,7 +45,7 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, shape: AttnShape, pos: u32) {
         "attention rows={rows} heads={heads}/{} head_dim={hd} pos={pos} max_seq={} window={}",
         shape.kv_heads, shape.max_seq, shape.window
     );
-    let tol = if rows >= 64 { 1e-4 } else { 1e-3 };
+    let tol = if rows >= 64 { 1e-4 } else { 2e-3 };
     assert_close(&what, &out[1], &out[0], 0.0, tol);
 }
 
