@@ -146,13 +146,10 @@ pub(crate) fn supports(dtype: DType) -> bool {
     ActivationFormat::of(dtype) == Some(ActivationFormat::Q8K)
 }
 
-/// Whether `dtype`'s weights have offsets (`w = scale c + offset`), whose
-/// products need the activations' sums.
+/// Whether `dtype`'s weights have offsets (`w = scale c + offset`: the
+/// K-quants with minimums), whose products need the activations' sums.
 fn has_offset(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q2_K
-    )
+    matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q2_K)
 }
 
 /// `y = x · Wᵀ` for `rows` rows of `dtype` weights (whole rows, checked by
