@@ -222,10 +222,13 @@ mod tests {
             w2: b.clone(),
             y0: b.clone(),
             y1: b.clone(),
-            y2: b,
+            y2: b.clone(),
+            b0: b.clone(),
+            b1: b.clone(),
+            b2: b,
             shape: bytemuck::Zeroable::zeroed(),
         };
-        let outputs = |a: &FusedArgs| a.accesses()[5..].to_vec();
+        let outputs = |a: &FusedArgs| a.accesses()[5..8].to_vec();
         args.shape = FusedShape {
             epilogue: EPILOGUE_STORE,
             ..args.shape

@@ -8,13 +8,15 @@
 //! 1. `matmul` siblings reading the same input: one `fused_matmul` (Q, K
 //!    and V; gate and up);
 //! 2. `rms_norm` then a product of its output: the norm folded in;
-//! 3. gate and up then `silu_mul`: the SwiGLU epilogue;
-//! 4. a product then `add` into the residual: the accumulate epilogue;
-//! 5. `rope` then `kv_store` of the rotated rows: `rope_store`;
-//! 6. for one decode row, `rope` of the query, `rope_store` (or `kv_store`)
+//! 3. a product then `add_rows` of a bias into one of its outputs: the bias
+//!    added as the product stores (Qwen2's Q, K and V, one output at a time);
+//! 4. gate and up then `silu_mul`: the SwiGLU epilogue;
+//! 5. a product then `add` into the residual: the accumulate epilogue;
+//! 6. `rope` then `kv_store` of the rotated rows: `rope_store`;
+//! 7. for one decode row, `rope` of the query, `rope_store` (or `kv_store`)
 //!    of the new K row and `kv_store` of the new V row, each folded into the
 //!    `attention` that reads them: `attention_step`;
-//! 7. in a batch's graph ([`row_patterns`]), the same for the decode rows
+//! 8. in a batch's graph ([`row_patterns`]), the same for the decode rows
 //!    of a paged cache: `kv_store_paged` of the new K and V rows, then
 //!    `rope_rows` of the query and of the new K rows, each folded into the
 //!    `attention_paged` that reads them: `attention_step_paged`.
@@ -30,7 +32,7 @@ use encore::{Buffer, Kernel, Node};
 
 use crate::kernels::attention::{AttnArgs, KvArgs};
 use crate::kernels::attention_step::{self, AttnStepArgs, AttnStepShape};
-use crate::kernels::elementwise::{AddArgs, SiluMulArgs};
+use crate::kernels::elementwise::{AddArgs, AddRowsArgs, SiluMulArgs};
 use crate::kernels::fused::{self, FusedArgs, FusedShape};
 use crate::kernels::matmul::MatmulArgs;
 use crate::kernels::norm::NormArgs;
@@ -55,6 +57,8 @@ struct Product {
     g: Option<Buffer>,
     w: Vec<Buffer>,
     y: Vec<Buffer>,
+    /// Each output's bias, where `shape.bias` has its bit.
+    b: [Option<Buffer>; 3],
     shape: FusedShape,
     label: String,
 }
@@ -70,6 +74,7 @@ impl Product {
                     g: None,
                     w: vec![a.w],
                     y: vec![a.y],
+                    b: [None, None, None],
                     shape: FusedShape {
                         rows: s.rows,
                         k: s.k,
@@ -79,6 +84,7 @@ impl Product {
                         epilogue: fused::EPILOGUE_STORE,
                         norm: 0,
                         eps: 0.0,
+                        bias: 0,
                     },
                     label: node.label.to_string(),
                 })
@@ -92,8 +98,10 @@ impl Product {
                 } else {
                     1
                 };
+                let biases = a.biases();
                 Some(Product {
                     g: (shape.norm != 0).then(|| a.g.clone()),
+                    b: [0, 1, 2].map(|i| (shape.bias & 1 << i != 0).then(|| biases[i].clone())),
                     w: a.weights()[..weights].iter().map(|&b| b.clone()).collect(),
                     y: a.outputs()[..outputs].iter().map(|&b| b.clone()).collect(),
                     x: a.x,
@@ -105,12 +113,15 @@ impl Product {
         }
     }
 
-    /// Whether a kernel reading `x` (and `g`) may write the outputs: no
-    /// output may overlap an input another warp is still reading.
+    /// Whether a kernel reading `x` (and `g` and the biases) may write the
+    /// outputs: no output may overlap an input another warp is still reading.
     fn outputs_clear_of_inputs(&self) -> bool {
-        self.y
-            .iter()
-            .all(|y| !overlap(y, &self.x) && self.g.as_ref().is_none_or(|g| !overlap(y, g)))
+        let inputs: Vec<&Buffer> = [Some(&self.x), self.g.as_ref()]
+            .into_iter()
+            .chain(self.b.iter().map(Option::as_ref))
+            .flatten()
+            .collect();
+        self.y.iter().all(|y| inputs.iter().all(|i| !overlap(y, i)))
     }
 
     fn node(self, kernel: &Kernel) -> Option<Node> {
@@ -119,6 +130,7 @@ impl Product {
         }
         let empty = self.x.view(0, 0).ok()?;
         let pick = |v: &[Buffer], i: usize| v.get(i).cloned().unwrap_or_else(|| empty.clone());
+        let [b0, b1, b2] = self.b.map(|b| b.unwrap_or_else(|| empty.clone()));
         let args = FusedArgs {
             g: self.g.clone().unwrap_or_else(|| empty.clone()),
             w0: pick(&self.w, 0),
@@ -127,6 +139,9 @@ impl Product {
             y0: pick(&self.y, 0),
             y1: pick(&self.y, 1),
             y2: pick(&self.y, 2),
+            b0,
+            b1,
+            b2,
             x: self.x,
             shape: self.shape,
         };
@@ -144,6 +159,7 @@ fn siblings(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let fits = |p: &Product| {
         p.shape.weights == 1
             && p.shape.norm == 0
+            && p.shape.bias == 0
             && p.shape.epilogue == fused::EPILOGUE_STORE
             && same(&p.x, &first.x)
             && p.shape.rows == first.shape.rows
@@ -168,6 +184,7 @@ fn siblings(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
         g: None,
         w: parts.iter().map(|p| p.w[0].clone()).collect(),
         y: parts.iter().map(|p| p.y[0].clone()).collect(),
+        b: [None, None, None],
         shape,
         label,
     }
@@ -201,13 +218,34 @@ fn norm_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     p.node(kernel)
 }
 
-/// Rule 3: gate and up products, then `silu_mul` of exactly their outputs.
+/// Rule 3: `add_rows` of a bias into exactly one of a storing product's
+/// outputs, every row of it.
+fn bias_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
+    let [product, add] = nodes else { return None };
+    let mut p = Product::parse(product)?;
+    let add = AddRowsArgs::from_node(add)?;
+    let [rows, n] = add.shape;
+    if p.shape.epilogue != fused::EPILOGUE_STORE || rows != p.shape.rows {
+        return None;
+    }
+    let i = p.y.iter().position(|y| same(y, &add.y))?;
+    if p.shape.bias & 1 << i != 0 || p.shape.n[i] != n {
+        return None;
+    }
+    p.shape.bias |= 1 << i;
+    p.b[i] = Some(add.b);
+    p.label = format!("{}+bias", p.label);
+    p.node(kernel)
+}
+
+/// Rule 4: gate and up products, then `silu_mul` of exactly their outputs.
 fn swiglu(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [product, silu] = nodes else { return None };
     let mut p = Product::parse(product)?;
     let silu = SiluMulArgs::from_node(silu)?;
     let s = p.shape;
     if s.weights != 2
+        || s.bias != 0
         || s.epilogue != fused::EPILOGUE_STORE
         || s.n[0] != s.n[1]
         || silu.n != s.rows * s.n[0]
@@ -222,13 +260,14 @@ fn swiglu(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     p.node(kernel)
 }
 
-/// Rule 4: one product, then `add` of exactly its output into another buffer.
+/// Rule 5: one product, then `add` of exactly its output into another buffer.
 fn accumulate(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [product, add] = nodes else { return None };
     let mut p = Product::parse(product)?;
     let add = AddArgs::from_node(add)?;
     let s = p.shape;
     if s.weights != 1
+        || s.bias != 0
         || s.epilogue != fused::EPILOGUE_STORE
         || add.n != s.rows * s.n[0]
         || !same(&add.x, &p.y[0])
@@ -241,7 +280,7 @@ fn accumulate(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     p.node(kernel)
 }
 
-/// Rule 5: `rope` of rows that `kv_store` then writes into the cache.
+/// Rule 6: `rope` of rows that `kv_store` then writes into the cache.
 fn rope_then_store(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [rope, store] = nodes else { return None };
     let (r_args, kv_args) = (RopeArgs::from_node(rope)?, KvArgs::from_node(store)?);
@@ -371,7 +410,7 @@ impl Attend {
     }
 }
 
-/// Rule 6a: `rope` of exactly the query a one-row attention reads.
+/// Rule 7a: `rope` of exactly the query a one-row attention reads.
 fn rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [rope, attn] = nodes else { return None };
     let rope_args = RopeArgs::from_node(rope)?;
@@ -391,7 +430,7 @@ fn rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     a.node(kernel)
 }
 
-/// Rule 6b: `rope_store` of the new K row into the cache the attention reads.
+/// Rule 7b: `rope_store` of the new K row into the cache the attention reads.
 fn rope_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [store, attn] = nodes else { return None };
     let store_args = RopeStoreArgs::from_node(store)?;
@@ -413,7 +452,7 @@ fn rope_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     a.node(kernel)
 }
 
-/// Rule 6c: `kv_store` of the new V (or unrotated K) row into a cache the
+/// Rule 7c: `kv_store` of the new V (or unrotated K) row into a cache the
 /// attention reads.
 fn store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [store, attn] = nodes else { return None };
@@ -444,7 +483,7 @@ fn store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     a.node(kernel)
 }
 
-/// Rules 1 to 4 over products of op `plain`, fused into `kernel` (whose
+/// Rules 1 to 5 over products of op `plain`, fused into `kernel` (whose
 /// op the later rules extend).
 fn product_rules(table: &mut Vec<FusionPattern>, kernel: &Kernel, plain: &str) {
     let fused = kernel.op_kind().to_string();
@@ -461,6 +500,14 @@ fn product_rules(table: &mut Vec<FusionPattern>, kernel: &Kernel, plain: &str) {
             "rms_norm into product",
             &["rms_norm", product],
             move |n| norm_into_product(n, &k),
+        ));
+    }
+    for product in [fused.as_str(), plain] {
+        let k = kernel.clone();
+        table.push(FusionPattern::new(
+            "bias into product",
+            &[product, "add_rows"],
+            move |n| bias_into_product(n, &k),
         ));
     }
     let k = kernel.clone();
@@ -528,7 +575,7 @@ impl PagedAttend {
     }
 }
 
-/// Rule 7a: `kv_store_paged` of the new K or V rows into a paged cache the
+/// Rule 8a: `kv_store_paged` of the new K or V rows into a paged cache the
 /// attention reads, at the slots of any store folded in before.
 fn paged_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [store, attn] = nodes else { return None };
@@ -559,7 +606,7 @@ fn paged_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> 
     Some(a.node(kernel))
 }
 
-/// Rule 7b: `rope_rows` of the query, or of the new K rows whose store is
+/// Rule 8b: `rope_rows` of the query, or of the new K rows whose store is
 /// folded in already, at the attention's positions.
 fn paged_rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [rope, attn] = nodes else { return None };
@@ -596,9 +643,9 @@ fn paged_rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 }
 
 /// The rules for graphs of a batch of independent sequences, for the fused
-/// kernels given (a rule whose kernel is `None` is left out): rules 1 to 4
+/// kernels given (a rule whose kernel is `None` is left out): rules 1 to 5
 /// over `matmul_rows`, fused into `fused_matmul_rows`, whose rows keep
-/// their one-row arithmetic; then rule 7, the paged stores and then the
+/// their one-row arithmetic; then rule 8, the paged stores and then the
 /// RoPE of each decode row folded into `attention_step_paged`, one part at
 /// a time (the stores first: the new K rows' rotation folds in only once
 /// their store has, as the rotation's next reader is then the attention).

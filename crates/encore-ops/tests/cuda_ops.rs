@@ -907,7 +907,8 @@ fn exact_matmul_with_a_large_output_matches_the_cpu() {
 
 /// The products of a transformer block without its attention, recorded
 /// unfused and replayed as a graph with every fusion rule: RMSNorm into the
-/// Q, K and V products (one dispatch), the O product into the residual,
+/// Q, K and V products and their biases (one dispatch), the O product into
+/// the residual,
 /// RMSNorm into gate and up with SwiGLU, the down product into the
 /// residual. Returns Q, K, V and the residual, and the graph's dispatches.
 fn products_graph(
@@ -937,6 +938,9 @@ fn products_graph(
     ops.matmul(&mut e, &b.wq, &xn, &q, rows, "q").unwrap();
     ops.matmul(&mut e, &b.wk, &xn, &kk, rows, "k").unwrap();
     ops.matmul(&mut e, &b.wv, &xn, &v, rows, "v").unwrap();
+    for (y, bias, n) in [(&q, &b.bq, nq), (&kk, &b.bk, nkv), (&v, &b.bv, nkv)] {
+        ops.add_rows(&mut e, y, bias, rows, n).unwrap();
+    }
     ops.matmul(&mut e, &b.wo, &q, &proj, rows, "o").unwrap();
     ops.add(&mut e, &b.x, &proj, rows * k).unwrap();
     ops.rms_norm(&mut e, &b.x, &b.g2, &xn, rows, k, eps)
@@ -1127,12 +1131,17 @@ fn f16_step(v: f32) -> f32 {
     (exponent - 10.0).exp2()
 }
 
-/// The weight types and row counts the fused block graph is tested with.
-fn block_cases() -> Vec<(DType, usize)> {
-    encore_ops::cuda::WEIGHT_TYPES
+/// The weight types, row counts and whether Q, K and V have biases, that
+/// the fused block graph is tested with: every type without biases, and
+/// with them the types of Qwen2.5's Q, K and V in its Q4_K_M file.
+fn block_cases() -> Vec<(DType, usize, bool)> {
+    let plain = encore_ops::cuda::WEIGHT_TYPES
         .into_iter()
-        .flat_map(|dtype| [1usize, 3].map(|rows| (dtype, rows)))
-        .collect()
+        .flat_map(|dtype| [1usize, 3].map(|rows| (dtype, rows, false)));
+    let biased = [DType::Q5_0, DType::Q8_0, DType::F32]
+        .into_iter()
+        .flat_map(|dtype| [1usize, 3].map(|rows| (dtype, rows, true)));
+    plain.chain(biased).collect()
 }
 
 /// [`block_graph`] fused on CUDA with shape-specialized kernels, for every
@@ -1156,8 +1165,8 @@ fn fused_blocks() -> &'static FusedBlocks {
         let given = rng.0;
         let seed = rng.next();
         let cuda = open_cuda_specializing(true);
-        let runs = in_parallel(&block_cases(), |&(dtype, rows)| {
-            block_graph(&cuda, seed, dtype, rows, true)
+        let runs = in_parallel(&block_cases(), |&(dtype, rows, bias)| {
+            block_graph(&cuda, seed, dtype, rows, bias, true)
         });
         FusedBlocks { given, seed, runs }
     })
@@ -1191,24 +1200,24 @@ fn fused_block_graph_matches_unfused_and_cpu() {
     let cuda = open_cuda_specializing(true);
     let names = ["residual", "attention", "k cache", "v cache"];
     let cases = block_cases();
-    let others = in_parallel(&cases, |&(dtype, rows)| {
+    let others = in_parallel(&cases, |&(dtype, rows, bias)| {
         (
-            block_graph(&cuda, seed, dtype, rows, false),
-            block_graph(&cpu, seed, dtype, rows, true),
+            block_graph(&cuda, seed, dtype, rows, bias, false),
+            block_graph(&cpu, seed, dtype, rows, bias, true),
         )
     });
-    for ((&(dtype, rows), (fused, stats)), ((plain, plain_stats), (reference, cpu_stats))) in
+    for ((&(dtype, rows, bias), (fused, stats)), ((plain, plain_stats), (reference, cpu_stats))) in
         cases.iter().zip(&blocks.runs).zip(others)
     {
-        assert_eq!(plain_stats.after.nodes, 17);
+        assert_eq!(plain_stats.after.nodes, if bias { 20 } else { 17 });
         assert_eq!(
             stats.after.nodes,
             fused_nodes(rows),
-            "{dtype} rows={rows}: {stats:?}"
+            "{dtype} rows={rows} bias={bias}: {stats:?}"
         );
         assert_eq!(cpu_stats.after.nodes, fused_nodes(rows));
         for (i, name) in names.iter().enumerate() {
-            let what = format!("{dtype} rows={rows} {name}");
+            let what = format!("{dtype} rows={rows} bias={bias} {name}");
             let f16 = i >= 2;
             let tol = if f16 { 1e-4 } else { 2e-3 };
             assert_close_to_rms(
@@ -1249,10 +1258,10 @@ fn specialized_graph_kernels_match_their_generic_code() {
     let generic = open_cuda_specializing(false);
     let names = ["residual", "attention", "k cache", "v cache"];
     let cases = block_cases();
-    let generic_runs = in_parallel(&cases, |&(dtype, rows)| {
-        block_graph(&generic, seed, dtype, rows, true)
+    let generic_runs = in_parallel(&cases, |&(dtype, rows, bias)| {
+        block_graph(&generic, seed, dtype, rows, bias, true)
     });
-    for ((&(dtype, rows), (a, a_stats)), (b, b_stats)) in
+    for ((&(dtype, rows, bias), (a, a_stats)), (b, b_stats)) in
         cases.iter().zip(&blocks.runs).zip(generic_runs)
     {
         // The four fused products, and for one row the attention step
@@ -1260,13 +1269,13 @@ fn specialized_graph_kernels_match_their_generic_code() {
         let expected = if rows == 1 { 5 } else { 4 };
         assert_eq!(
             a_stats.specialized, expected,
-            "{dtype} rows={rows}: {a_stats:?}"
+            "{dtype} rows={rows} bias={bias}: {a_stats:?}"
         );
         assert_eq!(b_stats.specialized, 0);
         assert_eq!(a_stats.after, b_stats.after);
         for (i, name) in names.iter().enumerate() {
             assert_close_to_rms(
-                &format!("{dtype} rows={rows} {name} specialized vs generic"),
+                &format!("{dtype} rows={rows} bias={bias} {name} specialized vs generic"),
                 &a[i],
                 &b[i],
                 1e-5,
@@ -1529,7 +1538,8 @@ fn argmax_rows_matches_cpu() {
 
 /// The products of a transformer block over `rows` rows of `x`, recorded
 /// with the row-invariant ops (`matmul_rows`) and instantiated with the
-/// row fusion rules (or none): norm and Q, K, V; O into the residual; norm,
+/// row fusion rules (or none): norm and Q, K, V with their biases; O into
+/// the residual; norm,
 /// gate, up and SwiGLU; down into the residual. Returns Q, K, V and the
 /// residual, and the nodes after the passes.
 fn row_products(
@@ -1566,6 +1576,9 @@ fn row_products(
         .unwrap();
     ops.matmul_rows(&mut e, &b.wv, &xn, &v, rows, false, "v")
         .unwrap();
+    for (y, bias, n) in [(&q, &b.bq, nq), (&kk, &b.bk, nkv), (&v, &b.bv, nkv)] {
+        ops.add_rows(&mut e, y, bias, rows, n).unwrap();
+    }
     ops.matmul_rows(&mut e, &b.wo, &q, &proj, rows, false, "o")
         .unwrap();
     ops.add(&mut e, &res, &proj, rows * k).unwrap();
@@ -1611,7 +1624,7 @@ fn row_fused_products_are_row_invariant_and_match_unfused() {
         let x = rng.vec(rows * k);
         let (fused, nodes) = row_products(&cuda, seed, dtype, &x, rows, true);
         let (plain, plain_nodes) = row_products(&cuda, seed, dtype, &x, rows, false);
-        assert_eq!(plain_nodes, 12, "{dtype}: unfused nodes");
+        assert_eq!(plain_nodes, 15, "{dtype}: unfused nodes");
         // norm+QKV, O+add, norm+gate/up+SwiGLU, down+add.
         assert_eq!(nodes, 4, "{dtype}: fused nodes");
         for (i, name) in ["q", "k", "v", "residual"].iter().enumerate() {

@@ -20,15 +20,16 @@ fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
     .unwrap();
     let seed = Rng::new().next();
     for dtype in DType::ALL {
-        for rows in [1usize, 3] {
-            let (fused, stats) = block_graph(&ops, seed, dtype, rows, true);
-            let (plain, plain_stats) = block_graph(&ops, seed, dtype, rows, false);
-            assert_eq!(plain_stats.after.nodes, 17);
+        for (rows, bias) in [(1usize, false), (3, false), (1, true), (3, true)] {
+            let (fused, stats) = block_graph(&ops, seed, dtype, rows, bias, true);
+            let (plain, plain_stats) = block_graph(&ops, seed, dtype, rows, bias, false);
+            let biases = if bias { 3 } else { 0 };
+            assert_eq!(plain_stats.after.nodes, 17 + biases);
             assert_eq!(plain_stats.fused, 0);
             assert_eq!(
                 stats.after.nodes,
                 fused_nodes(rows),
-                "{dtype} rows={rows}: {stats:?}"
+                "{dtype} rows={rows} bias={bias}: {stats:?}"
             );
             for (name, (f, p)) in ["residual", "attention", "k cache", "v cache"]
                 .iter()
@@ -36,7 +37,10 @@ fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
             {
                 let f: Vec<u32> = f.iter().map(|v| v.to_bits()).collect();
                 let p: Vec<u32> = p.iter().map(|v| v.to_bits()).collect();
-                assert!(f == p, "{dtype} rows={rows}: fused {name} differs");
+                assert!(
+                    f == p,
+                    "{dtype} rows={rows} bias={bias}: fused {name} differs"
+                );
             }
         }
     }
@@ -50,5 +54,5 @@ fn the_cpu_applies_no_fusion_rules_by_default() {
     )
     .unwrap();
     assert!(ops.fusion_patterns().is_empty());
-    assert!(ops.all_fusion_patterns().len() >= 5);
+    assert!(ops.all_fusion_patterns().len() >= 6);
 }

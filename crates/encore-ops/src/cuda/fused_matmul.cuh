@@ -22,14 +22,22 @@ struct FusedShape {
     unsigned int epilogue;
     unsigned int norm;
     float eps;
+    unsigned int bias;  // bit i: the store epilogue adds b_i
 };
 
 struct Column {
     const unsigned char* row;   // weight row
     const unsigned char* row2;  // up-weight row (SwiGLU)
     float* y;
+    const float* b;  // the output's bias (store epilogue), or null
     unsigned int j, n, dtype, dtype2;
 };
+
+// The stored value of column `j` of a store epilogue: the product, plus the
+// bias where the output has one (one rounding, as `add_rows` after it).
+__device__ __forceinline__ float stored(const Column& c, unsigned int j, float p) {
+    return c.b ? p + c.b[j] : p;
+}
 
 // Several activation rows (not by column): the tiles of rows for the
 // warp's column: the dot products (with NORM, each warp sums the squares of
@@ -72,7 +80,7 @@ __device__ __forceinline__ void fused_rows(const Column& c, const float* __restr
                 float* out = c.y + (size_t)(r0 + t) * c.n + c.j;
                 if (s.epilogue == EPILOGUE_SWIGLU) *out = __fmul_rn(silu(acc[t]), acc2[t]);
                 else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old[t] + acc[t];
-                else *out = acc[t];
+                else *out = stored(c, c.j, acc[t]);
             }
         }
     }
@@ -127,7 +135,7 @@ __device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, c
             float* out = y + c.j + i;
             if (swiglu) *out = __fmul_rn(silu(v[i]), v[MM_COLS + i]);
             else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old + v[i];
-            else *out = v[i];
+            else *out = stored(c, c.j + i, v[i]);
         }
     }
 }
@@ -144,7 +152,8 @@ __device__ __forceinline__ T pick(unsigned int i, T a, T b, T c) {
 extern "C" __global__ void __launch_bounds__(MM_THREADS, 1)
 fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const unsigned char* __restrict__ w0,
              const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
-             float* y2, FusedShape s) {
+             float* y2, const float* __restrict__ b0, const float* __restrict__ b1,
+             const float* __restrict__ b2, FusedShape s) {
     encore_fix_value(s);
 #if MM_ROW_INVARIANT
     // `fused_matmul_rows`: the grid's y is the activation row, each on the
@@ -194,6 +203,7 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     c.dtype = dtype;
     c.dtype2 = s.dtype[1];
     c.y = pick(i, y0, y1, y2);
+    c.b = s.epilogue == EPILOGUE_STORE && (s.bias >> i & 1u) ? pick(i, b0, b1, b2) : nullptr;
     c.row = w + (size_t)j0 * row_bytes;
     c.row2 = w1 + (size_t)j0 * row_bytes2;
     // One activation row goes column by column; so do several, row by row,

@@ -4,11 +4,13 @@
 // Arguments: `x: f32[rows, k]` (read), `g: f32[k]` (read; empty without
 // norm), `w0, w1, w2` (read, GGUF blocks; empty when unused), `y0, y1, y2:
 // f32[rows, n_i]` (write, read-write for accumulate; empty when unused),
+// `b0, b1, b2: f32[n_i]` (read; empty where `s.bias` has no bit),
 // `FusedShape s` (value: rows, k, each weight's columns and ggml type, the
-// weights in use, the epilogue, whether to norm, eps).
+// weights in use, the epilogue, whether to norm, eps, the biased outputs).
 //
 // With `xn = norm ? rms_norm(x) * g : x` and `p_i[r, j] = Σ_c w_i[j, c] xn[r, c]`:
-// EPILOGUE_STORE `y_i = p_i` for each weight (Q, K and V); EPILOGUE_ACCUMULATE
+// EPILOGUE_STORE `y_i = p_i` for each weight (Q, K and V), plus `b_i` where
+// bit `i` of `s.bias` is set; EPILOGUE_ACCUMULATE
 // `y_0 += p_0` (a projection into the residual); EPILOGUE_SWIGLU
 // `y_0 = silu(p_0) * p_1` (gate and up).
 //

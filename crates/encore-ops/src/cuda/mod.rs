@@ -482,6 +482,7 @@ mod tests {
             epilogue: EPILOGUE_STORE,
             norm: 0,
             eps: 1e-5,
+            bias: 0,
         };
         let embed_shape = |dtype: DType| EmbedShape {
             rows: 1,

@@ -1,11 +1,12 @@
 //! `fused_matmul`: up to three matrix products that share their input, with
 //! an optional RMSNorm of the input before them and one of three epilogues.
 //! The graph's fusion pass builds it from recorded `rms_norm`, `matmul`,
-//! `silu_mul` and `add` dispatches (see [`crate::fusion`]); nothing encodes
+//! `add_rows`, `silu_mul` and `add` dispatches (see [`crate::fusion`]); nothing encodes
 //! it directly.
 //!
 //! With `xn = norm ? rms_norm(x) * g : x` and `p_i[r, j] = Σ_c w_i[j, c] xn[r, c]`:
-//! - [`EPILOGUE_STORE`]: `y_i = p_i` for each weight `i` (Q, K and V);
+//! - [`EPILOGUE_STORE`]: `y_i = p_i` for each weight `i` (Q, K and V), or
+//!   `y_i = p_i + b_i` where bit `i` of `bias` is set (a bias, as Qwen2's);
 //! - [`EPILOGUE_ACCUMULATE`]: `y_0 += p_0` (a projection into the residual);
 //! - [`EPILOGUE_SWIGLU`]: `y_0 = silu(p_0) * p_1` (gate and up).
 //!
@@ -48,6 +49,9 @@ pub struct FusedShape {
     /// 1: RMSNorm the input with `g` first.
     pub norm: u32,
     pub eps: f32,
+    /// Bit `i` set: the store epilogue adds the bias `b_i` to every row of
+    /// `y_i`, as `add_rows` does.
+    pub bias: u32,
 }
 
 impl FusedShape {
@@ -76,7 +80,8 @@ impl FusedShape {
 crate::op_args! {
     /// `fused_matmul`'s arguments: `x: f32[rows, k]`, `g: f32[k]` (empty
     /// without norm), `w0, w1, w2` (GGUF blocks; empty when unused), `y0, y1,
-    /// y2: f32[rows, n_i]` (empty when unused).
+    /// y2: f32[rows, n_i]` (empty when unused), `b0, b1, b2: f32[n_i]` (the
+    /// biases; empty where `bias` has no bit).
     pub struct FusedArgs {
         x: Access::Read,
         g: Access::Read,
@@ -85,7 +90,10 @@ crate::op_args! {
         w2: Access::Read,
         y0: shape.output_access(),
         y1: shape.output_access(),
-        y2: shape.output_access();
+        y2: shape.output_access(),
+        b0: Access::Read,
+        b1: Access::Read,
+        b2: Access::Read;
         shape: FusedShape
     }
 }
@@ -99,6 +107,11 @@ impl<B> FusedArgs<B> {
     /// The outputs, in order.
     pub fn outputs(&self) -> [&B; 3] {
         [&self.y0, &self.y1, &self.y2]
+    }
+
+    /// The biases, in order (bound or not as `shape.bias` says).
+    pub fn biases(&self) -> [&B; 3] {
+        [&self.b0, &self.b1, &self.b2]
     }
 }
 

@@ -1,11 +1,12 @@
 // `fused_matmul`: up to three products of weights that share the input `x`,
 // with an optional RMSNorm of `x` first and one epilogue (see
-// `kernels/fused.rs`): STORE `y_i = p_i`, ACCUMULATE `y_0 += p_0`, SWIGLU
-// `y_0 = silu(p_0) * p_1`.
+// `kernels/fused.rs`): STORE `y_i = p_i` (plus the bias `b_i` where bit `i`
+// of `bias` is set), ACCUMULATE `y_0 += p_0`, SWIGLU `y_0 = silu(p_0) * p_1`.
 //
 // Arguments: `x: f32[rows, k]`, `g: f32[k]` (empty without norm), `w0, w1,
 // w2` (GGUF blocks; empty when unused), `y0, y1, y2: f32[rows, n_i]` (empty
-// when unused), `FusedShape` (value).
+// when unused), `b0, b1, b2: f32[n_i]` (empty where `bias` has no bit),
+// `FusedShape` (value).
 //
 // Workgroups and lanes as `matmul` (matmul.wgsl). The column tiles of the
 // weights are laid end to end, so one launch covers Q, K and V, and no tile
@@ -28,6 +29,7 @@ struct Args {
     epilogue: u32,
     norm: u32,
     eps: f32,
+    bias: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -38,6 +40,9 @@ struct Args {
 @group(0) @binding(5) var<storage, read_write> y0: array<f32>;
 @group(0) @binding(6) var<storage, read_write> y1: array<f32>;
 @group(0) @binding(7) var<storage, read_write> y2: array<f32>;
+@group(0) @binding(8) var<storage, read> b0: array<f32>;
+@group(0) @binding(9) var<storage, read> b1: array<f32>;
+@group(0) @binding(10) var<storage, read> b2: array<f32>;
 @group(1) @binding(0) var<storage, read> args: Args;
 
 fn weight_word(sel: u32, i: u32) -> u32 {
@@ -191,10 +196,21 @@ fn fused_matmul(
             } else if args.epilogue == EPILOGUE_ACCUMULATE {
                 y0[args.off[5] + at] += p;
             } else {
+                var v = p;
+                let biased = (args.bias & (1u << wi)) != 0u;
                 switch wi {
-                    case 0u: { y0[args.off[5] + at] = p; }
-                    case 1u: { y1[args.off[6] + at] = p; }
-                    default: { y2[args.off[7] + at] = p; }
+                    case 0u: {
+                        if biased { v += b0[args.off[8] + jc]; }
+                        y0[args.off[5] + at] = v;
+                    }
+                    case 1u: {
+                        if biased { v += b1[args.off[9] + jc]; }
+                        y1[args.off[6] + at] = v;
+                    }
+                    default: {
+                        if biased { v += b2[args.off[10] + jc]; }
+                        y2[args.off[7] + at] = v;
+                    }
                 }
             }
         }

@@ -375,6 +375,7 @@ mod tests {
                 epilogue: EPILOGUE_SWIGLU,
                 norm: 0,
                 eps: 1e-5,
+                bias: 0,
             };
             let e = EmbedShape {
                 rows: 1,

@@ -165,6 +165,10 @@ pub struct BlockInputs {
     pub x: Buffer,
     pub g1: Buffer,
     pub g2: Buffer,
+    /// Biases of Q, K and V (as Qwen2's), for the graphs that add them.
+    pub bq: Buffer,
+    pub bk: Buffer,
+    pub bv: Buffer,
 }
 
 impl BlockInputs {
@@ -198,18 +202,23 @@ impl BlockInputs {
             x: upload(ops, &rng.vec(rows * k)),
             g1: upload(ops, &rng.vec(k)),
             g2: upload(ops, &rng.vec(k)),
+            bq: upload(ops, &rng.vec(nq)),
+            bk: upload(ops, &rng.vec(nkv)),
+            bv: upload(ops, &rng.vec(nkv)),
         }
     }
 }
 
 /// One transformer-block-shaped graph over `ops`' device, recorded unfused
-/// and instantiated with the device's fusion rules (or none). Returns the
+/// (with `bias`, Q, K and V each get a bias added, as Qwen2's) and
+/// instantiated with the device's fusion rules (or none). Returns the
 /// residual, the attention output, the K and V caches (as f32) and the stats.
 pub fn block_graph(
     ops: &Ops,
     rng_seed: u64,
     dtype: DType,
     rows: usize,
+    bias: bool,
     fusion: bool,
 ) -> (Vec<Vec<f32>>, GraphStats) {
     let (k, heads, kv_heads, head_dim, max_seq, pos) = (256, 4, 2, 64, 16, 5u32);
@@ -238,6 +247,11 @@ pub fn block_graph(
     ops.matmul(&mut e, &b.wq, &xn, &q, rows, "q").unwrap();
     ops.matmul(&mut e, &b.wk, &xn, &kk, rows, "k").unwrap();
     ops.matmul(&mut e, &b.wv, &xn, &v, rows, "v").unwrap();
+    if bias {
+        for (y, b, n) in [(&q, &b.bq, nq), (&kk, &b.bk, nkv), (&v, &b.bv, nkv)] {
+            ops.add_rows(&mut e, y, b, rows, n).unwrap();
+        }
+    }
     ops.rope(
         &mut e, &q, &p, rows, heads, head_dim, head_dim, 1e4, false, None, "rope_q",
     )
@@ -298,7 +312,8 @@ pub fn block_graph(
     (out, exec.stats().clone())
 }
 
-/// Dispatches of [`block_graph`] after fusion: norm+QKV, then for one row
+/// Dispatches of [`block_graph`] after fusion (with or without biases, which
+/// fold into the Q, K and V products): norm+QKV, then for one row
 /// the attention with RoPE and the cache stores folded in, for several rows
 /// RoPE of q, RoPE+store of K, store of V and attention apart; then O+add,
 /// norm+gate/up+SwiGLU, down+add.

@@ -158,8 +158,8 @@ fn rms_norm(x: &[f32], g: &[f32], rows: usize, k: usize, eps: f32) -> Vec<f32> {
 }
 
 /// One `fused_matmul` dispatch on `ops`: inputs `x` (`rows` of `k`), `g`
-/// (`None`: no norm), weights, the outputs' initial values; the outputs
-/// after it.
+/// (`None`: no norm), weights, the outputs' initial values, each output's
+/// bias (the store epilogue; `None`: none); the outputs after it.
 #[allow(clippy::too_many_arguments)]
 fn fused_on(
     ops: &Ops,
@@ -167,6 +167,7 @@ fn fused_on(
     g: Option<&[f32]>,
     weights: &[(DType, &[u8], usize)],
     outputs: &[Vec<f32>],
+    biases: &[Option<Vec<f32>>],
     rows: usize,
     k: usize,
     epilogue: u32,
@@ -180,6 +181,10 @@ fn fused_on(
     let gb = g.map_or(empty.clone(), |g| upload(ops, g));
     let wb: Vec<Buffer> = weights.iter().map(|(_, w, _)| upload(ops, w)).collect();
     let yb: Vec<Buffer> = outputs.iter().map(|y| upload(ops, y)).collect();
+    let bb: Vec<Buffer> = biases
+        .iter()
+        .map(|b| b.as_ref().map_or(empty.clone(), |b| upload(ops, b)))
+        .collect();
     let pick = |v: &[Buffer], i: usize| v.get(i).cloned().unwrap_or_else(|| empty.clone());
     let mut shape = FusedShape {
         rows: rows as u32,
@@ -190,7 +195,11 @@ fn fused_on(
         epilogue,
         norm: u32::from(g.is_some()),
         eps: 1e-5,
+        bias: 0,
     };
+    for (i, b) in biases.iter().enumerate() {
+        shape.bias |= u32::from(b.is_some()) << i;
+    }
     for (i, (dtype, _, n)) in weights.iter().enumerate() {
         shape.n[i] = *n as u32;
         shape.dtype[i] = dtype.ggml_id();
@@ -204,6 +213,9 @@ fn fused_on(
         y0: pick(&yb, 0),
         y1: pick(&yb, 1),
         y2: pick(&yb, 2),
+        b0: pick(&bb, 0),
+        b1: pick(&bb, 1),
+        b2: pick(&bb, 2),
         shape,
     };
     run(ops, |_, e| e.dispatch(&kernel, &args.args(), "fused"));
@@ -256,9 +268,17 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                         EPILOGUE_SWIGLU => vec![rng.vec(rows * ns[0])],
                         _ => ns.iter().map(|&n| rng.vec(rows * n)).collect(),
                     };
-                    let [cpu, gpu] = pair
-                        .each_ref()
-                        .map(|ops| fused_on(ops, &x, g, &weights, &outputs, rows, k, epilogue));
+                    // Biases on the first and last outputs of the store
+                    // epilogue (Qwen2's Q, K and V have one each).
+                    let biases: Vec<Option<Vec<f32>>> = match epilogue {
+                        EPILOGUE_STORE => (0..ns.len())
+                            .map(|i| (i != 1).then(|| rng.vec(ns[i])))
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    let [cpu, gpu] = pair.each_ref().map(|ops| {
+                        fused_on(ops, &x, g, &weights, &outputs, &biases, rows, k, epilogue)
+                    });
 
                     let xn = g.map_or(x.clone(), |g| rms_norm(&x, g, rows, k, 1e-5));
                     let products: Vec<_> = w
@@ -281,9 +301,26 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                     match epilogue {
                         EPILOGUE_STORE => {
                             for (i, (exact, scale)) in products.iter().enumerate() {
-                                assert_within(&format!("{what} y{i}"), &gpu[i], exact, scale, tol);
-                                let (c, s) = (&cpu[i], scale);
-                                assert_within(&format!("{what} y{i} (CPU)"), c, exact, s, cpu_tol);
+                                // The bias's own rounding: within 1e-7 of it.
+                                let (exact, scale) = match &biases[i] {
+                                    Some(b) => {
+                                        let b = |j: usize| f64::from(b[j % ns[i]]);
+                                        let e = exact.iter().enumerate().map(|(j, p)| p + b(j));
+                                        let s = scale.iter().enumerate();
+                                        (e.collect(), s.map(|(j, s)| s + b(j).abs()).collect())
+                                    }
+                                    None => (exact.clone(), scale.clone()),
+                                };
+                                let (exact, scale): (Vec<f64>, Vec<f64>) = (exact, scale);
+                                assert_within(
+                                    &format!("{what} y{i}"),
+                                    &gpu[i],
+                                    &exact,
+                                    &scale,
+                                    tol,
+                                );
+                                let (c, s) = (&cpu[i], &scale);
+                                assert_within(&format!("{what} y{i} (CPU)"), c, &exact, s, cpu_tol);
                             }
                         }
                         EPILOGUE_ACCUMULATE => {

@@ -369,10 +369,15 @@ pub(crate) fn add_rows(a: &CpuArgs<'_>) -> Result<(), String> {
     let (y, b) = (args.y.write::<f32>()?, args.b.read::<f32>()?);
     super::need("y", y, rows * n)?;
     super::need("b", b, n)?;
-    for row in y[..rows * n].chunks_exact_mut(n.max(1)) {
-        row.iter_mut().zip(&b[..n]).for_each(|(y, b)| *y += b);
-    }
+    add_bias(&mut y[..rows * n], &b[..n]);
     Ok(())
+}
+
+/// `y[r, j] += b[j]` for every row of `y` (rows of `b.len()`).
+pub(crate) fn add_bias(y: &mut [f32], b: &[f32]) {
+    for row in y.chunks_exact_mut(b.len().max(1)) {
+        row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+    }
 }
 
 /// The CPU body of `silu_mul`.

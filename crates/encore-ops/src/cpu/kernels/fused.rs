@@ -6,7 +6,7 @@ use std::cell::Cell;
 
 use encore::CpuArgs;
 
-use super::elementwise::{add_into, silu_mul_into};
+use super::elementwise::{add_bias, add_into, silu_mul_into};
 use super::norm::rms_norm_row;
 use crate::kernels::fused::{FusedArgs, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::DType;
@@ -68,10 +68,15 @@ pub(crate) fn fused_matmul(a: &CpuArgs<'_>) -> Result<(), String> {
         match s.epilogue {
             EPILOGUE_STORE => {
                 for i in 0..weights {
-                    let n = rows * s.n[i] as usize;
+                    let n = s.n[i] as usize;
                     let y = args.outputs()[i].write::<f32>()?;
-                    super::need("y", y, n)?;
-                    product(i, &mut y[..n], &mut quant)?;
+                    super::need("y", y, rows * n)?;
+                    product(i, &mut y[..rows * n], &mut quant)?;
+                    if s.bias & 1 << i != 0 {
+                        let b = args.biases()[i].read::<f32>()?;
+                        super::need("b", b, n)?;
+                        add_bias(&mut y[..rows * n], &b[..n]);
+                    }
                 }
             }
             EPILOGUE_ACCUMULATE => {
