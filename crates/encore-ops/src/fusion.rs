@@ -7,11 +7,13 @@
 //! In table order (a later rule extends what an earlier one built):
 //! 1. `matmul` siblings reading the same input: one `fused_matmul` (Q, K
 //!    and V; gate and up);
-//! 2. `rms_norm` then a product of its output: the norm folded in;
-//! 3. a product then `add_rows` of a bias into one of its outputs: the bias
+//! 2. a product then `add_rows` of a bias into one of its outputs: the bias
 //!    added as the product stores (Qwen2's Q, K and V, one output at a time);
-//! 4. gate and up then `silu_mul`: the SwiGLU epilogue;
-//! 5. a product then `add` into the residual: the accumulate epilogue;
+//! 3. gate and up then `silu_mul`: the SwiGLU epilogue;
+//! 4. a product then `add` into the residual: the accumulate epilogue;
+//! 5. `rms_norm` then a product of its output: the norm folded in (after
+//!    the epilogues, so that the width it is checked against is a SwiGLU
+//!    product's output width, not its gate and up columns together);
 //! 6. `rope` then `kv_store` of the rotated rows: `rope_store`;
 //! 7. for one decode row, `rope` of the query, `rope_store` (or `kv_store`)
 //!    of the new K row and `kv_store` of the new V row, each folded into the
@@ -196,7 +198,7 @@ fn siblings(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 /// of tens of thousands of columns costs more than a separate `rms_norm`.
 const NORM_FOLD_MAX_COLUMNS: u32 = 8192;
 
-/// Rule 2: `rms_norm` whose output is exactly a product's input.
+/// Rule 5: `rms_norm` whose output is exactly a product's input.
 fn norm_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [norm, product] = nodes else { return None };
     let n = NormArgs::from_node(norm)?;
@@ -218,7 +220,7 @@ fn norm_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     p.node(kernel)
 }
 
-/// Rule 3: `add_rows` of a bias into exactly one of a storing product's
+/// Rule 2: `add_rows` of a bias into exactly one of a storing product's
 /// outputs, every row of it.
 fn bias_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [product, add] = nodes else { return None };
@@ -238,7 +240,7 @@ fn bias_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     p.node(kernel)
 }
 
-/// Rule 4: gate and up products, then `silu_mul` of exactly their outputs.
+/// Rule 3: gate and up products, then `silu_mul` of exactly their outputs.
 fn swiglu(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [product, silu] = nodes else { return None };
     let mut p = Product::parse(product)?;
@@ -260,7 +262,7 @@ fn swiglu(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     p.node(kernel)
 }
 
-/// Rule 5: one product, then `add` of exactly its output into another buffer.
+/// Rule 4: one product, then `add` of exactly its output into another buffer.
 fn accumulate(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [product, add] = nodes else { return None };
     let mut p = Product::parse(product)?;
@@ -497,14 +499,6 @@ fn product_rules(table: &mut Vec<FusionPattern>, kernel: &Kernel, plain: &str) {
     for product in [fused.as_str(), plain] {
         let k = kernel.clone();
         table.push(FusionPattern::new(
-            "rms_norm into product",
-            &["rms_norm", product],
-            move |n| norm_into_product(n, &k),
-        ));
-    }
-    for product in [fused.as_str(), plain] {
-        let k = kernel.clone();
-        table.push(FusionPattern::new(
             "bias into product",
             &[product, "add_rows"],
             move |n| bias_into_product(n, &k),
@@ -522,6 +516,14 @@ fn product_rules(table: &mut Vec<FusionPattern>, kernel: &Kernel, plain: &str) {
             "product into residual",
             &[product, "add"],
             move |n| accumulate(n, &k),
+        ));
+    }
+    for product in [fused.as_str(), plain] {
+        let k = kernel.clone();
+        table.push(FusionPattern::new(
+            "rms_norm into product",
+            &["rms_norm", product],
+            move |n| norm_into_product(n, &k),
         ));
     }
 }

@@ -5,11 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use encore::{Config, Device};
-use encore_ops::{DType, KernelSet, Ops};
+use encore::{Buffer, Config, Device};
+use encore_ops::{DType, KernelSet, Ops, Weight};
 
 mod common;
-use common::{block_graph, fused_nodes, Rng};
+use common::{block_graph, fused_nodes, random_weights, upload, Rng};
 
 #[test]
 fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
@@ -55,4 +55,59 @@ fn the_cpu_applies_no_fusion_rules_by_default() {
     .unwrap();
     assert!(ops.fusion_patterns().is_empty());
     assert!(ops.all_fusion_patterns().len() >= 6);
+}
+
+/// A norm, then gate and up products whose widths together exceed the
+/// widest product a norm folds into (Qwen2.5's feed-forward: 2 x 4864), then
+/// SwiGLU, on `ops`' device, fused (or not); the output and the dispatches.
+fn wide_swiglu(ops: &Ops, seed: u64, fusion: bool) -> (Vec<u32>, usize) {
+    let (rows, k, ff) = (1usize, 64usize, 4200usize);
+    let mut rng = Rng(seed);
+    let mut weight = |n: usize| Weight {
+        buffer: upload(ops, &random_weights(&mut rng, DType::Q8_0, n, k)),
+        dtype: DType::Q8_0,
+        n,
+        k,
+    };
+    let (gate_w, up_w) = (weight(ff), weight(ff));
+    let x = upload(ops, &rng.vec(rows * k));
+    let g = upload(ops, &rng.vec(k));
+    let d = ops.device();
+    let f = |n: usize| -> Buffer { d.alloc(n * 4).unwrap() };
+    let (xn, gate, up, act) = (f(rows * k), f(rows * ff), f(rows * ff), f(rows * ff));
+    let mut e = d.capture();
+    ops.rms_norm(&mut e, &x, &g, &xn, rows, k, 1e-6).unwrap();
+    ops.matmul(&mut e, &gate_w, &xn, &gate, rows, "gate")
+        .unwrap();
+    ops.matmul(&mut e, &up_w, &xn, &up, rows, "up").unwrap();
+    ops.silu_mul(&mut e, &gate, &up, &act, rows * ff).unwrap();
+    let mut graph = e.finish_graph().unwrap();
+    graph.mark_output(&act);
+    let patterns = if fusion {
+        ops.all_fusion_patterns()
+    } else {
+        Vec::new()
+    };
+    let exec = graph.instantiate(&patterns).unwrap();
+    exec.replay(&[]).unwrap().wait().unwrap();
+    let out = act.download::<f32>().unwrap();
+    (
+        out.iter().map(|v| v.to_bits()).collect(),
+        exec.stats().after.nodes,
+    )
+}
+
+#[test]
+fn the_norm_folds_into_a_swiglu_product_as_wide_as_its_output() {
+    let ops = Ops::new(
+        &Device::open("cpu", &Config::default()).unwrap(),
+        KernelSet::Default,
+    )
+    .unwrap();
+    let seed = Rng::new().next();
+    let (fused, nodes) = wide_swiglu(&ops, seed, true);
+    let (plain, plain_nodes) = wide_swiglu(&ops, seed, false);
+    assert_eq!(plain_nodes, 4);
+    assert_eq!(nodes, 1, "norm, gate, up and SwiGLU as one dispatch");
+    assert!(fused == plain, "the fused output differs");
 }
