@@ -162,13 +162,13 @@ pub struct BlockInputs {
     pub wg: Weight,
     pub wu: Weight,
     pub wd: Weight,
-    pub x: Buffer,
-    pub g1: Buffer,
-    pub g2: Buffer,
     /// Biases of Q, K and V (as Qwen2's), for the graphs that add them.
     pub bq: Buffer,
     pub bk: Buffer,
     pub bv: Buffer,
+    pub x: Buffer,
+    pub g1: Buffer,
+    pub g2: Buffer,
 }
 
 impl BlockInputs {
@@ -199,12 +199,14 @@ impl BlockInputs {
             wg: weight(ff, k),
             wu: weight(ff, k),
             wd: weight(k, ff),
-            x: upload(ops, &rng.vec(rows * k)),
-            g1: upload(ops, &rng.vec(k)),
-            g2: upload(ops, &rng.vec(k)),
+            // Drawn before `x`, whose length depends on `rows`, so that a
+            // graph of one row gets a batch's biases.
             bq: upload(ops, &rng.vec(nq)),
             bk: upload(ops, &rng.vec(nkv)),
             bv: upload(ops, &rng.vec(nkv)),
+            x: upload(ops, &rng.vec(rows * k)),
+            g1: upload(ops, &rng.vec(k)),
+            g2: upload(ops, &rng.vec(k)),
         }
     }
 }
