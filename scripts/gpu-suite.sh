@@ -98,35 +98,7 @@ for name in qwen2.5-coder-0.5b gemma-3-270m; do
         echo "note: $name is not cached (encore models); its CUDA tests will be skipped" >&2
         continue
     fi
-    python3 - "$path" ".gpu/templates/$name.gguf" <<'PY'
-import struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-f = open(src, "rb")
-def u32(): return struct.unpack("<I", f.read(4))[0]
-def u64(): return struct.unpack("<Q", f.read(8))[0]
-def string(): f.seek(u64(), 1)
-sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-def value(t):
-    if t == 8: string()
-    elif t == 9:
-        et, n = u32(), u64()
-        if et in sizes: f.seek(sizes[et] * n, 1)
-        else: [value(et) for _ in range(n)]
-    else: f.seek(sizes[t], 1)
-assert f.read(4) == b"GGUF"
-u32(); n_tensors, n_kv = u64(), u64()
-alignment = 32
-for _ in range(n_kv):
-    key = f.read(u64()).decode()
-    t = u32()
-    if key == "general.alignment": alignment = u32()
-    else: value(t)
-for _ in range(n_tensors):
-    string(); f.seek(8 * u32() + 12, 1)
-end = (f.tell() + alignment - 1) // alignment * alignment
-f.seek(0); open(dst, "wb").write(f.read(end))
-open(dst + ".size", "w").write(str(__import__("os").path.getsize(src)))
-PY
+    python3 scripts/gguf_header.py "$path" ".gpu/templates/$name.gguf"
 done
 
 # The binaries travel packed (xz takes them to about a quarter);

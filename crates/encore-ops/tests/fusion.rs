@@ -9,7 +9,7 @@ use encore::{Buffer, Config, Device};
 use encore_ops::{DType, KernelSet, Ops, Weight};
 
 mod common;
-use common::{block_graph, fused_nodes, random_weights, upload, Rng};
+use common::{block_graph, fused_nodes, random_weights, replay_once, upload, Rng};
 
 #[test]
 fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
@@ -83,13 +83,7 @@ fn wide_swiglu(ops: &Ops, seed: u64, fusion: bool) -> (Vec<u32>, usize) {
     ops.silu_mul(&mut e, &gate, &up, &act, rows * ff).unwrap();
     let mut graph = e.finish_graph().unwrap();
     graph.mark_output(&act);
-    let patterns = if fusion {
-        ops.all_fusion_patterns()
-    } else {
-        Vec::new()
-    };
-    let exec = graph.instantiate(&patterns).unwrap();
-    exec.replay(&[]).unwrap().wait().unwrap();
+    let exec = replay_once(ops, &graph, fusion);
     let out = act.download::<f32>().unwrap();
     (
         out.iter().map(|v| v.to_bits()).collect(),

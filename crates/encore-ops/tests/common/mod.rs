@@ -5,7 +5,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use encore::{Buffer, GraphStats};
+use encore::{Buffer, Graph, GraphExec, GraphStats};
 use encore_ops::{DType, Ops, Weight};
 use half::{bf16, f16};
 
@@ -291,13 +291,7 @@ pub fn block_graph(
     for out in [&b.x, &att, &kc, &vc] {
         graph.mark_output(out);
     }
-    let patterns = if fusion {
-        ops.all_fusion_patterns()
-    } else {
-        Vec::new()
-    };
-    let exec = graph.instantiate(&patterns).unwrap();
-    exec.replay(&[]).unwrap().wait().unwrap();
+    let exec = replay_once(ops, &graph, fusion);
     let cache = |b: &Buffer| -> Vec<f32> {
         b.download::<f16>()
             .unwrap()
@@ -312,6 +306,19 @@ pub fn block_graph(
         cache(&vc),
     ];
     (out, exec.stats().clone())
+}
+
+/// Instantiates `graph` with every fusion rule `ops` has (or none) and
+/// replays it once.
+pub fn replay_once(ops: &Ops, graph: &Graph, fusion: bool) -> GraphExec {
+    let patterns = if fusion {
+        ops.all_fusion_patterns()
+    } else {
+        Vec::new()
+    };
+    let exec = graph.instantiate(&patterns).unwrap();
+    exec.replay(&[]).unwrap().wait().unwrap();
+    exec
 }
 
 /// Dispatches of [`block_graph`] after fusion (with or without biases, which
