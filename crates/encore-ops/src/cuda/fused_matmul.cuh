@@ -34,9 +34,12 @@ struct Column {
 };
 
 // The stored value of column `j` of a store epilogue: the product, plus the
-// bias where the output has one (one rounding, as `add_rows` after it).
+// bias where the output has one, rounded once as `add_rows` after the
+// product rounds it (`__fadd_rn`: never contracted with a multiply before it
+// into one fused multiply-add, which the exact kernel's bit-for-bit results
+// would not survive).
 __device__ __forceinline__ float stored(const Column& c, unsigned int j, float p) {
-    return c.b ? p + c.b[j] : p;
+    return c.b ? __fadd_rn(p, c.b[j]) : p;
 }
 
 // Several activation rows (not by column): the tiles of rows for the
