@@ -302,7 +302,7 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                         EPILOGUE_STORE => {
                             for (i, (exact, scale)) in products.iter().enumerate() {
                                 // The bias's own rounding: within 1e-7 of it.
-                                let (exact, scale) = match &biases[i] {
+                                let (exact, scale): (Vec<f64>, Vec<f64>) = match &biases[i] {
                                     Some(b) => {
                                         let b = |j: usize| f64::from(b[j % ns[i]]);
                                         let e = exact.iter().enumerate().map(|(j, p)| p + b(j));
@@ -311,7 +311,6 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                                     }
                                     None => (exact.clone(), scale.clone()),
                                 };
-                                let (exact, scale): (Vec<f64>, Vec<f64>) = (exact, scale);
                                 assert_within(
                                     &format!("{what} y{i}"),
                                     &gpu[i],
