@@ -4,7 +4,7 @@
 # target/cuda-tools) and reports registers, stack, spills and instructions;
 # --sass prints the machine code too.
 #
-#   scripts/kernel-info.sh fused_matmul 1 576 576 192 192 3 3 3 3 0 1 0x3727c5ac
+#   scripts/kernel-info.sh fused_matmul 1 576 576 192 192 3 3 3 3 0 1 0x3727c5ac 0
 #   scripts/kernel-info.sh --sass matmul 1 49152 576 8
 #
 # An exact version (`encore::Config::exact`) that differs from the default
