@@ -59,7 +59,7 @@ struct Product {
     g: Option<Buffer>,
     w: Vec<Buffer>,
     y: Vec<Buffer>,
-    /// Each output's bias, where `shape.bias` has its bit.
+    /// Each output's bias, if any (`node` sets `shape.bias` from them).
     b: [Option<Buffer>; 3],
     shape: FusedShape,
     label: String,
@@ -132,6 +132,11 @@ impl Product {
         }
         let empty = self.x.view(0, 0).ok()?;
         let pick = |v: &[Buffer], i: usize| v.get(i).cloned().unwrap_or_else(|| empty.clone());
+        let mut shape = self.shape;
+        shape.bias = (0..3)
+            .filter(|&i| self.b[i].is_some())
+            .map(|i| 1 << i)
+            .sum();
         let [b0, b1, b2] = self.b.map(|b| b.unwrap_or_else(|| empty.clone()));
         let args = FusedArgs {
             g: self.g.clone().unwrap_or_else(|| empty.clone()),
@@ -145,7 +150,7 @@ impl Product {
             b1,
             b2,
             x: self.x,
-            shape: self.shape,
+            shape,
         };
         Some(args.into_node(kernel, self.label))
     }
@@ -231,10 +236,9 @@ fn bias_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
         return None;
     }
     let i = p.y.iter().position(|y| same(y, &add.y))?;
-    if p.shape.bias & 1 << i != 0 || p.shape.n[i] != n {
+    if p.b[i].is_some() || p.shape.n[i] != n {
         return None;
     }
-    p.shape.bias |= 1 << i;
     p.b[i] = Some(add.b);
     p.label = format!("{}+bias", p.label);
     p.node(kernel)

@@ -11,13 +11,17 @@ use encore_ops::{DType, KernelSet, Ops, Weight};
 mod common;
 use common::{block_graph, fused_nodes, random_weights, replay_once, upload, Rng};
 
-#[test]
-fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
-    let ops = Ops::new(
+fn cpu_ops() -> Ops {
+    Ops::new(
         &Device::open("cpu", &Config::default()).unwrap(),
         KernelSet::Default,
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
+    let ops = cpu_ops();
     let seed = Rng::new().next();
     for dtype in DType::ALL {
         for (rows, bias) in [(1usize, false), (3, false), (1, true), (3, true)] {
@@ -48,11 +52,7 @@ fn fused_block_graph_equals_unfused_bit_for_bit_on_cpu() {
 
 #[test]
 fn the_cpu_applies_no_fusion_rules_by_default() {
-    let ops = Ops::new(
-        &Device::open("cpu", &Config::default()).unwrap(),
-        KernelSet::Default,
-    )
-    .unwrap();
+    let ops = cpu_ops();
     assert!(ops.fusion_patterns().is_empty());
     assert!(ops.all_fusion_patterns().len() >= 6);
 }
@@ -93,11 +93,7 @@ fn wide_swiglu(ops: &Ops, seed: u64, fusion: bool) -> (Vec<u32>, usize) {
 
 #[test]
 fn the_norm_folds_into_a_swiglu_product_as_wide_as_its_output() {
-    let ops = Ops::new(
-        &Device::open("cpu", &Config::default()).unwrap(),
-        KernelSet::Default,
-    )
-    .unwrap();
+    let ops = cpu_ops();
     let seed = Rng::new().next();
     let (fused, nodes) = wide_swiglu(&ops, seed, true);
     let (plain, plain_nodes) = wide_swiglu(&ops, seed, false);
