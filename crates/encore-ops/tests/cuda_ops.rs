@@ -21,7 +21,8 @@ use encore_ops::{DType, KernelSet, Ops, Weight};
 
 mod common;
 use common::{
-    assert_close, block_graph, fused_nodes, in_parallel, random_weights, upload, BlockInputs, Rng,
+    assert_close, block_graph, block_graph_sized, fused_nodes, in_parallel, random_weights, upload,
+    BlockInputs, Rng,
 };
 use half::f16;
 
@@ -787,13 +788,18 @@ fn matmul_matches_cpu_for_every_weight_type() {
     }
 }
 
+/// Columns of the output heads the tests take: two a warp in decode
+/// (`geometry::MATMUL_WIDE_MIN_COLUMNS`), odd.
+const WIDE_HEAD: usize = encore_ops::cuda::geometry::MATMUL_WIDE_MIN_COLUMNS as usize + 1;
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn matmul_with_a_large_output_matches_the_exact_product() {
-    // The output head's shape: 49152 columns of 576, Q8_0, decode and a prefill tile.
+    // An output head's shape, Q8_0, decode and a prefill tile: wide enough
+    // for two columns a warp in decode, and odd, so the last warp has one.
     let mut rng = Rng::new();
     let ops = open("cuda");
-    let (n, k, dtype) = (49152usize, 576usize, DType::Q8_0);
+    let (n, k, dtype) = (WIDE_HEAD, 576usize, DType::Q8_0);
     let w = random_weights(&mut rng, dtype, n, k);
     let wf = dequantize(dtype, &w, n, k);
     for rows in [1usize, 5] {
@@ -881,11 +887,11 @@ fn exact_matmul_matches_cpu_bit_for_bit_for_quantized_weights() {
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn exact_matmul_with_a_large_output_matches_the_cpu() {
-    // The output head's shape: 49152 columns of 576, Q8_0, decode and a
-    // short prefill: the CPU's results bit for bit.
+    // An output head's shape (as above), decode and a short prefill: the
+    // CPU's results bit for bit.
     let mut rng = Rng::new();
     let pair = [open("cpu"), open_exact("cuda", true)];
-    let (n, k, dtype) = (49152usize, 576usize, DType::Q8_0);
+    let (n, k, dtype) = (WIDE_HEAD, 576usize, DType::Q8_0);
     let w = random_weights(&mut rng, dtype, n, k);
     for rows in [1usize, 5] {
         let x = rng.vec(rows * k);
@@ -1172,20 +1178,38 @@ fn fused_blocks() -> &'static FusedBlocks {
     })
 }
 
+/// The outputs of [`block_graph`], in its order.
+const BLOCK_OUTPUTS: [&str; 4] = ["residual", "attention", "k cache", "v cache"];
+
+/// A fused block graph's outputs against the unfused graph's on CUDA. Both
+/// multiply in f32; folding the norm into the products (and splitting a
+/// long row among warps) changes only the rounding order: 1e-4 of the rms
+/// in the f16 caches, plus one f16 step (a rounding-order difference can
+/// move a value to its neighbour); 2e-3 of the rms in the attention output
+/// and the residual after it, since attention rounds the query to f16 (a
+/// rounding-order difference upstream can move a query element by one f16
+/// step), plus one f16 step in the attention output: it takes its values
+/// from the f16 V cache, and where one position dominates, a cache value
+/// moved to its neighbour moves the output by about that step (seed
+/// 0x18eaf6e4d5e94839 puts a Q5_1 element 2.3e-4 off, 2.1e-3 of the rms,
+/// one f16 step of its value being 2.4e-4).
+fn assert_block_outputs_close(what: &str, fused: &[Vec<f32>], plain: &[Vec<f32>]) {
+    for (i, name) in BLOCK_OUTPUTS.iter().enumerate() {
+        let f16 = i >= 2;
+        assert_close_to_rms(
+            &format!("{what} {name} fused vs unfused"),
+            &fused[i],
+            &plain[i],
+            if f16 { 1e-4 } else { 2e-3 },
+            f16 || *name == "attention",
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn fused_block_graph_matches_unfused_and_cpu() {
-    // Fused against unfused on CUDA: both multiply in f32; folding the norm
-    // into the products changes only the rounding order, 1e-4 of the rms
-    // (plus one f16 step in the f16 caches, where a rounding-order
-    // difference can move a value to its neighbour). The attention output
-    // and the residual after it: 2e-3 of the rms, since attention rounds the
-    // query to f16 (a rounding-order difference upstream can move a query
-    // element by one f16 step), plus one f16 step in the attention output:
-    // it takes its values from the f16 V cache, and where one position
-    // dominates, a cache value moved to its neighbour moves the output by
-    // about that step (seed 0x18eaf6e4d5e94839 puts a Q5_1 element 2.3e-4
-    // off, 2.1e-3 of the rms, one f16 step of its value being 2.4e-4).
+    // Fused against unfused on CUDA as assert_block_outputs_close says.
     // Against the CPU (float weights only): the
     // same, but 4e-3 for the attention output and the residual, since the
     // CPU also keeps its weighted sum of V in f16 where CUDA sums in f32. With quantized weights the CPU multiplies 8-bit
@@ -1198,7 +1222,6 @@ fn fused_block_graph_matches_unfused_and_cpu() {
     let seed = blocks.seed;
     let cpu = open("cpu");
     let cuda = open_cuda_specializing(true);
-    let names = ["residual", "attention", "k cache", "v cache"];
     let cases = block_cases();
     let others = in_parallel(&cases, |&(dtype, rows, bias)| {
         (
@@ -1216,20 +1239,15 @@ fn fused_block_graph_matches_unfused_and_cpu() {
             "{dtype} rows={rows} bias={bias}: {stats:?}"
         );
         assert_eq!(cpu_stats.after.nodes, fused_nodes(rows));
-        for (i, name) in names.iter().enumerate() {
-            let what = format!("{dtype} rows={rows} bias={bias} {name}");
+        let what = format!("{dtype} rows={rows} bias={bias}");
+        assert_block_outputs_close(&what, fused, &plain);
+        if dtype.is_quantized() {
+            continue;
+        }
+        for (i, name) in BLOCK_OUTPUTS.iter().enumerate() {
+            let what = format!("{what} {name}");
             let f16 = i >= 2;
             let tol = if f16 { 1e-4 } else { 2e-3 };
-            assert_close_to_rms(
-                &format!("{what} fused vs unfused"),
-                &fused[i],
-                &plain[i],
-                tol,
-                f16 || *name == "attention",
-            );
-            if dtype.is_quantized() {
-                continue;
-            }
             // Against the CPU, whose f16 attention accumulator rounds
             // where CUDA's f32 one does not, the attention output and
             // the residual get twice the room: seed 0x18ea4385a6d8a4ef
@@ -1256,7 +1274,6 @@ fn specialized_graph_kernels_match_their_generic_code() {
     eprintln!("fused block graphs from random seed {:#x}", blocks.given);
     let seed = blocks.seed;
     let generic = open_cuda_specializing(false);
-    let names = ["residual", "attention", "k cache", "v cache"];
     let cases = block_cases();
     let generic_runs = in_parallel(&cases, |&(dtype, rows, bias)| {
         block_graph(&generic, seed, dtype, rows, bias, true)
@@ -1273,7 +1290,7 @@ fn specialized_graph_kernels_match_their_generic_code() {
         );
         assert_eq!(b_stats.specialized, 0);
         assert_eq!(a_stats.after, b_stats.after);
-        for (i, name) in names.iter().enumerate() {
+        for (i, name) in BLOCK_OUTPUTS.iter().enumerate() {
             assert_close_to_rms(
                 &format!("{dtype} rows={rows} bias={bias} {name} specialized vs generic"),
                 &a[i],
@@ -1284,6 +1301,58 @@ fn specialized_graph_kernels_match_their_generic_code() {
         }
     }
     println!("specialized graph kernels match their generic code (seed {seed:#x})");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn split_decode_products_match_the_unfused_graph() {
+    // A decode step of a block whose every product row is long enough to be
+    // split among warps (geometry::fused_split; `matmul`, which the unfused
+    // graph runs, never splits): 2304 elements, nine 256-element groups, so
+    // the parts are uneven. The norm folds into the split Q, K, V (with
+    // biases) and gate/up products; the down product accumulates. Fused
+    // against unfused as assert_block_outputs_close says, for every weight
+    // type, in specialized and generic kernels.
+    use encore_ops::cuda::geometry::{fused_split, FUSED_SPLIT_MIN_K};
+    use encore_ops::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE};
+    let width = (FUSED_SPLIT_MIN_K + 256) as usize;
+    let down = FusedShape {
+        rows: 1,
+        k: width as u32,
+        n: [256, 0, 0],
+        dtype: [DType::Q6_K.ggml_id(), 0, 0],
+        weights: 1,
+        epilogue: EPILOGUE_ACCUMULATE,
+        norm: 0,
+        eps: 0.0,
+        bias: 0,
+    };
+    assert!(
+        fused_split(&down, false) > 1,
+        "a {width}-element row is not split"
+    );
+    let mut rng = Rng::new();
+    let given = rng.0;
+    let seed = rng.next();
+    eprintln!("split decode products from random seed {given:#x}");
+    let cases: Vec<(DType, bool)> = encore_ops::cuda::WEIGHT_TYPES
+        .into_iter()
+        .map(|dtype| (dtype, false))
+        .chain([(DType::Q5_0, true)])
+        .collect();
+    for specialize in [true, false] {
+        let cuda = open_cuda_specializing(specialize);
+        let runs = in_parallel(&cases, |&(dtype, bias)| {
+            let sized =
+                |fusion| block_graph_sized(&cuda, seed, dtype, 1, bias, fusion, width, width);
+            (sized(true), sized(false))
+        });
+        for (&(dtype, bias), ((fused, stats), (plain, _))) in cases.iter().zip(runs) {
+            assert_eq!(stats.after.nodes, fused_nodes(1), "{dtype}: {stats:?}");
+            let what = format!("{dtype} bias={bias} width={width} specialize={specialize}");
+            assert_block_outputs_close(&what, &fused, &plain);
+        }
+    }
 }
 
 /// One decode step's attention work recorded unfused (RoPE of q, RoPE and

@@ -7,11 +7,22 @@
 // column. In the store and accumulate epilogues the warps of all weights are
 // laid end to end, so one launch covers Q, K and V; in the SwiGLU epilogue a
 // warp takes the same columns of the gate and the up weights, loaded in one
-// pass. (Two warps a column, meeting in shared memory, were slower: the
-// exchange costs more than the shorter rows save.) The accumulate epilogue
+// pass. (On SmolLM2's rows of 576 and 1536, two warps a column meeting in
+// shared memory were slower: the exchange cost more than the shorter rows
+// saved; long rows split, below.) The accumulate epilogue
 // loads the residual before the dot product, so its latency overlaps it.
-// EPILOGUE_STORE, EPILOGUE_ACCUMULATE and EPILOGUE_SWIGLU come from Rust,
-// prepended to the source (kernels/fused.rs).
+//
+// One activation row over long weight rows (at least MM_SPLIT_MIN_K) splits
+// each column's row among MM_SPLIT warps of a block, in runs of whole
+// 256-element groups: a decode product with few columns and long rows (a
+// feed-forward down projection) otherwise has too few warps to keep enough
+// loads in flight. The warps meet in shared memory, and the first of them
+// adds their sums in order, so the result does not depend on timing.
+// EPILOGUE_STORE, EPILOGUE_ACCUMULATE and EPILOGUE_SWIGLU, MM_SPLIT and
+// MM_SPLIT_MIN_K come from Rust, prepended to the source (kernels/fused.rs,
+// cuda/geometry.rs; the exact version never splits).
+
+static_assert((MM_THREADS / 32) % MM_SPLIT == 0, "the warps of a split column must share a block");
 
 struct FusedShape {
     unsigned int rows;
@@ -108,15 +119,73 @@ __device__ __forceinline__ bool fused_together(const FusedShape& s, const Column
     return s.epilogue == EPILOGUE_SWIGLU && c.dtype2 == c.dtype;
 }
 
+// Warps a column's row is split among (see the top of this file): the same
+// for every weight of a launch (they share k), as `fused_split` in
+// cuda/geometry.rs computes it for the launch.
+__device__ __forceinline__ unsigned int fused_split(const FusedShape& s) {
+    return s.rows == 1 && s.k >= MM_SPLIT_MIN_K ? MM_SPLIT : 1u;
+}
+
+#if MM_SPLIT > 1
+// The finished sums of the N values of a column split among `split` warps
+// (`part` this warp's place among them), from each warp's per-lane partial
+// sums in `v` and `sq`: every warp reduces its own, the first warp of the
+// column adds them in order and applies the norm's scale over the whole
+// row. Returns whether this warp is that first one (the others hold
+// nothing useful).
+template <bool NORM, int N>
+__device__ __forceinline__ bool fused_split_sums(float* v, float sq, unsigned int split, unsigned int part,
+                                                 const FusedShape& s, unsigned int lane) {
+    __shared__ float sums[MM_THREADS / 32][N + 1];
+    const unsigned int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
+    if (NORM) sq = warp_sum(sq);
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) sums[warp][i] = v[i];
+        sums[warp][N] = sq;
+    }
+    // The column's warps alone (barrier 0 is __syncthreads').
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / MM_SPLIT), "r"(32 * MM_SPLIT) : "memory");
+    if (part != 0) return false;
+#pragma unroll
+    for (int i = 0; i <= N; ++i) {
+        float total = 0.f;
+        for (unsigned int p = 0; p < split; ++p) total += sums[warp + p][i];
+        if (i < N) v[i] = total;
+        else sq = total;
+    }
+    if (NORM) {
+        const float inv = 1.0f / sqrtf(sq / (float)s.k + s.eps);
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] *= inv;
+    }
+    return true;
+}
+
+// The finished sums of the warp's N values (`v`, `sq` per-lane partial
+// sums): its own, or those of its split column (see fused_split_sums).
+template <bool NORM, int N>
+__device__ __forceinline__ bool fused_sums(float* v, float sq, unsigned int split, unsigned int part,
+                                           const FusedShape& s, unsigned int lane) {
+    if (split > 1) return fused_split_sums<NORM, N>(v, sq, split, part, s, lane);
+    dot_cols_finish<NORM, N>(v, sq, s.k, s.eps);
+    return true;
+}
+#endif
+
 // Activation row `r` at `x`: the warp's `cols` columns from `c.j` on
 // (MM_COLS at most), the input loaded once for all of them, and in the
-// SwiGLU epilogue for the gate and the up rows together. Lane i stores
-// column c.j + i.
+// SwiGLU epilogue for the gate and the up rows together, over `k` elements
+// of the row (all of it, or this warp's part of a split column: `x`, `g`
+// and the rows then start at the part). Lane i stores column c.j + i.
 template <bool NORM>
 __device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, const unsigned char* const* rows,
                            const QuantPass<MM_COLS>& first, const QuantPass<2 * MM_COLS>& first_both,
-                           const float* __restrict__ x, const float* __restrict__ g, const FusedShape& s,
-                           unsigned int r, unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
+                           const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
+                           unsigned int split, unsigned int part, const FusedShape& s, unsigned int r,
+                           unsigned int lane, bool x16, bool vec_float, bool vec_float2) {
     const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
     float v[2 * MM_COLS];
     float* y = c.y + (size_t)r * c.n;
@@ -124,14 +193,30 @@ __device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, c
     // product so that its latency overlaps it.
     float old = 0.f;
     if (s.epilogue == EPILOGUE_ACCUMULATE && lane < cols) old = y[c.j + lane];
+#if MM_SPLIT > 1
+    // Per-lane partial sums first, finished alone or with the column's other warps.
+    float sq, sq2;
     if (fused_together(s, c)) {
-        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, s.k, s.eps, lane, x16, vec_float, v, &first_both);
+        dot_cols_lanes<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, k, lane, x16, vec_float, v, sq, &first_both);
     } else {
-        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, s.k, s.eps, lane, x16, vec_float, v, &first);
+        dot_cols_lanes<NORM, MM_COLS>(c.dtype, rows, x, g, k, lane, x16, vec_float, v, sq, &first);
         if (swiglu)
-            dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, s.k, s.eps, lane, x16, vec_float2, v + MM_COLS,
+            dot_cols_lanes<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, k, lane, x16, vec_float2, v + MM_COLS,
+                                          sq2, (const QuantPass<MM_COLS>*)nullptr);
+    }
+    const bool finished = swiglu ? fused_sums<NORM, 2 * MM_COLS>(v, sq, split, part, s, lane)
+                                 : fused_sums<NORM, MM_COLS>(v, sq, split, part, s, lane);
+    if (!finished) return;
+#else
+    if (fused_together(s, c)) {
+        dot_cols<NORM, 2 * MM_COLS>(c.dtype, rows, x, g, k, s.eps, lane, x16, vec_float, v, &first_both);
+    } else {
+        dot_cols<NORM, MM_COLS>(c.dtype, rows, x, g, k, s.eps, lane, x16, vec_float, v, &first);
+        if (swiglu)
+            dot_cols<NORM, MM_COLS>(c.dtype2, rows + MM_COLS, x, g, k, s.eps, lane, x16, vec_float2, v + MM_COLS,
                                     (const QuantPass<MM_COLS>*)nullptr);
     }
+#endif
 #pragma unroll
     for (int i = 0; i < MM_COLS; ++i) {
         if (lane == (unsigned int)i && (unsigned int)i < cols) {
@@ -168,7 +253,11 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     s.rows = 1;
 #endif
     const unsigned int lane = threadIdx.x & 31u;
-    unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    // The warps of a split column are neighbours; `warp` counts columns' warps.
+    const unsigned int split = fused_split(s);
+    const unsigned int warp_index = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const unsigned int part = warp_index % split;
+    unsigned int warp = warp_index / split;
     const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;
     unsigned int i = 0;
     bool live;
@@ -194,12 +283,24 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     const unsigned int j0 = warp * per_warp;
     const unsigned int cols = live ? min(per_warp, n - j0) : 0;
     const unsigned long long row_bytes = ggml_row_bytes(dtype, s.k), row_bytes2 = ggml_row_bytes(s.dtype[1], s.k);
+    // This warp's part of the rows: all of them, or a run of whole
+    // 256-element groups of a split column (the last part ends at the row's end).
+    unsigned int k0 = 0, k = s.k;
+    if (split > 1) {
+        const unsigned int groups = (s.k + 255u) / 256u;
+        k0 = part * groups / split * 256u;
+        k = min((part + 1u) * groups / split * 256u, s.k) - k0;
+    }
+    const unsigned long long skip = ggml_row_bytes(dtype, k0), skip2 = ggml_row_bytes(s.dtype[1], k0);
     // The weights are read-only: fetch this warp's rows into L2 while the
     // previous kernel finishes.
     for (unsigned int c = 0; c < cols; ++c) {
-        prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
-        if (s.epilogue == EPILOGUE_SWIGLU) prefetch_row(w1 + (size_t)(j0 + c) * row_bytes2, row_bytes2, lane);
+        prefetch_row(w + (size_t)(j0 + c) * row_bytes + skip, ggml_row_bytes(dtype, k), lane);
+        if (s.epilogue == EPILOGUE_SWIGLU)
+            prefetch_row(w1 + (size_t)(j0 + c) * row_bytes2 + skip2, ggml_row_bytes(s.dtype[1], k), lane);
     }
+    x += k0;
+    if (s.norm) g += k0;
     Column c;
     c.j = j0;
     c.n = n;
@@ -207,8 +308,8 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     c.dtype2 = s.dtype[1];
     c.y = pick(i, y0, y1, y2);
     c.b = s.epilogue == EPILOGUE_STORE && (s.bias >> i & 1u) ? pick(i, b0, b1, b2) : nullptr;
-    c.row = w + (size_t)j0 * row_bytes;
-    c.row2 = w1 + (size_t)j0 * row_bytes2;
+    c.row = w + (size_t)j0 * row_bytes + skip;
+    c.row2 = w1 + (size_t)j0 * row_bytes2 + skip2;
     // One activation row goes column by column; so do several, row by row,
     // in the exact version with quantized weights; else tiles of rows.
     const bool by_column = s.rows == 1 || (MM_QUANT_BY_COLUMN && (ggml_quantized(dtype) ||
@@ -221,8 +322,8 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     if (live && by_column) {
         fused_col_rows(c, cols, row_bytes, row_bytes2, rows);
         const float* gn = s.norm ? g : nullptr;
-        if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, gn, s.k, lane, first_both);
-        else quant_pass_first<MM_COLS>(dtype, rows, gn, s.k, lane, first);
+        if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, gn, k, lane, first_both);
+        else quant_pass_first<MM_COLS>(dtype, rows, gn, k, lane, first);
     }
     encore_grid_wait();
     if (!live) return;  // the whole warp leaves together
@@ -232,8 +333,12 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     if (by_column) {
         for (unsigned int r = 0; r < s.rows; ++r) {
             const float* xr = x + (size_t)r * s.k;
-            if (s.norm) fused_cols<true>(c, cols, rows, first, first_both, xr, g, s, r, lane, x16, vec_float, vec_float2);
-            else fused_cols<false>(c, cols, rows, first, first_both, xr, g, s, r, lane, x16, vec_float, vec_float2);
+            if (s.norm)
+                fused_cols<true>(c, cols, rows, first, first_both, xr, g, k, split, part, s, r, lane, x16, vec_float,
+                                 vec_float2);
+            else
+                fused_cols<false>(c, cols, rows, first, first_both, xr, g, k, split, part, s, r, lane, x16, vec_float,
+                                  vec_float2);
         }
     } else if (s.norm) {
         fused_rows<true, 4>(c, x, g, s, lane, x16, vec_float, vec_float2);

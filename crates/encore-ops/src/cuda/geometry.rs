@@ -23,20 +23,44 @@ pub fn rms_norm_launch(rows: u32) -> Launch {
 /// for decode-shaped products than two or eight.
 pub const MATMUL_WARPS_PER_BLOCK: u32 = 4;
 
-/// Output columns a warp of `matmul` or `fused_matmul` computes for one
-/// activation row (`MM_COLS` in the source). More columns a warp load the
-/// activations fewer times and make each product faster in a chain of
-/// identical products, but the decode step slower (fewer, longer warps).
-pub const MATMUL_COLUMNS_PER_WARP: u32 = 1;
+/// Output columns a warp of `fused_matmul` computes for one activation row
+/// (`MM_COLS` in its source). More columns a warp load the activations
+/// fewer times and make each product faster in a chain of identical
+/// products, but the decode step slower (fewer, longer warps).
+pub const FUSED_COLUMNS_PER_WARP: u32 = 1;
+
+/// Output columns a warp of `matmul` computes for one activation row of a
+/// product at least [`MATMUL_WIDE_MIN_COLUMNS`] wide (`MM_COLS` in its
+/// source), one in narrower ones. An output head's warps, tens of thousands
+/// of them, keep more weight bytes in flight with two columns each; a
+/// narrow product needs every warp it can get.
+pub const MATMUL_COLUMNS_PER_WARP: u32 = 2;
+
+/// The narrowest `matmul` whose warps take [`MATMUL_COLUMNS_PER_WARP`]
+/// columns for one activation row (`MM_WIDE_N`): the output heads of large
+/// vocabularies (Qwen2.5's 151,936 columns, Gemma 3's 262,144) gained;
+/// SmolLM2's 49,152 keeps the one column a warp it was tuned with, and the
+/// layers' products are far narrower.
+pub const MATMUL_WIDE_MIN_COLUMNS: u32 = 65_536;
 
 /// The warps of a product of `rows` activation rows and `n` output columns:
-/// [`MATMUL_COLUMNS_PER_WARP`] columns a warp for one row, else one.
-pub fn matmul_warps(rows: u32, n: u32) -> u32 {
+/// `columns` (a kernel's columns a warp) for one row, else one.
+fn product_warps(rows: u32, n: u32, columns: u32) -> u32 {
     if rows == 1 {
-        n.div_ceil(MATMUL_COLUMNS_PER_WARP)
+        n.div_ceil(columns)
     } else {
         n
     }
+}
+
+/// The warps of a `matmul` of `rows` activation rows and `n` output columns.
+pub fn matmul_warps(rows: u32, n: u32) -> u32 {
+    let columns = if n >= MATMUL_WIDE_MIN_COLUMNS {
+        MATMUL_COLUMNS_PER_WARP
+    } else {
+        1
+    };
+    product_warps(rows, n, columns)
 }
 
 /// `matmul` or `fused_matmul` run by `warps` warps, [`MATMUL_WARPS_PER_BLOCK`] a block.
@@ -63,11 +87,50 @@ pub fn matmul_rows_launch(rows: u32, n: u32) -> Result<Launch, String> {
     Ok(Launch::grid3([one.grid[0], rows.max(1), 1], one.block))
 }
 
+/// Warps of one block that share a column of a decode `fused_matmul` over
+/// long rows, each taking a run of its row (`MM_SPLIT`): with few columns
+/// and long rows, one warp a column leaves too few loads in flight.
+pub const FUSED_SPLIT_WARPS: u32 = 4;
+
+/// The shortest rows whose columns [`FUSED_SPLIT_WARPS`] warps share
+/// (`MM_SPLIT_MIN_K`). Qwen2.5's down products (rows of 4864) gained;
+/// SmolLM2's rows of 1536 were slower two warps a column, the warps'
+/// meeting costing more than their shorter runs saved.
+pub const FUSED_SPLIT_MIN_K: u32 = 2048;
+
+/// Warps that share each column of a `fused_matmul` of `shape`: one
+/// activation row over rows of at least [`FUSED_SPLIT_MIN_K`] elements
+/// splits each column among [`FUSED_SPLIT_WARPS`] warps, except in the
+/// exact version, whose sums keep the CPU's order (as `fused_split` in
+/// fused_matmul.cuh computes it).
+pub fn fused_split(shape: &FusedShape, exact: bool) -> u32 {
+    if !exact && shape.rows == 1 && shape.k >= FUSED_SPLIT_MIN_K {
+        FUSED_SPLIT_WARPS
+    } else {
+        1
+    }
+}
+
+/// The defines of `fused_matmul`: `MM_THREADS`, `MM_COLS`
+/// ([`FUSED_COLUMNS_PER_WARP`]), `MM_SPLIT` and `MM_SPLIT_MIN_K`
+/// ([`fused_split`]).
+pub(crate) fn fused_matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
+    let split = if exact { 1 } else { FUSED_SPLIT_WARPS };
+    let mut defines = product_defines(FUSED_COLUMNS_PER_WARP);
+    defines.extend([
+        ("MM_SPLIT", format!("{split}u")),
+        ("MM_SPLIT_MIN_K", format!("{FUSED_SPLIT_MIN_K}u")),
+    ]);
+    defines
+}
+
 /// The warps of a `fused_matmul` of `shape`: each weight's columns in
 /// warps of [`matmul_warps`] (the gate's alone in the SwiGLU epilogue, whose
-/// warps compute gate and up together).
-pub fn fused_matmul_warps(shape: &FusedShape) -> u32 {
-    let warps = |n| matmul_warps(shape.rows, n);
+/// warps compute gate and up together), times the warps that share a
+/// column ([`fused_split`]).
+pub fn fused_matmul_warps(shape: &FusedShape, exact: bool) -> u32 {
+    let split = fused_split(shape, exact);
+    let warps = |n| product_warps(shape.rows, n, FUSED_COLUMNS_PER_WARP) * split;
     if shape.epilogue == EPILOGUE_SWIGLU {
         warps(shape.n[0])
     } else {
@@ -82,26 +145,32 @@ pub fn fused_matmul_warps(shape: &FusedShape) -> u32 {
 
 /// `fused_matmul_rows` of `shape`: the one-row grid, once a row along the
 /// grid's y.
-pub fn fused_matmul_rows_launch(shape: &FusedShape) -> Result<Launch, String> {
+pub fn fused_matmul_rows_launch(shape: &FusedShape, exact: bool) -> Result<Launch, String> {
     if shape.rows > MAX_GRID_Y {
         return Err(format!(
             "fused_matmul_rows takes at most {MAX_GRID_Y} rows a dispatch (got {})",
             shape.rows
         ));
     }
-    let one = matmul_launch(fused_matmul_warps(&FusedShape { rows: 1, ..*shape }));
+    let one = matmul_launch(fused_matmul_warps(&FusedShape { rows: 1, ..*shape }, exact));
     Ok(Launch::grid3(
         [one.grid[0], shape.rows.max(1), 1],
         one.block,
     ))
 }
 
-/// The defines of `matmul` and `fused_matmul`: `MM_THREADS` (threads a
-/// block) and `MM_COLS` ([`MATMUL_COLUMNS_PER_WARP`]).
+/// The defines of `matmul`: `MM_THREADS` (threads a block), `MM_COLS`
+/// ([`MATMUL_COLUMNS_PER_WARP`]) and `MM_WIDE_N` ([`MATMUL_WIDE_MIN_COLUMNS`]).
 pub(crate) fn matmul_defines() -> Vec<(&'static str, String)> {
+    let mut defines = product_defines(MATMUL_COLUMNS_PER_WARP);
+    defines.push(("MM_WIDE_N", format!("{MATMUL_WIDE_MIN_COLUMNS}u")));
+    defines
+}
+
+fn product_defines(columns: u32) -> Vec<(&'static str, String)> {
     vec![
         ("MM_THREADS", (32 * MATMUL_WARPS_PER_BLOCK).to_string()),
-        ("MM_COLS", MATMUL_COLUMNS_PER_WARP.to_string()),
+        ("MM_COLS", columns.to_string()),
     ]
 }
 
@@ -405,6 +474,8 @@ mod tests {
     fn prepended_defines_are_defined_only_here() {
         let defines = [
             matmul_defines(),
+            fused_matmul_defines(false),
+            fused_matmul_defines(true),
             gemm_defines(),
             attention_defines(),
             attention_exact_defines(),
@@ -439,7 +510,13 @@ mod tests {
     #[test]
     fn launches_cover_the_work() {
         assert_eq!(matmul_launch(9).block[0], 32 * MATMUL_WARPS_PER_BLOCK);
-        assert_eq!(matmul_warps(1, 9), 9u32.div_ceil(MATMUL_COLUMNS_PER_WARP));
+        assert_eq!(matmul_warps(1, 9), 9);
+        let wide = MATMUL_WIDE_MIN_COLUMNS + 1;
+        assert_eq!(
+            matmul_warps(1, wide),
+            wide.div_ceil(MATMUL_COLUMNS_PER_WARP)
+        );
+        assert_eq!(matmul_warps(3, wide), wide);
         assert_eq!(matmul_warps(3, 9), 9);
         assert_eq!(
             matmul_launch(9).grid[0],

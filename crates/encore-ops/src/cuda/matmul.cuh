@@ -3,7 +3,8 @@
 // which the source includes before this file.
 //
 // `MM_THREADS / 32` warps a block. For one activation row (decode) each warp computes
-// `MM_COLS` output columns (weight rows) from one load of the activations;
+// one output column (weight row), or in a product of at least `MM_WIDE_N`
+// columns `MM_COLS` of them from one load of the activations;
 // for more rows, one column, walking the weight row once per tile of up to
 // four activation rows (in the exact version, quantized weights go row after
 // row instead, each quantized on its own as the CPU does, with the first
@@ -35,26 +36,66 @@ __device__ __forceinline__ void matmul_rows(const unsigned char* __restrict__ ro
 
 // One activation row: the weight rows of the warp's `cols` columns from
 // `j0` on (a missing column repeats the last one; its sum is not stored).
+template <int N>
 __device__ __forceinline__ void matmul_col_rows(const unsigned char* __restrict__ w, const MatmulShape& s,
                                                 unsigned int j0, unsigned int cols,
-                                                const unsigned char* (&rows)[MM_COLS]) {
+                                                const unsigned char* (&rows)[N]) {
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
 #pragma unroll
-    for (int c = 0; c < MM_COLS; ++c) rows[c] = w + (size_t)(j0 + min((unsigned int)c, cols - 1)) * row_bytes;
+    for (int c = 0; c < N; ++c) rows[c] = w + (size_t)(j0 + min((unsigned int)c, cols - 1)) * row_bytes;
 }
 
 // One activation row at `x`: the warp's `cols` columns, the activations
 // loaded once for all of them, the first pass of quantized weights from
 // `first`. Lane c stores column j0 + c of `y`.
-__device__ __forceinline__ void matmul_cols(const unsigned char* const* rows, const QuantPass<MM_COLS>& first,
+template <int N>
+__device__ __forceinline__ void matmul_cols(const unsigned char* const* rows, const QuantPass<N>& first,
                                             const float* __restrict__ x, float* __restrict__ y,
                                             const MatmulShape& s, unsigned int j0, unsigned int cols,
                                             unsigned int lane, bool x16, bool vec_float) {
-    float out[MM_COLS];
-    dot_cols<false, MM_COLS>(s.dtype, rows, x, nullptr, s.k, 0.f, lane, x16, vec_float, out, &first);
+    float out[N];
+    dot_cols<false, N>(s.dtype, rows, x, nullptr, s.k, 0.f, lane, x16, vec_float, out, &first);
 #pragma unroll
-    for (int c = 0; c < MM_COLS; ++c)
+    for (int c = 0; c < N; ++c)
         if (lane == (unsigned int)c && (unsigned int)c < cols) y[j0 + c] = out[c];
+}
+
+// The kernel's work once the launch is known: `N` columns a warp for one
+// activation row, one for more.
+template <int N>
+__device__ __forceinline__ void matmul_body(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                                            float* __restrict__ y, const MatmulShape& s) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const unsigned int per_warp = s.rows == 1 ? N : 1;
+    const unsigned int j0 = warp * per_warp;
+    const unsigned int cols = j0 < s.n ? min(per_warp, s.n - j0) : 0;
+    const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
+    // One activation row goes column by column; so do several, row by row,
+    // in the exact version with quantized weights; else tiles of rows.
+    const bool by_column = s.rows == 1 || (MM_QUANT_BY_COLUMN && ggml_quantized(s.dtype));
+    // The weights are read-only: fetch this warp's rows into L2 while the
+    // previous kernel finishes.
+    for (unsigned int c = 0; c < cols; ++c) prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
+    // The first pass of quantized weights (the same for every activation
+    // row) goes into registers before the wait as well.
+    const unsigned char* rows[N];
+    QuantPass<N> first;
+    if (by_column && cols > 0) {
+        matmul_col_rows<N>(w, s, j0, cols, rows);
+        quant_pass_first<N>(s.dtype, rows, nullptr, s.k, lane, first);
+    }
+    encore_grid_wait();
+    if (cols == 0) return;  // the whole warp leaves together
+    const bool x16 = ((size_t)x & 15u) == 0;
+    const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
+    if (by_column) {
+        for (unsigned int r = 0; r < s.rows; ++r)
+            matmul_cols<N>(rows, first, x + (size_t)r * s.k, y + (size_t)r * s.n, s, j0, cols, lane, x16,
+                           vec_float);
+    } else {
+        matmul_rows<4>(w + (size_t)j0 * row_bytes, x, y, s, j0, lane, x16, vec_float);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(MM_THREADS, 1)
@@ -69,34 +110,8 @@ matmul(const unsigned char* __restrict__ w, const float* __restrict__ x, float* 
     y += (size_t)blockIdx.y * s.n;
     s.rows = 1;
 #endif
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const unsigned int per_warp = s.rows == 1 ? MM_COLS : 1;
-    const unsigned int j0 = warp * per_warp;
-    const unsigned int cols = j0 < s.n ? min(per_warp, s.n - j0) : 0;
-    const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
-    // One activation row goes column by column; so do several, row by row,
-    // in the exact version with quantized weights; else tiles of rows.
-    const bool by_column = s.rows == 1 || (MM_QUANT_BY_COLUMN && ggml_quantized(s.dtype));
-    // The weights are read-only: fetch this warp's rows into L2 while the
-    // previous kernel finishes.
-    for (unsigned int c = 0; c < cols; ++c) prefetch_row(w + (size_t)(j0 + c) * row_bytes, row_bytes, lane);
-    // The first pass of quantized weights (the same for every activation
-    // row) goes into registers before the wait as well.
-    const unsigned char* rows[MM_COLS];
-    QuantPass<MM_COLS> first;
-    if (by_column && cols > 0) {
-        matmul_col_rows(w, s, j0, cols, rows);
-        quant_pass_first<MM_COLS>(s.dtype, rows, nullptr, s.k, lane, first);
-    }
-    encore_grid_wait();
-    if (cols == 0) return;  // the whole warp leaves together
-    const bool x16 = ((size_t)x & 15u) == 0;
-    const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
-    if (by_column) {
-        for (unsigned int r = 0; r < s.rows; ++r)
-            matmul_cols(rows, first, x + (size_t)r * s.k, y + (size_t)r * s.n, s, j0, cols, lane, x16, vec_float);
-    } else {
-        matmul_rows<4>(w + (size_t)j0 * row_bytes, x, y, s, j0, lane, x16, vec_float);
-    }
+    // MM_COLS columns a warp for one activation row of a wide product (an
+    // output head), as `matmul_warps` in cuda/geometry.rs launches it.
+    if (s.rows == 1 && s.n >= MM_WIDE_N) matmul_body<MM_COLS>(w, x, y, s);
+    else matmul_body<1>(w, x, y, s);
 }

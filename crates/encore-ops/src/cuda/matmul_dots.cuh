@@ -188,6 +188,22 @@ __device__ __forceinline__ void dot_cols_finish(float* out, float sq, unsigned i
     }
 }
 
+// Float weights against one activation row, N rows one at a time: per-lane
+// partial sums in `out` (with NORM, the squares of the activations join
+// `sq`, once).
+template <bool NORM, int N>
+__device__ __forceinline__ void dot_cols_float_lanes(unsigned int dtype, const unsigned char* const* rows,
+                                                     const float* __restrict__ x, const float* __restrict__ g,
+                                                     unsigned int k, unsigned int lane, bool x16, bool vec_float,
+                                                     float* out, float& sq) {
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+        float other = 0.f;
+        out[c] = 0.f;
+        dot_row_float<NORM, 1>(dtype, rows[c], x, g, k, 1, lane, x16, vec_float, out + c, c == 0 ? &sq : &other);
+    }
+}
+
 // Float weights against one activation row, N rows one at a time: the
 // finished dot products in `out` on every lane (with NORM, the norm folded
 // into a scale of the finished sums).
@@ -197,18 +213,13 @@ __device__ __forceinline__ void dot_cols_float(unsigned int dtype, const unsigne
                                                unsigned int k, float eps, unsigned int lane, bool x16,
                                                bool vec_float, float* out) {
     float sq = 0.f;
-#pragma unroll
-    for (int c = 0; c < N; ++c) {
-        float other = 0.f;
-        out[c] = 0.f;
-        dot_row_float<NORM, 1>(dtype, rows[c], x, g, k, 1, lane, x16, vec_float, out + c, c == 0 ? &sq : &other);
-    }
+    dot_cols_float_lanes<NORM, N>(dtype, rows, x, g, k, lane, x16, vec_float, out, sq);
     dot_cols_finish<NORM, N>(out, sq, k, eps);
 }
 
 // The warps of a product over `n` columns: MM_COLS columns a warp for one
 // activation row, one column a warp (with tiles of rows) for more (as
-// `matmul_warps` in cuda/geometry.rs computes them for the launch).
+// `product_warps` in cuda/geometry.rs computes them for the launch).
 __device__ __forceinline__ unsigned int product_warps(unsigned int rows, unsigned int n) {
     return rows == 1 ? (n + MM_COLS - 1) / MM_COLS : n;
 }

@@ -129,7 +129,7 @@ pub(crate) fn fused_matmul_rows(exact: bool) -> CudaKernel {
 }
 
 fn fused_matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
-    let mut defines = geometry::matmul_defines();
+    let mut defines = geometry::fused_matmul_defines(exact);
     defines.push(("MM_ROW_INVARIANT", u32::from(row_invariant).to_string()));
     defines.extend([
         ("EPILOGUE_STORE", format!("{EPILOGUE_STORE}u")),
@@ -149,9 +149,11 @@ fn fused_matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
                 weight_type("fused_matmul", id)?;
             }
             if row_invariant {
-                geometry::fused_matmul_rows_launch(s)
+                geometry::fused_matmul_rows_launch(s, exact)
             } else {
-                Ok(geometry::matmul_launch(geometry::fused_matmul_warps(s)))
+                Ok(geometry::matmul_launch(geometry::fused_matmul_warps(
+                    s, exact,
+                )))
             }
         },
     )

@@ -487,48 +487,44 @@ __device__ __forceinline__ void dot_q6_k(const unsigned char* __restrict__ row, 
     }
 }
 
-// Q6_K against one activation row, N weight rows one at a time: the
-// finished dot products in `out` on every lane.
+// Q6_K against one activation row, N weight rows one at a time: per-lane
+// partial sums in `out` (the squares of the activations in `sq`, once).
 template <bool VEC, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_q6_k(const unsigned char* const* rows, const float* __restrict__ x,
-                                              const float* __restrict__ g, unsigned int k, float eps,
-                                              unsigned int lane, float* out) {
-    float sq = 0.f;
+                                              const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                              float* out, float& sq) {
 #pragma unroll
     for (int c = 0; c < N; ++c) {
         float other = 0.f;
-        out[c] = 0.f;
         dot_q6_k<VEC, NORM>(rows[c], x, g, k, lane, out[c], c == 0 ? sq : other);
     }
-    dot_cols_finish<NORM, N>(out, sq, k, eps);
 }
 
 // The types of quant_codes.cuh against one activation row, N weight rows
-// one at a time (as dot_cols_float): the finished dot products in `out` on
-// every lane.
+// one at a time (as dot_cols_float): per-lane partial sums in `out` (the
+// squares of the activations in `sq`, once).
 template <unsigned int TYPE, bool NORM, int N>
 __device__ __forceinline__ void dot_cols_coded(const unsigned char* const* rows, const float* __restrict__ x,
-                                               const float* __restrict__ g, unsigned int k, float eps,
-                                               unsigned int lane, float* out) {
-    float sq = 0.f;
+                                               const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                               float* out, float& sq) {
 #pragma unroll
     for (int c = 0; c < N; ++c) {
         float other = 0.f;
-        out[c] = 0.f;
         dot_coded<TYPE, NORM, 1>(rows[c], x, g, k, 1, lane, out + c, c == 0 ? &sq : &other);
     }
-    dot_cols_finish<NORM, N>(out, sq, k, eps);
 }
 
 // N weight rows of type `dtype` against one activation row (decode), with
-// NORM the norm folded in: the finished dot products in `out` on every
-// lane. The quantized types load the activations once for all rows.
+// NORM the norm weights applied as the activations load: per-lane partial
+// sums in `out` and of the squares of the activations in `sq` (zeroed
+// here), which dot_cols_finish, or a caller meeting other warps' sums first,
+// completes. The quantized types load the activations once for all rows.
 template <bool NORM, int N>
-__device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char* const* rows,
-                                         const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
-                                         float eps, unsigned int lane, bool x16, bool vec_float, float* out,
-                                         const QuantPass<N>* first) {
-    float sq = 0.f;
+__device__ __forceinline__ void dot_cols_lanes(unsigned int dtype, const unsigned char* const* rows,
+                                               const float* __restrict__ x, const float* __restrict__ g,
+                                               unsigned int k, unsigned int lane, bool x16, bool vec_float,
+                                               float* out, float& sq, const QuantPass<N>* first) {
+    sq = 0.f;
 #pragma unroll
     for (int c = 0; c < N; ++c) out[c] = 0.f;
     switch (dtype) {
@@ -548,20 +544,30 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
             if (x16) dot_cols_quant<GGML_Q5_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q5_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
-        case GGML_Q5_1: dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_IQ4_NL: dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q2_K: dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q3_K: dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q4_K: dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q5_K: dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        case GGML_Q5_1: dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        case GGML_IQ4_NL: dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        case GGML_Q2_K: dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        case GGML_Q3_K: dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        case GGML_Q4_K: dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        case GGML_Q5_K: dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
         case GGML_Q6_K:
-            if (x16) dot_cols_q6_k<true, NORM, N>(rows, x, g, k, eps, lane, out);
-            else dot_cols_q6_k<false, NORM, N>(rows, x, g, k, eps, lane, out);
+            if (x16) dot_cols_q6_k<true, NORM, N>(rows, x, g, k, lane, out, sq);
+            else dot_cols_q6_k<false, NORM, N>(rows, x, g, k, lane, out, sq);
             return;
-        case GGML_IQ4_XS: dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        default:
-            dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out);
-            return;
+        case GGML_IQ4_XS: dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        default: dot_cols_float_lanes<NORM, N>(dtype, rows, x, g, k, lane, x16, vec_float, out, sq); return;
     }
+}
+
+// N weight rows of type `dtype` against one activation row (decode), with
+// NORM the norm folded in: the finished dot products in `out` on every
+// lane.
+template <bool NORM, int N>
+__device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char* const* rows,
+                                         const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
+                                         float eps, unsigned int lane, bool x16, bool vec_float, float* out,
+                                         const QuantPass<N>* first) {
+    float sq;
+    dot_cols_lanes<NORM, N>(dtype, rows, x, g, k, lane, x16, vec_float, out, sq, first);
     dot_cols_finish<NORM, N>(out, sq, k, eps);
 }

@@ -223,10 +223,26 @@ pub fn block_graph(
     bias: bool,
     fusion: bool,
 ) -> (Vec<Vec<f32>>, GraphStats) {
-    let (k, heads, kv_heads, head_dim, max_seq, pos) = (256, 4, 2, 64, 16, 5u32);
     // The FFN's width is the down projection's row length: a whole number
     // of the weights' blocks.
     let ff = 96usize.next_multiple_of(dtype.block_len());
+    block_graph_sized(ops, rng_seed, dtype, rows, bias, fusion, 256, ff)
+}
+
+/// [`block_graph`] of width `k` (the Q, K, V, gate and up rows' length)
+/// and FFN width `ff` (the down rows'), both whole numbers of the weights' blocks.
+#[allow(clippy::too_many_arguments)]
+pub fn block_graph_sized(
+    ops: &Ops,
+    rng_seed: u64,
+    dtype: DType,
+    rows: usize,
+    bias: bool,
+    fusion: bool,
+    k: usize,
+    ff: usize,
+) -> (Vec<Vec<f32>>, GraphStats) {
+    let (heads, kv_heads, head_dim, max_seq, pos) = (4, 2, 64, 16, 5u32);
     let (nq, nkv) = (heads * head_dim, kv_heads * head_dim);
     let d = ops.device();
     let b = BlockInputs::random(ops, rng_seed, dtype, rows, k, nq, nkv, ff);
