@@ -35,7 +35,12 @@ fn wgpu_name() -> String {
 
 /// The ops of `kernels` on device `name`.
 fn open_with(name: &str, kernels: KernelSet) -> Ops {
-    let device = Device::open(name, &Config::default()).unwrap_or_else(|e| {
+    open_configured(name, kernels, &Config::default())
+}
+
+/// The ops of `kernels` on device `name` opened with `config`.
+fn open_configured(name: &str, kernels: KernelSet, config: &Config) -> Ops {
+    let device = Device::open(name, config).unwrap_or_else(|e| {
         panic!(
             "device {name}: {e} (the wgpu tests need a Vulkan, Metal or DirectX 12 \
              adapter; on Debian `apt-get install mesa-vulkan-drivers` gives lavapipe)"
@@ -50,6 +55,25 @@ fn both() -> [Ops; 2] {
         open_with("cpu", KernelSet::Default),
         open_with(&wgpu_name(), KernelSet::Default),
     ]
+}
+
+/// [`both`], and the CPU with the wgpu device opened without subgroup
+/// operations (`Config::subgroups` off): the kernels that have a subgroup
+/// version run it in the first pair where the adapter offers subgroups
+/// (the device's arch then ends in `+subgroups`, which the pairs' names
+/// say), and their other version in the second.
+fn both_with_and_without_subgroups() -> [[Ops; 2]; 2] {
+    let without = Config {
+        subgroups: false,
+        ..Config::default()
+    };
+    let plain = open_configured(&wgpu_name(), KernelSet::Default, &without);
+    assert!(
+        !plain.device().arch().contains("+subgroups"),
+        "{}: subgroups were turned off",
+        plain.device().arch()
+    );
+    [both(), [open_with("cpu", KernelSet::Default), plain]]
 }
 
 /// Encodes one op with `f` and waits for it.

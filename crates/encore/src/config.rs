@@ -18,6 +18,7 @@
 //! | `ENCORE_SCHEDULE` | [`Config::schedule`] | `0` keeps recording order instead of scheduling | `1` |
 //! | `ENCORE_EARLY_LAUNCH` | [`Config::early_launch`] | `0` makes every graph edge wait for full completion | `1` |
 //! | `ENCORE_SPECIALIZE` | [`Config::specialize`] | `0` keeps graph nodes on their kernels' generic code | `1` |
+//! | `ENCORE_SUBGROUPS` | [`Config::subgroups`] | `0` keeps wgpu kernels on their versions without subgroup operations | `1` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels and fetched models | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges, on Metal a `.gputrace` path gets a GPU trace document (below) | unset |
@@ -102,6 +103,10 @@ pub struct Config {
     /// Give graph nodes of kernels declared
     /// [`crate::KernelDef::specializable`] a variant compiled for their shape.
     pub specialize: bool,
+    /// Let the wgpu backend compile a kernel's version with subgroup
+    /// operations ([`crate::WgpuKernel::with_subgroups`]) where the adapter
+    /// offers them.
+    pub subgroups: bool,
     /// What to measure.
     pub profile: ProfileMode,
     /// Where compiled kernels persist; `None` disables the disk cache.
@@ -122,6 +127,7 @@ impl Default for Config {
             schedule: true,
             early_launch: true,
             specialize: true,
+            subgroups: true,
             profile: ProfileMode::Off,
             cache_dir: default_cache_dir(),
             capture: None,
@@ -162,6 +168,7 @@ impl Config {
             ("ENCORE_SCHEDULE", &mut c.schedule),
             ("ENCORE_EARLY_LAUNCH", &mut c.early_launch),
             ("ENCORE_SPECIALIZE", &mut c.specialize),
+            ("ENCORE_SUBGROUPS", &mut c.subgroups),
         ] {
             if let Some(v) = flag(get, var)? {
                 *field = v;
@@ -250,6 +257,7 @@ mod tests {
             "ENCORE_PROFILE" => Some("dispatches".into()),
             "ENCORE_EARLY_LAUNCH" => Some("0".into()),
             "ENCORE_SPECIALIZE" => Some("off".into()),
+            "ENCORE_SUBGROUPS" => Some("0".into()),
             _ => None,
         })
         .unwrap();
@@ -257,6 +265,8 @@ mod tests {
         assert!(Config::default().early_launch);
         assert!(!c.specialize);
         assert!(Config::default().specialize);
+        assert!(!c.subgroups);
+        assert!(Config::default().subgroups);
         assert!(c.serial);
         assert_eq!(c.cpu_threads(), 3);
         assert_eq!(c.profile, ProfileMode::Dispatches);

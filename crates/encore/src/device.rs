@@ -97,7 +97,7 @@ impl Device {
                 Arc::new(CpuBackend::new(config)?)
             }
             "cpu" => Arc::new(CpuBackend::new(config)?),
-            "wgpu" => open_wgpu(None)?,
+            "wgpu" => open_wgpu(None, config)?,
             "metal" => open_metal(config)?,
             _ => {
                 let ordinal = |rest: &str| {
@@ -108,7 +108,7 @@ impl Device {
                 if let Some(rest) = name.strip_prefix("cuda") {
                     open_cuda(if rest.is_empty() { 0 } else { ordinal(rest)? }, config)?
                 } else if let Some(rest) = name.strip_prefix("wgpu") {
-                    open_wgpu(Some(ordinal(rest)?))?
+                    open_wgpu(Some(ordinal(rest)?), config)?
                 } else {
                     return Err(Error::UnknownDevice(name.to_string()));
                 }
@@ -437,7 +437,7 @@ fn open_cuda(ordinal: usize, config: &Config) -> Result<Arc<dyn Backend>> {
 
 /// Opens wgpu adapter `index`, or the first hardware one.
 #[cfg(feature = "wgpu")]
-fn open_wgpu(index: Option<usize>) -> Result<Arc<dyn Backend>> {
+fn open_wgpu(index: Option<usize>, config: &Config) -> Result<Arc<dyn Backend>> {
     let index = match index {
         Some(i) => i,
         None => crate::backend::wgpu::first_hardware().ok_or_else(|| Error::DeviceUnavailable {
@@ -447,11 +447,11 @@ fn open_wgpu(index: Option<usize>) -> Result<Arc<dyn Backend>> {
                 .into(),
         })?,
     };
-    crate::backend::wgpu::WgpuBackend::open(index)
+    crate::backend::wgpu::WgpuBackend::open(index, config)
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn open_wgpu(index: Option<usize>) -> Result<Arc<dyn Backend>> {
+fn open_wgpu(index: Option<usize>, _config: &Config) -> Result<Arc<dyn Backend>> {
     Err(Error::DeviceUnavailable {
         name: index.map_or_else(|| "wgpu".into(), |i| format!("wgpu:{i}")),
         reason: "Encore was built without the `wgpu` feature".into(),

@@ -154,6 +154,9 @@ pub const WGSL_MAX_BUFFERS: usize = 16;
 pub struct WgpuKernel {
     pub source: String,
     pub entry: String,
+    /// The same kernel with subgroup operations (wgpu's `SUBGROUP`
+    /// feature), if it has such a version ([`WgpuKernel::with_subgroups`]).
+    pub subgroup_source: Option<String>,
     geometry: Geometry,
 }
 
@@ -169,7 +172,26 @@ impl WgpuKernel {
         WgpuKernel {
             source: source.into(),
             entry: entry.into(),
+            subgroup_source: None,
             geometry: typed_geometry(geometry),
+        }
+    }
+
+    /// Adds a version of the kernel that uses subgroup operations (with the
+    /// same entry point, bindings and launch), which the wgpu backend
+    /// compiles instead of `source` where the adapter offers them and
+    /// [`crate::Config::subgroups`] is on. Metal translates `source`.
+    pub fn with_subgroups(mut self, source: impl Into<String>) -> WgpuKernel {
+        self.subgroup_source = Some(source.into());
+        self
+    }
+
+    /// The source a device compiles: the subgroup version where it has
+    /// subgroups (`subgroups`) and the kernel has one, else `source`.
+    pub fn source_for(&self, subgroups: bool) -> &str {
+        match &self.subgroup_source {
+            Some(s) if subgroups => s,
+            _ => &self.source,
         }
     }
 
@@ -191,6 +213,7 @@ impl WgpuKernel {
         WgpuKernel {
             source: source.into(),
             entry: entry.into(),
+            subgroup_source: None,
             geometry: Arc::new(move |_: &[u8]| Ok(launch)),
         }
     }
@@ -264,14 +287,17 @@ impl Implementation {
     }
 
     /// The text that defines it, hashed into the kernel's key: the CPU
-    /// body's definition string, or the full source and entry point.
-    fn content(&self) -> [&str; 2] {
+    /// body's definition string, or the full source and entry point (and
+    /// a WGSL kernel's subgroup version).
+    fn content(&self) -> [&str; 3] {
         match self {
-            Implementation::Cpu(c) => [&c.definition, ""],
-            Implementation::Cuda(c) => [&c.source, &c.entry],
-            Implementation::Wgpu(w) | Implementation::Metal(MetalKernel(w)) => {
-                [&w.source, &w.entry]
-            }
+            Implementation::Cpu(c) => [&c.definition, "", ""],
+            Implementation::Cuda(c) => [&c.source, &c.entry, ""],
+            Implementation::Wgpu(w) | Implementation::Metal(MetalKernel(w)) => [
+                &w.source,
+                &w.entry,
+                w.subgroup_source.as_deref().unwrap_or(""),
+            ],
         }
     }
 }
@@ -490,10 +516,10 @@ impl KernelDef {
     /// definition string, or the full source and entry point. On Metal
     /// it is the WGSL Metal translates ([`KernelDef::metal_impl`]). `None`
     /// when the kernel does not run on `backend`.
-    pub fn content(&self, backend: BackendKind) -> Option<[&str; 2]> {
+    pub fn content(&self, backend: BackendKind) -> Option<[&str; 3]> {
         match (self.implementation_for(backend), backend) {
             (Some(i), _) => Some(i.content()),
-            (None, BackendKind::Metal) => self.metal_impl().map(|w| [&*w.source, &*w.entry]),
+            (None, BackendKind::Metal) => self.metal_impl().map(|w| [&*w.source, &*w.entry, ""]),
             (None, _) => None,
         }
     }

@@ -154,7 +154,7 @@ pub fn load_all(device: &encore::Device, sets: &[KernelSet]) -> encore::Result<u
 /// What defines `def` on `backend`, for telling two definitions apart.
 fn content(def: &KernelDef, backend: encore::BackendKind) -> Option<String> {
     def.content(backend)
-        .map(|[text, entry]| format!("{text}\0{entry}"))
+        .map(|[text, entry, subgroups]| format!("{text}\0{entry}\0{subgroups}"))
 }
 
 /// The text of a panic payload (a thread that loaded a kernel panicked).

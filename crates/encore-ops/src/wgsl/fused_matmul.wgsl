@@ -8,7 +8,7 @@
 // when unused), `b0, b1, b2: f32[n_i]` (empty where `bias` has no bit),
 // `FusedShape` (value).
 //
-// Workgroups and lanes as `matmul` (matmul.wgsl). The column tiles of the
+// Workgroups and lanes as `matmul` (matmul.wgsl, lanes.wgsl). The column tiles of the
 // weights are laid end to end, so one launch covers Q, K and V, and no tile
 // spans two weights; in the SwiGLU epilogue a lane decodes the gate and the
 // up weights at the same elements and multiplies both with one load of
@@ -18,6 +18,7 @@
 // from Rust, prepended to the source (`wgsl/mod.rs`).
 
 // #include "quant.wgsl"
+// #include "lanes.wgsl"
 
 struct Args {
     off: array<u32, 16>,
@@ -68,7 +69,7 @@ fn silu(v: f32) -> f32 {
 
 @compute @workgroup_size(MATMUL_THREADS)
 fn fused_matmul(
-    @builtin(local_invocation_index) lid: u32,
+    ids: Lanes,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
@@ -99,8 +100,9 @@ fn fused_matmul(
     let r0 = (group % row_tiles) * MATMUL_TILE;
     let nr = min(MATMUL_TILE, args.rows - r0);
     let k = args.k;
-    let lane = lid % MATMUL_LANES;
-    let j = min(t * MATMUL_COLS + lid / MATMUL_LANES, n - 1u);
+    let at = column_lane(ids);
+    let lane = at.y;
+    let j = min(t * MATMUL_COLS + at.x, n - 1u);
     let dt = args.dtype[wi];
     let row = 4u * args.off[2u + wi] + j * row_bytes(dt, k);
     // SwiGLU's up weight (w1).
@@ -165,12 +167,19 @@ fn fused_matmul(
     }
 
     for (var r = 0u; r < MATMUL_TILE; r++) {
-        partial[r * MATMUL_THREADS + lid] = acc[r];
-        partial2[r * MATMUL_THREADS + lid] = acc2[r];
-        squares[r * MATMUL_THREADS + lid] = sq[r];
+        let p = lane_part(ids, acc[r]);
+        let p2 = lane_part(ids, acc2[r]);
+        let s = lane_part(ids, sq[r]);
+        if stores_part(ids) {
+            let slot = r * MATMUL_THREADS + part_slot(ids);
+            partial[slot] = p;
+            partial2[slot] = p2;
+            squares[slot] = s;
+        }
     }
     workgroupBarrier();
-    // Invocation (c, r) sums column c's lanes for tile row r.
+    // Invocation (c, r) sums column c's parts for tile row r.
+    let lid = ids.lid;
     if lid < MATMUL_COLS * MATMUL_TILE {
         let c = lid / MATMUL_TILE;
         let r = lid % MATMUL_TILE;
@@ -180,7 +189,7 @@ fn fused_matmul(
             var p = 0.0;
             var p2 = 0.0;
             var s = 0.0;
-            for (var l = 0u; l < MATMUL_LANES; l++) {
+            for (var l = 0u; l < column_parts(ids); l++) {
                 p += partial[base + l];
                 p2 += partial2[base + l];
                 s += squares[base + l];

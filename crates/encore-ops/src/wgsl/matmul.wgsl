@@ -10,7 +10,8 @@
 // column walk its weight row eight weights at a time, decode each eight once
 // and multiply them with every row of the tile, so weights are read once per
 // tile of rows rather than once per row. The lanes' sums meet in workgroup
-// memory. Workgroups go tile of rows fastest, so the tiles that share a
+// memory, through subgroups where the device has them (lanes.wgsl).
+// Workgroups go tile of rows fastest, so the tiles that share a
 // column's weights run together and find them in cache.
 //
 // From `MATMUL_GEMM_ROWS` activation rows on (and rows a whole number of
@@ -25,6 +26,7 @@
 // workgroups of either path.
 
 // #include "quant.wgsl"
+// #include "lanes.wgsl"
 
 struct Args {
     off: array<u32, 16>,
@@ -122,12 +124,12 @@ fn gemm_tile(lid: u32, group: u32) {
 
 @compute @workgroup_size(MATMUL_THREADS)
 fn matmul(
-    @builtin(local_invocation_index) lid: u32,
+    ids: Lanes,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
     if use_gemm() {
-        gemm_tile(lid, wid.y * groups.x + wid.x);
+        gemm_tile(ids.lid, wid.y * groups.x + wid.x);
         return;
     }
     let row_tiles = (args.rows + MATMUL_TILE - 1u) / MATMUL_TILE;
@@ -139,9 +141,10 @@ fn matmul(
     let r0 = (group % row_tiles) * MATMUL_TILE;
     let nr = min(MATMUL_TILE, args.rows - r0);
     let k = args.k;
-    let lane = lid % MATMUL_LANES;
+    let at = column_lane(ids);
+    let lane = at.y;
     // A column past `n` repeats the last one; its sum is not stored.
-    let j = min(col_tile * MATMUL_COLS + lid / MATMUL_LANES, args.n - 1u);
+    let j = min(col_tile * MATMUL_COLS + at.x, args.n - 1u);
     let row = 4u * args.off[0] + j * row_bytes(args.dtype, k);
     let xt = args.off[1] + r0 * k;
 
@@ -169,10 +172,14 @@ fn matmul(
     }
 
     for (var r = 0u; r < MATMUL_TILE; r++) {
-        partial[r * MATMUL_THREADS + lid] = acc[r];
+        let part = lane_part(ids, acc[r]);
+        if stores_part(ids) {
+            partial[r * MATMUL_THREADS + part_slot(ids)] = part;
+        }
     }
     workgroupBarrier();
-    // Invocation (c, r) sums column c's lanes for tile row r.
+    // Invocation (c, r) sums column c's parts for tile row r.
+    let lid = ids.lid;
     if lid < MATMUL_COLS * MATMUL_TILE {
         let c = lid / MATMUL_TILE;
         let r = lid % MATMUL_TILE;
@@ -180,7 +187,7 @@ fn matmul(
         if r < nr && jc < args.n {
             let base = r * MATMUL_THREADS + c * MATMUL_LANES;
             var s = 0.0;
-            for (var l = 0u; l < MATMUL_LANES; l++) {
+            for (var l = 0u; l < column_parts(ids); l++) {
                 s += partial[base + l];
             }
             y[args.off[2] + (r0 + r) * args.n + jc] = s;

@@ -94,8 +94,27 @@ fn matmul_launch(columns: u32, rows: u32) -> Launch {
     linear_launch(columns.div_ceil(MATMUL_COLS) * rows.div_ceil(MATMUL_TILE))
 }
 
+/// A product's source (`matmul.wgsl` or `fused_matmul.wgsl`) after its
+/// constants, and its version with subgroup operations: lanes.wgsl swapped
+/// for lanes_subgroups.wgsl. (WGSL's `enable subgroups;` would belong on
+/// top, but naga does not take it yet; wgpu enables them with the device
+/// feature.)
+fn product_sources(file: &str) -> (String, String) {
+    let plain = matmul_constants() + &source(file);
+    let swapped: Vec<(&str, &'static str)> = FILES
+        .iter()
+        .map(|&(name, text)| match name {
+            "lanes.wgsl" => (name, include_str!("lanes_subgroups.wgsl")),
+            _ => (name, text),
+        })
+        .collect();
+    let subgroups = matmul_constants()
+        + &crate::include::expand(&swapped, file, |f| format!("no WGSL file {f};\n"));
+    (plain, subgroups)
+}
+
 pub(crate) fn matmul() -> WgpuKernel {
-    let source = matmul_constants() + &source("matmul.wgsl");
+    let (source, subgroups) = product_sources("matmul.wgsl");
     WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
         weight_type("matmul", s.dtype)?;
         if s.rows >= MATMUL_GEMM_ROWS && s.k.is_multiple_of(32) {
@@ -103,10 +122,11 @@ pub(crate) fn matmul() -> WgpuKernel {
         }
         Ok(matmul_launch(s.n, s.rows))
     })
+    .with_subgroups(subgroups)
 }
 
 pub(crate) fn fused_matmul() -> WgpuKernel {
-    let source = matmul_constants() + &source("fused_matmul.wgsl");
+    let (source, subgroups) = product_sources("fused_matmul.wgsl");
     WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
         let used = if s.epilogue == EPILOGUE_SWIGLU {
             2
@@ -128,6 +148,7 @@ pub(crate) fn fused_matmul() -> WgpuKernel {
         };
         Ok(linear_launch(tiles * s.rows.div_ceil(MATMUL_TILE)))
     })
+    .with_subgroups(subgroups)
 }
 
 pub(crate) fn embed() -> WgpuKernel {
@@ -294,6 +315,8 @@ const FILES: &[(&str, &str)] = &[
     ),
     ("f16.wgsl", include_str!("f16.wgsl")),
     ("ggml_exp.wgsl", include_str!("ggml_exp.wgsl")),
+    ("lanes.wgsl", include_str!("lanes.wgsl")),
+    ("lanes_subgroups.wgsl", include_str!("lanes_subgroups.wgsl")),
     ("quant.wgsl", include_str!("quant.wgsl")),
     ("rope_common.wgsl", include_str!("rope_common.wgsl")),
     // Kernels.
@@ -346,6 +369,9 @@ mod tests {
         for def in sets.into_iter().flat_map(|s| s.defs().all()) {
             if let Some(wgsl) = def.wgpu_impl() {
                 validate(def.name(), &wgsl.source);
+                if let Some(subgroups) = &wgsl.subgroup_source {
+                    validate(&format!("{} (subgroups)", def.name()), subgroups);
+                }
                 seen += 1;
             }
         }

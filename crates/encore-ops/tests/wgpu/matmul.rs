@@ -13,7 +13,7 @@ use encore_ops::kernels::fused::{
 use encore_ops::{DType, KernelSet, Ops, Weight};
 
 use super::common::{random_weights, upload, Rng};
-use super::{assert_close, both, run};
+use super::{assert_close, both, both_with_and_without_subgroups, run};
 
 /// The GPU's sums against the exact product: f32 roundings of sums of up
 /// to a few thousand terms, relative to `Σ|w·x|`.
@@ -81,7 +81,13 @@ fn weight(ops: &Ops, dtype: DType, bytes: &[u8], n: usize, k: usize) -> Weight {
 #[test]
 fn matmul_matches_cpu_for_every_weight_type() {
     let mut rng = Rng::new();
-    let pair = both();
+    for pair in both_with_and_without_subgroups() {
+        matmul_matches_cpu_on(&pair, &mut rng);
+    }
+}
+
+fn matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
+    let arch = pair[1].device().arch();
     // (rows, n, k, x offset in floats)
     let shapes = [
         (1usize, 70usize, 512usize, 0usize),
@@ -102,7 +108,7 @@ fn matmul_matches_cpu_for_every_weight_type() {
             if k % dtype.block_len() != 0 {
                 continue;
             }
-            let w = random_weights(&mut rng, dtype, n, k);
+            let w = random_weights(rng, dtype, n, k);
             let x = rng.vec(offset + rows * k);
             let wf = dequantize(dtype, &w, n, k);
             let (exact, scale) = exact_product(&wf, &x[offset..], rows, n, k);
@@ -113,7 +119,7 @@ fn matmul_matches_cpu_for_every_weight_type() {
                 run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
                 y.download::<f32>().unwrap()
             });
-            let what = format!("matmul {dtype} rows={rows} n={n} k={k} x+{offset}");
+            let what = format!("matmul {dtype} rows={rows} n={n} k={k} x+{offset} on {arch}");
             assert_within(&format!("{what} (wgpu)"), &gpu, &exact, &scale, EXACT_TOL);
             let cpu_tol = if dtype.is_quantized() {
                 CPU_QUANT_TOL
@@ -230,7 +236,13 @@ fn fused_on(
 #[test]
 fn fused_matmul_matches_cpu_for_every_epilogue() {
     let mut rng = Rng::new();
-    let pair = both();
+    for pair in both_with_and_without_subgroups() {
+        fused_matmul_matches_cpu_on(&pair, &mut rng);
+    }
+}
+
+fn fused_matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
+    let arch = pair[1].device().arch();
     // (weight types, k)
     let k_for = |t: DType| match t.block_len() {
         1 => 100usize,
@@ -253,7 +265,7 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                     let w: Vec<Vec<u8>> = ns
                         .iter()
                         .zip(dtypes)
-                        .map(|(&n, t)| random_weights(&mut rng, t, n, k))
+                        .map(|(&n, t)| random_weights(rng, t, n, k))
                         .collect();
                     let weights: Vec<(DType, &[u8], usize)> = w
                         .iter()
@@ -288,7 +300,7 @@ fn fused_matmul_matches_cpu_for_every_epilogue() {
                         .map(|((w, &n), t)| exact_product(&dequantize(t, w, n, k), &xn, rows, n, k))
                         .collect();
                     let what = format!(
-                        "fused {dtypes:?} k={k} rows={rows} norm={norm} epilogue={epilogue}"
+                        "fused {dtypes:?} k={k} rows={rows} norm={norm} epilogue={epilogue} on {arch}"
                     );
                     let cpu_tol = if dtypes[0].is_quantized() {
                         CPU_QUANT_TOL

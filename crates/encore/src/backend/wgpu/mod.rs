@@ -12,7 +12,12 @@
 //!   dynamic offset (the convention is on [`crate::WgpuKernel`]). Every
 //!   buffer binding's layout entry is writable, so a dispatch may bind one
 //!   allocation several times, read and written (a shader that only reads a
-//!   binding may still declare it `read`).
+//!   binding may still declare it `read`). Where the adapter offers
+//!   subgroup operations (and [`Config::subgroups`] is on), the device is
+//!   opened with wgpu's `SUBGROUP` feature and a kernel with a subgroup
+//!   version ([`crate::WgpuKernel::with_subgroups`]) compiles that; the
+//!   device's arch then ends in `+subgroups`, so the two versions have
+//!   different keys.
 //! - Programs: one compute pass per concurrent group, so wgpu's own usage
 //!   tracking orders the groups; see `submit.rs`.
 //! - Errors: validation, out-of-memory and internal errors are caught in
@@ -33,6 +38,7 @@ use wgpu::naga;
 
 use self::submit::{WgpuExecutable, WgpuSubmission};
 use super::{Backend, BackendSubmission, Executable};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, KernelDef, WGSL_MAX_BUFFERS};
 use crate::program::Program;
@@ -115,6 +121,9 @@ struct Features {
     timestamps: bool,
     /// Timestamp queries between dispatches inside a pass.
     timestamps_in_passes: bool,
+    /// Subgroup operations, requested and not turned off
+    /// ([`Config::subgroups`]): kernels compile their subgroup versions.
+    subgroups: bool,
 }
 
 /// The table of live allocations, keyed by the runtime's handles.
@@ -470,7 +479,7 @@ pub(crate) struct WgpuBackend {
 
 impl WgpuBackend {
     /// Opens adapter `index` (`wgpu:N`).
-    pub(crate) fn open(index: usize) -> Result<Arc<dyn Backend>> {
+    pub(crate) fn open(index: usize, config: &Config) -> Result<Arc<dyn Backend>> {
         let name = format!("wgpu:{index}");
         let unavailable = |reason: String| Error::DeviceUnavailable {
             name: name.clone(),
@@ -485,9 +494,13 @@ impl WgpuBackend {
             ))
         })?;
         let info = adapter.get_info();
-        let wanted =
+        let mut wanted =
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        if config.subgroups {
+            wanted |= wgpu::Features::SUBGROUP;
+        }
         let features = adapter.features() & wanted;
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("encore"),
@@ -548,6 +561,7 @@ impl WgpuBackend {
                 timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
                 timestamps_in_passes: features
                     .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+                subgroups,
             },
             timestamp_period,
             held: Mutex::new(None),
@@ -555,7 +569,14 @@ impl WgpuBackend {
         Ok(Arc::new(WgpuBackend {
             shared,
             args_layout,
-            arch: format!("{:?}-{:#x}-{:#x}", info.backend, info.vendor, info.device),
+            // Kernels compile to other code with subgroups, so their keys differ.
+            arch: format!(
+                "{:?}-{:#x}-{:#x}{}",
+                info.backend,
+                info.vendor,
+                info.device,
+                if subgroups { "+subgroups" } else { "" }
+            ),
             toolchain: format!("wgpu-30 {} {}", info.driver, info.driver_info),
         }))
     }
@@ -701,18 +722,19 @@ impl Backend for WgpuBackend {
         };
         let s = &self.shared;
         s.usable()?;
-        let bindings = Self::bindings(def, &kernel.source)?;
+        let source = kernel.source_for(s.features.subgroups);
+        let bindings = Self::bindings(def, source)?;
         let plain = build(
             s,
             &self.args_layout,
             def.name(),
-            &kernel.source,
+            source,
             &kernel.entry,
             &bindings,
         )?;
         Ok(Arc::new(Pipeline {
             name: def.name().to_string(),
-            source: kernel.source.clone(),
+            source: source.to_string(),
             entry: kernel.entry.clone(),
             bindings,
             plain,
