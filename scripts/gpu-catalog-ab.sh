@@ -28,18 +28,12 @@ stage=.gpu-peer
 out=${OUT:-gpu-out}
 work=/tmp/encore-peer
 rounds=${ENCORE_AB_ROUNDS:-3}
-mkdir -p "$out" "$work/models" "$work/templates"
+mkdir -p "$out"
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-$work/kernels}
 for b in "$@"; do
     [[ -x .gpu-exp/$b ]] || xz -dkf ".gpu-exp/$b.xz" || exit 1
 done
-for t in "$stage"/templates/*.gguf; do
-    name=${t##*/}
-    [[ -f $work/models/$name ]] && continue
-    cp "$t" "$work/templates/$name"
-    truncate -s "$(cat "$t.size")" "$work/templates/$name"
-    "$stage/synthetic_like" "$work/templates/$name" "$work/models/$name" || exit 1
-done
+bash "$stage/gpu-peer-run.sh" --models || exit 1
 models=("$work"/models/*.gguf)
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }

@@ -4,7 +4,8 @@
 # the catalog models' shapes and types with random weights, and compares
 # Encore with llama.cpp on each (scripts/peer-bench.sh: pp512 and tg128,
 # alternated, ENCORE_PEER_ROUNDS rounds, default 2). Figures go to
-# $OUT/peer.txt.
+# $OUT/peer.txt. With `--models` it only writes the synthetic models (to
+# /tmp/encore-peer/models) and stops.
 #
 # The build takes about five minutes on 16 cores. It runs in the background
 # and the call waits for it within its budget (ENCORE_PEER_BUDGET, 560 s of
@@ -32,6 +33,7 @@ for t in "$stage"/templates/*.gguf; do
     truncate -s "$(cat "$t.size")" "$work/templates/$name"
     "$stage/synthetic_like" "$work/templates/$name" "$work/models/$name" || exit 1
 done
+[[ ${1:-} == --models ]] && exit 0
 
 llama=$work/llama
 if [[ ! -x $llama/build/bin/llama-bench ]]; then

@@ -26,7 +26,7 @@ mkdir -p "$stage/templates"
 strip -o "$stage/encore" target/release/encore
 xz -T0 -6 "$stage/encore"
 strip -o "$stage/synthetic_like" target/release/examples/synthetic_like
-for name in qwen2.5-coder-0.5b gemma-3-270m; do
+for name in smollm2-135m qwen2.5-coder-0.5b gemma-3-270m; do
     path=$(target/release/encore models --json | jq -r --arg n "$name" \
         '.models[] | select(.name == $n and .state == "cached") | .path')
     if [[ -z $path || ! -f $path ]]; then
