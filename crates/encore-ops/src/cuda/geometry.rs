@@ -124,10 +124,10 @@ pub(crate) fn fused_matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
     defines
 }
 
-/// The warps of a `fused_matmul` of `shape`: each weight's columns in
-/// warps of [`matmul_warps`] (the gate's alone in the SwiGLU epilogue, whose
-/// warps compute gate and up together), times the warps that share a
-/// column ([`fused_split`]).
+/// The warps of a `fused_matmul` of `shape`: each weight's columns,
+/// [`FUSED_COLUMNS_PER_WARP`] a warp for one row and one for more (the
+/// gate's alone in the SwiGLU epilogue, whose warps compute gate and up
+/// together), times the warps that share a column ([`fused_split`]).
 pub fn fused_matmul_warps(shape: &FusedShape, exact: bool) -> u32 {
     let split = fused_split(shape, exact);
     let warps = |n| product_warps(shape.rows, n, FUSED_COLUMNS_PER_WARP) * split;
