@@ -169,6 +169,11 @@ impl Ops {
     /// device's backend implements. One it does not implement fails when
     /// its op is dispatched, so a backend can be brought up one op at a time.
     pub fn new(device: &Device, kernels: KernelSet) -> Result<Ops> {
+        // Every kernel of the set compiles at once first, into the device's
+        // kernel cache, where the loads below find it: a backend that
+        // compiles from source then takes its slowest kernel's time, not
+        // the sum of all.
+        crate::kernels::load_all(device, &[kernels])?;
         let defs = kernels.defs();
         // A kernel the exact set lacks on a backend is named as the exact
         // set's, so the error says which set to leave.
