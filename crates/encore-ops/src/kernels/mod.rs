@@ -125,19 +125,16 @@ impl KernelSet {
 /// distinct kernels were loaded.
 pub fn load_all(device: &encore::Device, sets: &[KernelSet]) -> encore::Result<usize> {
     let backend = device.kind();
-    let mut defs: Vec<KernelDef> = Vec::new();
-    for def in sets.iter().flat_map(|s| s.defs().all()) {
-        let key = |d: &KernelDef| {
-            (
-                d.name().to_string(),
-                d.options().to_vec(),
-                content(d, backend),
-            )
-        };
-        if def.content(backend).is_some() && !defs.iter().any(|d| key(d) == key(&def)) {
-            defs.push(def);
-        }
-    }
+    let all: Vec<KernelDef> = sets.iter().flat_map(|s| s.defs().all()).collect();
+    // Two definitions are one kernel when name, options and code agree.
+    let mut seen = std::collections::HashSet::new();
+    let defs: Vec<&KernelDef> = all
+        .iter()
+        .filter(|d| {
+            let content = d.content(backend);
+            content.is_some() && seen.insert((d.name(), d.options(), content))
+        })
+        .collect();
     std::thread::scope(|s| {
         let loads: Vec<_> = defs
             .iter()
@@ -149,12 +146,6 @@ pub fn load_all(device: &encore::Device, sets: &[KernelSet]) -> encore::Result<u
         }
         Ok(defs.len())
     })
-}
-
-/// What defines `def` on `backend`, for telling two definitions apart.
-fn content(def: &KernelDef, backend: encore::BackendKind) -> Option<String> {
-    def.content(backend)
-        .map(|[text, entry, subgroups]| format!("{text}\0{entry}\0{subgroups}"))
 }
 
 /// The text of a panic payload (a thread that loaded a kernel panicked).
