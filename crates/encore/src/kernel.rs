@@ -314,7 +314,15 @@ pub struct KernelDef {
     specializable: bool,
     /// Value words a specialized variant leaves out (compiled as 0).
     unspecialized_words: Vec<usize>,
+    /// Compile options a specialized variant derives from its value.
+    variant_options: Option<VariantOptions>,
+    /// The options this variant derived from its value (none unspecialized).
+    derived_options: Vec<String>,
 }
+
+/// Compile options a specialized variant adds for its value argument (see
+/// [`KernelDef::variant_options`]).
+pub type VariantOptions = fn(value: &[u8]) -> Vec<String>;
 
 impl fmt::Debug for KernelDef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -341,6 +349,8 @@ impl KernelDef {
             programmatic: false,
             specializable: false,
             unspecialized_words: Vec::new(),
+            variant_options: None,
+            derived_options: Vec::new(),
         }
     }
 
@@ -430,6 +440,17 @@ impl KernelDef {
         self
     }
 
+    /// Gives every specialized variant the compile options `options`
+    /// derives from its value, beside the value's words: what the shape
+    /// lets the variant leave out that the compiler would not find on its
+    /// own soon enough (the code of weight types the shape does not use,
+    /// which it would optimize before folding the dispatch on the type).
+    /// The options are part of the variant's key like any other.
+    pub fn variant_options(mut self, options: VariantOptions) -> KernelDef {
+        self.variant_options = Some(options);
+        self
+    }
+
     /// Whether [`KernelDef::specializable`] was declared.
     pub fn is_specializable(&self) -> bool {
         self.specializable
@@ -456,9 +477,12 @@ impl KernelDef {
                 false => format!("{:#x}u", u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
             })
             .collect();
-        // Specializing a variant again replaces its value.
+        // Specializing a variant again replaces its value and what it derived.
         let mut def = self.clone();
-        def.options.retain(|o| !o.starts_with(VALUE_WORDS_OPTION));
+        def.options
+            .retain(|o| !o.starts_with(VALUE_WORDS_OPTION) && !self.derived_options.contains(o));
+        def.derived_options = self.variant_options.map(|f| f(value)).unwrap_or_default();
+        def.options.extend(def.derived_options.iter().cloned());
         Some(def.option(format!("{VALUE_WORDS_OPTION}{{{}}}", words.join(","))))
     }
 
@@ -796,6 +820,27 @@ mod tests {
             ["--define-macro=ENCORE_VALUE_WORDS={0x0u,0x240u,0x7u}"]
         );
         assert_ne!(a.options(), variant([1, 577, 7]).options());
+    }
+
+    #[test]
+    fn a_variant_takes_the_options_its_value_derives_and_only_those() {
+        // Options from the value's last word, as a kernel would list the
+        // weight types its shape uses.
+        let derived = def().variant_options(|v| vec![format!("-DTYPE={}", v[v.len() - 4])]);
+        let variant = |d: &KernelDef, v: [u32; 2]| d.specialized(bytemuck::cast_slice(&v)).unwrap();
+        let a = variant(&derived, [576, 12]);
+        assert_eq!(
+            a.options(),
+            [
+                "-DTYPE=12",
+                "--define-macro=ENCORE_VALUE_WORDS={0x240u,0xcu}"
+            ]
+        );
+        // Specializing the variant again derives afresh: nothing of the
+        // first value is left.
+        let b = variant(&a, [576, 14]);
+        assert_eq!(b.options(), variant(&derived, [576, 14]).options());
+        assert!(!b.options().iter().any(|o| o.contains("=12")));
     }
 
     #[test]

@@ -515,21 +515,21 @@ gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __
     encore_grid_wait();
     unsigned char* smem = reinterpret_cast<unsigned char*>(gm_smem);
     switch (s.dtype) {
-        case GGML_Q4_1: gemm_typed<GGML_Q4_1>(w, x, y, s, smem); break;
-        case GGML_Q4_0: gemm_typed<GGML_Q4_0>(w, x, y, s, smem); break;
-        case GGML_Q8_0: gemm_typed<GGML_Q8_0>(w, x, y, s, smem); break;
-        case GGML_F16: gemm_typed<GGML_F16>(w, x, y, s, smem); break;
-        case GGML_BF16: gemm_typed<GGML_BF16>(w, x, y, s, smem); break;
-        case GGML_F32: gemm_typed<GGML_F32>(w, x, y, s, smem); break;
-        case GGML_Q5_0: gemm_typed<GGML_Q5_0>(w, x, y, s, smem); break;
-        case GGML_Q5_1: gemm_typed<GGML_Q5_1>(w, x, y, s, smem); break;
-        case GGML_IQ4_NL: gemm_typed<GGML_IQ4_NL>(w, x, y, s, smem); break;
-        case GGML_Q2_K: gemm_typed<GGML_Q2_K>(w, x, y, s, smem); break;
-        case GGML_Q3_K: gemm_typed<GGML_Q3_K>(w, x, y, s, smem); break;
-        case GGML_Q4_K: gemm_typed<GGML_Q4_K>(w, x, y, s, smem); break;
-        case GGML_Q5_K: gemm_typed<GGML_Q5_K>(w, x, y, s, smem); break;
-        case GGML_Q6_K: gemm_typed<GGML_Q6_K>(w, x, y, s, smem); break;
-        case GGML_IQ4_XS: gemm_typed<GGML_IQ4_XS>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q4_1) gemm_typed<GGML_Q4_1>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q4_0) gemm_typed<GGML_Q4_0>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q8_0) gemm_typed<GGML_Q8_0>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_F16) gemm_typed<GGML_F16>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_BF16) gemm_typed<GGML_BF16>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_F32) gemm_typed<GGML_F32>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q5_0) gemm_typed<GGML_Q5_0>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q5_1) gemm_typed<GGML_Q5_1>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_IQ4_NL) gemm_typed<GGML_IQ4_NL>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q2_K) gemm_typed<GGML_Q2_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q3_K) gemm_typed<GGML_Q3_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q4_K) gemm_typed<GGML_Q4_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q5_K) gemm_typed<GGML_Q5_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q6_K) gemm_typed<GGML_Q6_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_IQ4_XS) gemm_typed<GGML_IQ4_XS>(w, x, y, s, smem); break;
         default: break;
     }
 }

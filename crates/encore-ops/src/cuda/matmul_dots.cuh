@@ -158,15 +158,15 @@ __device__ __forceinline__ void dot_row_float(unsigned int dtype, const unsigned
                                               unsigned int k, unsigned int rows, unsigned int lane, bool x16,
                                               bool vec_float, float* acc, float* sq) {
     switch (dtype) {
-        case GGML_F32:
+        GGML_CASE(GGML_F32)
             if (vec_float) dot_float<GGML_F32, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_float<GGML_F32, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
-        case GGML_F16:
+        GGML_CASE(GGML_F16)
             if (vec_float) dot_float<GGML_F16, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_float<GGML_F16, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
-        case GGML_BF16:
+        GGML_CASE(GGML_BF16)
             if (vec_float) dot_float<GGML_BF16, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_float<GGML_BF16, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;

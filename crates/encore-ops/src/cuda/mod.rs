@@ -72,6 +72,42 @@ pub(crate) fn rms_norm() -> CudaKernel {
     })
 }
 
+/// The compile options of a variant specialized for a shape whose weights
+/// have the ggml types `types`: `ENCORE_TYPE_MASK` (see gguf.cuh), so that
+/// it carries those types' code alone, which makes NVRTC's work a fraction
+/// of the generic code's. None where an id lies outside the mask (a type
+/// no kernel has code for: the dispatch is refused before it compiles).
+fn type_mask_options(types: &[u32]) -> Vec<String> {
+    if types.iter().any(|&t| t >= 32) {
+        return Vec::new();
+    }
+    let mask = types.iter().fold(0u32, |mask, &t| mask | 1 << t);
+    vec![format!("--define-macro=ENCORE_TYPE_MASK={mask:#x}u")]
+}
+
+/// [`encore::KernelDef::variant_options`] of `matmul` and `matmul_rows`:
+/// the weights' type.
+pub(crate) fn matmul_variant_options(value: &[u8]) -> Vec<String> {
+    bytemuck::try_pod_read_unaligned::<MatmulShape>(value)
+        .map(|s| type_mask_options(&[s.dtype]))
+        .unwrap_or_default()
+}
+
+/// [`encore::KernelDef::variant_options`] of `fused_matmul` and
+/// `fused_matmul_rows`: the types of the weights in use, and the up
+/// weight's in the SwiGLU epilogue (the kernel reads it there whatever the
+/// weight count says).
+pub(crate) fn fused_variant_options(value: &[u8]) -> Vec<String> {
+    let Ok(s) = bytemuck::try_pod_read_unaligned::<FusedShape>(value) else {
+        return Vec::new();
+    };
+    let mut types = s.dtype[..(s.weights as usize).min(3)].to_vec();
+    if s.epilogue == EPILOGUE_SWIGLU {
+        types.push(s.dtype[1]);
+    }
+    type_mask_options(&types)
+}
+
 /// `matmul`, its quantized products the exact ones with `exact`.
 pub(crate) fn matmul(exact: bool) -> CudaKernel {
     matmul_kernel(exact, false)
@@ -453,6 +489,70 @@ mod tests {
             };
             let entries = cuda.source.matches("extern \"C\"").count();
             assert_eq!(entries, 1, "{}: {entries} entry points", def.name());
+        }
+    }
+
+    /// A specialized product carries the code of its weights' types alone
+    /// (`ENCORE_TYPE_MASK`), for every type in use and none other; the
+    /// type is part of the variant's key, so two types never share one.
+    #[test]
+    fn specialized_products_carry_only_their_weight_types() {
+        let mask_of = |def: &encore::KernelDef, value: &[u8]| {
+            let variant = def.specialized(value).expect("specializable");
+            let masks: Vec<&String> = variant
+                .options()
+                .iter()
+                .filter(|o| o.starts_with("--define-macro=ENCORE_TYPE_MASK="))
+                .collect();
+            assert_eq!(masks.len(), 1, "{}: {:?}", def.name(), variant.options());
+            masks[0].clone()
+        };
+        let bit = |d: DType| 1u32 << d.ggml_id();
+        let option = |mask: u32| format!("--define-macro=ENCORE_TYPE_MASK={mask:#x}u");
+        for exact in [false, true] {
+            let matmul = crate::kernels::matmul::def(exact);
+            for dtype in WEIGHT_TYPES {
+                let shape = MatmulShape {
+                    rows: 1,
+                    n: 64,
+                    k: 256,
+                    dtype: dtype.ggml_id(),
+                };
+                assert_eq!(
+                    mask_of(&matmul, bytemuck::bytes_of(&shape)),
+                    option(bit(dtype))
+                );
+            }
+            // Gate and up of two types; the third weight's type is unused.
+            let swiglu = FusedShape {
+                rows: 1,
+                k: 256,
+                n: [64, 64, 0],
+                dtype: [
+                    DType::Q4_K.ggml_id(),
+                    DType::Q6_K.ggml_id(),
+                    DType::F16.ggml_id(),
+                ],
+                weights: 2,
+                epilogue: EPILOGUE_SWIGLU,
+                norm: 1,
+                eps: 1e-6,
+                bias: 0,
+            };
+            let both = bit(DType::Q4_K) | bit(DType::Q6_K);
+            for def in [
+                crate::kernels::fused::def(exact),
+                crate::kernels::fused::rows_def(exact),
+            ] {
+                assert_eq!(mask_of(&def, bytemuck::bytes_of(&swiglu)), option(both));
+                let qkv = FusedShape {
+                    weights: 3,
+                    epilogue: EPILOGUE_STORE,
+                    ..swiglu
+                };
+                let all = both | bit(DType::F16);
+                assert_eq!(mask_of(&def, bytemuck::bytes_of(&qkv)), option(all));
+            }
         }
     }
 

@@ -185,15 +185,15 @@ __device__ __forceinline__ void dequant8(const unsigned char* __restrict__ row, 
 __device__ __forceinline__ void dequant8_any(unsigned int dtype, const unsigned char* __restrict__ row,
                                              unsigned int e, float* w) {
     switch (dtype) {
-        case GGML_Q5_0: dequant8<GGML_Q5_0>(row, e, w); break;
-        case GGML_Q5_1: dequant8<GGML_Q5_1>(row, e, w); break;
-        case GGML_IQ4_NL: dequant8<GGML_IQ4_NL>(row, e, w); break;
-        case GGML_Q2_K: dequant8<GGML_Q2_K>(row, e, w); break;
-        case GGML_Q3_K: dequant8<GGML_Q3_K>(row, e, w); break;
-        case GGML_Q4_K: dequant8<GGML_Q4_K>(row, e, w); break;
-        case GGML_Q5_K: dequant8<GGML_Q5_K>(row, e, w); break;
-        case GGML_Q6_K: dequant8<GGML_Q6_K>(row, e, w); break;
-        case GGML_IQ4_XS: dequant8<GGML_IQ4_XS>(row, e, w); break;
+        GGML_CASE(GGML_Q5_0) dequant8<GGML_Q5_0>(row, e, w); break;
+        GGML_CASE(GGML_Q5_1) dequant8<GGML_Q5_1>(row, e, w); break;
+        GGML_CASE(GGML_IQ4_NL) dequant8<GGML_IQ4_NL>(row, e, w); break;
+        GGML_CASE(GGML_Q2_K) dequant8<GGML_Q2_K>(row, e, w); break;
+        GGML_CASE(GGML_Q3_K) dequant8<GGML_Q3_K>(row, e, w); break;
+        GGML_CASE(GGML_Q4_K) dequant8<GGML_Q4_K>(row, e, w); break;
+        GGML_CASE(GGML_Q5_K) dequant8<GGML_Q5_K>(row, e, w); break;
+        GGML_CASE(GGML_Q6_K) dequant8<GGML_Q6_K>(row, e, w); break;
+        GGML_CASE(GGML_IQ4_XS) dequant8<GGML_IQ4_XS>(row, e, w); break;
         default:
 #pragma unroll
             for (int t = 0; t < 8; ++t) w[t] = 0.f;

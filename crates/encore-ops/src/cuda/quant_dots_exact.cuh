@@ -34,8 +34,10 @@
 #endif
 // Several activation rows of quantized weights go row by row through dot_cols.
 #define MM_QUANT_BY_COLUMN 1
-// The instance of dot_cols_quant for Q5_0, Q5_1 and IQ4_NL (not a ggml id).
+// The instance of dot_cols_quant for Q5_0, Q5_1 and IQ4_NL (not a ggml id),
+// and whether the kernel carries code for any of them (see GGML_CASE).
 #define GGML_CODED32 0x10000u
+#define GGML_USES_CODED32 (GGML_USES(GGML_Q5_0) || GGML_USES(GGML_Q5_1) || GGML_USES(GGML_IQ4_NL))
 
 // Only float weights come here (quantized weights go through dot_cols).
 template <bool NORM, int TILE>
@@ -198,10 +200,11 @@ __device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsig
                                                  const float* __restrict__ g, unsigned int k, unsigned int lane,
                                                  QuantPass<N>& w) {
     switch (dtype) {
-        case GGML_Q4_1: quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w, dtype); return;
-        case GGML_Q4_0: quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w, dtype); return;
-        case GGML_Q8_0: quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w, dtype); return;
+        GGML_CASE(GGML_Q4_1) quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w, dtype); return;
+        GGML_CASE(GGML_Q4_0) quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w, dtype); return;
+        GGML_CASE(GGML_Q8_0) quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w, dtype); return;
         case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL:
+            if (!GGML_USES_CODED32) break;
             quant_pass_first_of<GGML_CODED32, N>(rows, g, k, lane, w, dtype);
             return;
         default: return;
@@ -436,18 +439,19 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
                                          float eps, unsigned int lane, bool x16, bool vec_float, float* out,
                                          const QuantPass<N>* first) {
     switch (dtype) {
-        case GGML_Q4_1: dot_cols_quant<GGML_Q4_1, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
-        case GGML_Q4_0: dot_cols_quant<GGML_Q4_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
-        case GGML_Q8_0: dot_cols_quant<GGML_Q8_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
+        GGML_CASE(GGML_Q4_1) dot_cols_quant<GGML_Q4_1, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
+        GGML_CASE(GGML_Q4_0) dot_cols_quant<GGML_Q4_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
+        GGML_CASE(GGML_Q8_0) dot_cols_quant<GGML_Q8_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
         case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL:
+            if (!GGML_USES_CODED32) break;
             dot_cols_quant<GGML_CODED32, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype);
             return;
-        case GGML_Q2_K: dot_cols_super<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q3_K: dot_cols_super<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q4_K: dot_cols_super<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q5_K: dot_cols_super<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_Q6_K: dot_cols_super<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
-        case GGML_IQ4_XS: dot_cols_super<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        GGML_CASE(GGML_Q2_K) dot_cols_super<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        GGML_CASE(GGML_Q3_K) dot_cols_super<GGML_Q3_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        GGML_CASE(GGML_Q4_K) dot_cols_super<GGML_Q4_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        GGML_CASE(GGML_Q5_K) dot_cols_super<GGML_Q5_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        GGML_CASE(GGML_Q6_K) dot_cols_super<GGML_Q6_K, NORM, N>(rows, x, g, k, eps, lane, out); return;
+        GGML_CASE(GGML_IQ4_XS) dot_cols_super<GGML_IQ4_XS, NORM, N>(rows, x, g, k, eps, lane, out); return;
         default: dot_cols_float<NORM, N>(dtype, rows, x, g, k, eps, lane, x16, vec_float, out); return;
     }
 }

@@ -187,27 +187,27 @@ __device__ __forceinline__ void dot_row(unsigned int dtype, const unsigned char*
                                         unsigned int k, unsigned int rows, unsigned int lane, bool x16,
                                         bool vec_float, float* acc, float* sq) {
     switch (dtype) {
-        case GGML_Q4_1:
+        GGML_CASE(GGML_Q4_1)
             if (x16) dot_q4<true, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_q4<true, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
-        case GGML_Q4_0:
+        GGML_CASE(GGML_Q4_0)
             if (x16) dot_q4<false, true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_q4<false, false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
-        case GGML_Q8_0:
+        GGML_CASE(GGML_Q8_0)
             if (x16) dot_q8_0<true, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             else dot_q8_0<false, NORM, TILE>(row, x, g, k, rows, lane, acc, sq);
             break;
-        case GGML_Q5_0: dot_coded<GGML_Q5_0, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_Q5_1: dot_coded<GGML_Q5_1, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_IQ4_NL: dot_coded<GGML_IQ4_NL, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_Q2_K: dot_coded<GGML_Q2_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_Q3_K: dot_coded<GGML_Q3_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_Q4_K: dot_coded<GGML_Q4_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_Q5_K: dot_coded<GGML_Q5_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_Q6_K: dot_coded<GGML_Q6_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
-        case GGML_IQ4_XS: dot_coded<GGML_IQ4_XS, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_Q5_0) dot_coded<GGML_Q5_0, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_Q5_1) dot_coded<GGML_Q5_1, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_IQ4_NL) dot_coded<GGML_IQ4_NL, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_Q2_K) dot_coded<GGML_Q2_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_Q3_K) dot_coded<GGML_Q3_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_Q4_K) dot_coded<GGML_Q4_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_Q5_K) dot_coded<GGML_Q5_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_Q6_K) dot_coded<GGML_Q6_K, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
+        GGML_CASE(GGML_IQ4_XS) dot_coded<GGML_IQ4_XS, NORM, TILE>(row, x, g, k, rows, lane, acc, sq); break;
         default:
             dot_row_float<NORM, TILE>(dtype, row, x, g, k, rows, lane, x16, vec_float, acc, sq);
             break;
@@ -305,10 +305,10 @@ __device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsig
                                                  const float* __restrict__ g, unsigned int k, unsigned int lane,
                                                  QuantPass<N>& w) {
     switch (dtype) {
-        case GGML_Q4_1: quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w); return;
-        case GGML_Q4_0: quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w); return;
-        case GGML_Q8_0: quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w); return;
-        case GGML_Q5_0: quant_pass_first_of<GGML_Q5_0, N>(rows, g, k, lane, w); return;
+        GGML_CASE(GGML_Q4_1) quant_pass_first_of<GGML_Q4_1, N>(rows, g, k, lane, w); return;
+        GGML_CASE(GGML_Q4_0) quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w); return;
+        GGML_CASE(GGML_Q8_0) quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w); return;
+        GGML_CASE(GGML_Q5_0) quant_pass_first_of<GGML_Q5_0, N>(rows, g, k, lane, w); return;
         default: return;
     }
 }
@@ -528,33 +528,33 @@ __device__ __forceinline__ void dot_cols_lanes(unsigned int dtype, const unsigne
 #pragma unroll
     for (int c = 0; c < N; ++c) out[c] = 0.f;
     switch (dtype) {
-        case GGML_Q4_1:
+        GGML_CASE(GGML_Q4_1)
             if (x16) dot_cols_quant<GGML_Q4_1, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q4_1, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
-        case GGML_Q4_0:
+        GGML_CASE(GGML_Q4_0)
             if (x16) dot_cols_quant<GGML_Q4_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q4_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
-        case GGML_Q8_0:
+        GGML_CASE(GGML_Q8_0)
             if (x16) dot_cols_quant<GGML_Q8_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q8_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
-        case GGML_Q5_0:
+        GGML_CASE(GGML_Q5_0)
             if (x16) dot_cols_quant<GGML_Q5_0, true, NORM, N>(rows, x, g, k, lane, out, sq, first);
             else dot_cols_quant<GGML_Q5_0, false, NORM, N>(rows, x, g, k, lane, out, sq, first);
             break;
-        case GGML_Q5_1: dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, lane, out, sq); return;
-        case GGML_IQ4_NL: dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, lane, out, sq); return;
-        case GGML_Q2_K: dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
-        case GGML_Q3_K: dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
-        case GGML_Q4_K: dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
-        case GGML_Q5_K: dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
-        case GGML_Q6_K:
+        GGML_CASE(GGML_Q5_1) dot_cols_coded<GGML_Q5_1, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_IQ4_NL) dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_Q2_K) dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_Q3_K) dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_Q4_K) dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_Q5_K) dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_Q6_K)
             if (x16) dot_cols_q6_k<true, NORM, N>(rows, x, g, k, lane, out, sq);
             else dot_cols_q6_k<false, NORM, N>(rows, x, g, k, lane, out, sq);
             return;
-        case GGML_IQ4_XS: dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_IQ4_XS) dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, lane, out, sq); return;
         default: dot_cols_float_lanes<NORM, N>(dtype, rows, x, g, k, lane, x16, vec_float, out, sq); return;
     }
 }

@@ -130,6 +130,7 @@ pub fn rows_def(exact: bool) -> KernelDef {
         .cuda(crate::cuda::fused_matmul_rows(exact))
         .programmatic()
         .specializable_except(&[0])
+        .variant_options(crate::cuda::fused_variant_options)
 }
 
 pub fn def(exact: bool) -> KernelDef {
@@ -143,5 +144,7 @@ pub fn def(exact: bool) -> KernelDef {
     } else {
         def.wgpu(crate::wgsl::fused_matmul())
     };
-    def.programmatic().specializable()
+    def.programmatic()
+        .specializable()
+        .variant_options(crate::cuda::fused_variant_options)
 }

@@ -50,5 +50,7 @@ pub fn def(exact: bool) -> KernelDef {
     } else {
         def.wgpu(crate::wgsl::matmul())
     };
-    def.programmatic().specializable()
+    def.programmatic()
+        .specializable()
+        .variant_options(crate::cuda::matmul_variant_options)
 }

@@ -274,4 +274,5 @@ pub fn matmul_rows_def(exact: bool) -> KernelDef {
         .cuda(crate::cuda::matmul_rows(exact))
         .programmatic()
         .specializable_except(&[0])
+        .variant_options(crate::cuda::matmul_variant_options)
 }
