@@ -33,7 +33,9 @@ export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-$work/kernels}
 for b in "$@"; do
     [[ -x .gpu-exp/$b ]] || xz -dkf ".gpu-exp/$b.xz" || exit 1
 done
-bash "$stage/gpu-peer-run.sh" --models || exit 1
+# The repository's copy: a staged copy older than this script may not know
+# --models and would run the whole llama.cpp comparison instead.
+bash scripts/gpu-peer-run.sh --models || exit 1
 models=("$work"/models/*.gguf)
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }

@@ -30,7 +30,8 @@
 // 256 a warp step; several columns take one pass each (dot_cols_coded).
 // Q5_0 against one activation row (decode) goes as Q4_0 does instead
 // (dot_cols_quant): `d Σ (q - 16) x`, its codes formed as signed bytes
-// from the nibbles and the fifth bits; Q6_K as dot_q6_k says.
+// from the nibbles and the fifth bits; Q4_K and Q6_K as dot_q4_k and
+// dot_q6_k say.
 
 #include "matmul_dots.cuh"
 #include "quant_codes.cuh"
@@ -500,6 +501,93 @@ __device__ __forceinline__ void dot_cols_q6_k(const unsigned char* const* rows, 
     }
 }
 
+// Super-blocks of Q4_K a pass of dot_q4_k.
+#define Q4K_STEPS 6
+
+// Q4_K against one activation row: per-lane partial sums of one weight row
+// (`acc`; with NORM, the squares of the activations in `sq`). Lane `l` takes
+// weights `8l..8l+8` of each super-block, all of them in sub-block `l / 4`
+// of 32 weights (one 6-bit scale and minimum), so a warp step is one
+// super-block and every lane of a step is live; Q4K_STEPS steps' weights and
+// activations are loaded before any is used. Per lane and super-block:
+// `d sc Σ q x - dmin m Σ x`. Blocks are 144 bytes, so their fields are read
+// as 32-bit words: the 16-byte head (d, dmin, the 12 bytes of scales and
+// minimums; the same words for every lane) and the lane's 8 codes.
+template <bool VEC, bool NORM>
+__device__ __forceinline__ void dot_q4_k(const unsigned char* __restrict__ row, const float* __restrict__ x,
+                                         const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                         float& acc, float& sq) {
+    const unsigned int nb = k / 256;
+    // Weight 8 lane = 64 c + 32 hi + l: its code in qs[32 c + l] (at byte 16
+    // of the block), the high nibble when hi; sub-block j = 2 c + hi.
+    const unsigned int j = lane / 4, hi = j % 2, qs_at = 16 + 32 * (j / 2) + 8 * (lane % 4);
+    // Sub-block j's scale and minimum come from bytes j % 4, j % 4 + 4 and
+    // j % 4 + 8 of the scales (head words 1, 2 and 3), as ggml's
+    // get_scale_min_k4 takes them.
+    const unsigned int shift = 8 * (j % 4);
+    for (unsigned int b0 = 0; b0 < nb; b0 += Q4K_STEPS) {
+        unsigned int head[Q4K_STEPS][4], codes[Q4K_STEPS][2];
+        float xv[Q4K_STEPS][8], gv[Q4K_STEPS][8];
+#pragma unroll
+        for (int u = 0; u < Q4K_STEPS; ++u) {
+            if (b0 + u >= nb) break;
+            const unsigned int* blk = reinterpret_cast<const unsigned int*>(row + (size_t)(b0 + u) * 144);
+#pragma unroll
+            for (int w = 0; w < 4; ++w) head[u][w] = blk[w];
+            codes[u][0] = blk[qs_at / 4];
+            codes[u][1] = blk[qs_at / 4 + 1];
+            const unsigned int e = (b0 + u) * 256 + 8 * lane;
+            load4<VEC>(x + e, xv[u]);
+            load4<VEC>(x + e + 4, xv[u] + 4);
+            if (NORM) {
+                load4<VEC>(g + e, gv[u]);
+                load4<VEC>(g + e + 4, gv[u] + 4);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < Q4K_STEPS; ++u) {
+            if (b0 + u >= nb) break;
+            if (NORM) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    sq = fmaf(xv[u][i], xv[u][i], sq);
+                    xv[u][i] *= gv[u][i];
+                }
+            }
+            float dot = 0.f, sx = 0.f;
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                const unsigned int q = (codes[u][w] >> (4 * hi)) & 0x0f0f0f0fu;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    dot = fmaf((float)((q >> (8 * i)) & 0xffu), xv[u][4 * w + i], dot);
+                    sx += xv[u][4 * w + i];
+                }
+            }
+            const unsigned int a = (head[u][1] >> shift) & 0xffu, b = (head[u][2] >> shift) & 0xffu;
+            const unsigned int c = (head[u][3] >> shift) & 0xffu;
+            const unsigned int sc = j < 4 ? a & 63u : (c & 15u) | ((a >> 6) << 4);
+            const unsigned int mn = j < 4 ? b & 63u : (c >> 4) | ((b >> 6) << 4);
+            const float d = f16_to_f32((f16_bits)(head[u][0] & 0xffffu));
+            const float dmin = f16_to_f32((f16_bits)(head[u][0] >> 16));
+            acc = fmaf(d * (float)sc, dot, fmaf(-dmin * (float)mn, sx, acc));
+        }
+    }
+}
+
+// Q4_K against one activation row, N weight rows one at a time: per-lane
+// partial sums in `out` (the squares of the activations in `sq`, once).
+template <bool VEC, bool NORM, int N>
+__device__ __forceinline__ void dot_cols_q4_k(const unsigned char* const* rows, const float* __restrict__ x,
+                                              const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                              float* out, float& sq) {
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+        float other = 0.f;
+        dot_q4_k<VEC, NORM>(rows[c], x, g, k, lane, out[c], c == 0 ? sq : other);
+    }
+}
+
 // The types of quant_codes.cuh against one activation row, N weight rows
 // one at a time (as dot_cols_float): per-lane partial sums in `out` (the
 // squares of the activations in `sq`, once).
@@ -548,7 +636,10 @@ __device__ __forceinline__ void dot_cols_lanes(unsigned int dtype, const unsigne
         GGML_CASE(GGML_IQ4_NL) dot_cols_coded<GGML_IQ4_NL, NORM, N>(rows, x, g, k, lane, out, sq); return;
         GGML_CASE(GGML_Q2_K) dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
         GGML_CASE(GGML_Q3_K) dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
-        GGML_CASE(GGML_Q4_K) dot_cols_coded<GGML_Q4_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
+        GGML_CASE(GGML_Q4_K)
+            if (x16) dot_cols_q4_k<true, NORM, N>(rows, x, g, k, lane, out, sq);
+            else dot_cols_q4_k<false, NORM, N>(rows, x, g, k, lane, out, sq);
+            return;
         GGML_CASE(GGML_Q5_K) dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
         GGML_CASE(GGML_Q6_K)
             if (x16) dot_cols_q6_k<true, NORM, N>(rows, x, g, k, lane, out, sq);
