@@ -40,24 +40,80 @@ impl std::fmt::Debug for GraphExec {
 
 /// Gives every node whose kernel is [`crate::KernelDef::specializable`] the
 /// variant compiled for its value argument. Nodes of one shape share one
-/// variant through the kernel cache's content key. Returns how many nodes
-/// changed kernels.
+/// variant, loaded once; distinct variants load at the same time, a few
+/// per core, so that a graph's first instantiation waits for its slowest
+/// compile rather than the sum of all (NVRTC compiles on one core).
+/// Returns how many nodes changed kernels.
 fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
+    let backend = device.kind();
+    let variants: Vec<Option<crate::KernelDef>> = nodes.iter().map(variant).collect();
+    // Each node's index into the distinct variants.
+    let mut distinct: Vec<&crate::KernelDef> = Vec::new();
+    let slots: Vec<Option<usize>> = variants
+        .iter()
+        .map(|v| {
+            let def = v.as_ref()?;
+            let same = |d: &&crate::KernelDef| {
+                d.name() == def.name()
+                    && d.options() == def.options()
+                    && d.content(backend) == def.content(backend)
+            };
+            Some(distinct.iter().position(same).unwrap_or_else(|| {
+                distinct.push(def);
+                distinct.len() - 1
+            }))
+        })
+        .collect();
+    let loaded = load_at_once(device, &distinct)?;
     let mut changed = 0;
-    for node in nodes {
-        let mut values = node.args.iter().filter_map(|a| match a {
-            NodeArg::Bytes(bytes) => Some(bytes),
-            NodeArg::Buffer(..) => None,
-        });
-        let (Some(value), None) = (values.next(), values.next()) else {
-            continue;
-        };
-        if let Some(def) = node.kernel.def().specialized(value) {
-            node.kernel = device.load_kernel(&def)?;
+    for (node, slot) in nodes.iter_mut().zip(slots) {
+        if let Some(i) = slot {
+            node.kernel = loaded[i].clone();
             changed += 1;
         }
     }
     Ok(changed)
+}
+
+/// The variant of `node`'s kernel for its one value argument, if the
+/// kernel is specializable and the node has exactly one.
+fn variant(node: &Node) -> Option<crate::KernelDef> {
+    let mut values = node.args.iter().filter_map(|a| match a {
+        NodeArg::Bytes(bytes) => Some(bytes),
+        NodeArg::Buffer(..) => None,
+    });
+    match (values.next(), values.next()) {
+        (Some(value), None) => node.kernel.def().specialized(value),
+        _ => None,
+    }
+}
+
+/// Loads `defs` on `device`, as many at a time as the machine has cores.
+fn load_at_once(device: &Device, defs: &[&crate::KernelDef]) -> Result<Vec<crate::Kernel>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut loaded = Vec::with_capacity(defs.len());
+    for batch in defs.chunks(cores) {
+        let results: Vec<Result<crate::Kernel>> = std::thread::scope(|s| {
+            let loads: Vec<_> = batch
+                .iter()
+                .map(|def| s.spawn(move || device.load_kernel(def)))
+                .collect();
+            loads
+                .into_iter()
+                .map(|load| {
+                    load.join().unwrap_or_else(|_| {
+                        Err(Error::Graph(
+                            "compiling a specialized kernel panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        for result in results {
+            loaded.push(result?);
+        }
+    }
+    Ok(loaded)
 }
 
 impl GraphExec {
