@@ -488,21 +488,8 @@ __device__ __forceinline__ void dot_q6_k(const unsigned char* __restrict__ row, 
     }
 }
 
-// Q6_K against one activation row, N weight rows one at a time: per-lane
-// partial sums in `out` (the squares of the activations in `sq`, once).
-template <bool VEC, bool NORM, int N>
-__device__ __forceinline__ void dot_cols_q6_k(const unsigned char* const* rows, const float* __restrict__ x,
-                                              const float* __restrict__ g, unsigned int k, unsigned int lane,
-                                              float* out, float& sq) {
-#pragma unroll
-    for (int c = 0; c < N; ++c) {
-        float other = 0.f;
-        dot_q6_k<VEC, NORM>(rows[c], x, g, k, lane, out[c], c == 0 ? sq : other);
-    }
-}
-
 // Super-blocks of Q4_K a pass of dot_q4_k.
-#define Q4K_STEPS 6
+#define Q4K_STEPS 4
 
 // Q4_K against one activation row: per-lane partial sums of one weight row
 // (`acc`; with NORM, the squares of the activations in `sq`). Lane `l` takes
@@ -575,16 +562,18 @@ __device__ __forceinline__ void dot_q4_k(const unsigned char* __restrict__ row, 
     }
 }
 
-// Q4_K against one activation row, N weight rows one at a time: per-lane
-// partial sums in `out` (the squares of the activations in `sq`, once).
-template <bool VEC, bool NORM, int N>
-__device__ __forceinline__ void dot_cols_q4_k(const unsigned char* const* rows, const float* __restrict__ x,
-                                              const float* __restrict__ g, unsigned int k, unsigned int lane,
-                                              float* out, float& sq) {
+// Q4_K or Q6_K against one activation row, N weight rows one at a time:
+// per-lane partial sums in `out` (the squares of the activations in `sq`,
+// once).
+template <unsigned int TYPE, bool VEC, bool NORM, int N>
+__device__ __forceinline__ void dot_cols_k(const unsigned char* const* rows, const float* __restrict__ x,
+                                           const float* __restrict__ g, unsigned int k, unsigned int lane,
+                                           float* out, float& sq) {
 #pragma unroll
     for (int c = 0; c < N; ++c) {
         float other = 0.f;
-        dot_q4_k<VEC, NORM>(rows[c], x, g, k, lane, out[c], c == 0 ? sq : other);
+        if (TYPE == GGML_Q4_K) dot_q4_k<VEC, NORM>(rows[c], x, g, k, lane, out[c], c == 0 ? sq : other);
+        else dot_q6_k<VEC, NORM>(rows[c], x, g, k, lane, out[c], c == 0 ? sq : other);
     }
 }
 
@@ -637,13 +626,13 @@ __device__ __forceinline__ void dot_cols_lanes(unsigned int dtype, const unsigne
         GGML_CASE(GGML_Q2_K) dot_cols_coded<GGML_Q2_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
         GGML_CASE(GGML_Q3_K) dot_cols_coded<GGML_Q3_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
         GGML_CASE(GGML_Q4_K)
-            if (x16) dot_cols_q4_k<true, NORM, N>(rows, x, g, k, lane, out, sq);
-            else dot_cols_q4_k<false, NORM, N>(rows, x, g, k, lane, out, sq);
+            if (x16) dot_cols_k<GGML_Q4_K, true, NORM, N>(rows, x, g, k, lane, out, sq);
+            else dot_cols_k<GGML_Q4_K, false, NORM, N>(rows, x, g, k, lane, out, sq);
             return;
         GGML_CASE(GGML_Q5_K) dot_cols_coded<GGML_Q5_K, NORM, N>(rows, x, g, k, lane, out, sq); return;
         GGML_CASE(GGML_Q6_K)
-            if (x16) dot_cols_q6_k<true, NORM, N>(rows, x, g, k, lane, out, sq);
-            else dot_cols_q6_k<false, NORM, N>(rows, x, g, k, lane, out, sq);
+            if (x16) dot_cols_k<GGML_Q6_K, true, NORM, N>(rows, x, g, k, lane, out, sq);
+            else dot_cols_k<GGML_Q6_K, false, NORM, N>(rows, x, g, k, lane, out, sq);
             return;
         GGML_CASE(GGML_IQ4_XS) dot_cols_coded<GGML_IQ4_XS, NORM, N>(rows, x, g, k, lane, out, sq); return;
         default: dot_cols_float_lanes<NORM, N>(dtype, rows, x, g, k, lane, x16, vec_float, out, sq); return;
