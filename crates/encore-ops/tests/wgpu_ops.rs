@@ -58,20 +58,22 @@ fn both() -> [Ops; 2] {
 }
 
 /// [`both`], and the CPU with the wgpu device opened without subgroup
-/// operations (`Config::subgroups` off): the kernels that have a subgroup
-/// version run it in the first pair where the adapter offers subgroups
-/// (the device's arch then ends in `+subgroups`, which the pairs' names
-/// say), and their other version in the second.
-fn both_with_and_without_subgroups() -> [[Ops; 2]; 2] {
+/// operations or f16 arithmetic (`Config::subgroups` and
+/// `Config::shader_f16` off): the kernels that have versions using them
+/// run those in the first pair where the adapter offers them (the device's
+/// arch then ends in `+subgroups`, `+f16` or both, which the pairs' names
+/// say), and their portable version in the second.
+fn both_with_and_without_features() -> [[Ops; 2]; 2] {
     let without = Config {
         subgroups: false,
+        shader_f16: false,
         ..Config::default()
     };
     let plain = open_configured(&wgpu_name(), KernelSet::Default, &without);
+    let arch = plain.device().arch();
     assert!(
-        !plain.device().arch().contains("+subgroups"),
-        "{}: subgroups were turned off",
-        plain.device().arch()
+        !arch.contains("+subgroups") && !arch.contains("+f16"),
+        "{arch}: subgroups and f16 were turned off"
     );
     [both(), [open_with("cpu", KernelSet::Default), plain]]
 }

@@ -19,6 +19,7 @@
 //! | `ENCORE_EARLY_LAUNCH` | [`Config::early_launch`] | `0` makes every graph edge wait for full completion | `1` |
 //! | `ENCORE_SPECIALIZE` | [`Config::specialize`] | `0` keeps graph nodes on their kernels' generic code | `1` |
 //! | `ENCORE_SUBGROUPS` | [`Config::subgroups`] | `0` keeps wgpu kernels on their versions without subgroup operations | `1` |
+//! | `ENCORE_SHADER_F16` | [`Config::shader_f16`] | `0` keeps wgpu kernels on their versions without f16 arithmetic | `1` |
 //! | `ENCORE_PROFILE` | [`Config::profile`] | `off`, `counters`, `submissions`, `dispatches` | `off` |
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels and fetched models | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges, on Metal a `.gputrace` path gets a GPU trace document (below) | unset |
@@ -104,9 +105,12 @@ pub struct Config {
     /// [`crate::KernelDef::specializable`] a variant compiled for their shape.
     pub specialize: bool,
     /// Let the wgpu backend compile a kernel's version with subgroup
-    /// operations ([`crate::WgpuKernel::with_subgroups`]) where the adapter
+    /// operations ([`crate::WgpuKernel::with_variant`]) where the adapter
     /// offers them.
     pub subgroups: bool,
+    /// Let the wgpu backend compile a kernel's version with f16 arithmetic
+    /// ([`crate::WgpuKernel::with_variant`]) where the adapter offers it.
+    pub shader_f16: bool,
     /// What to measure.
     pub profile: ProfileMode,
     /// Where compiled kernels persist; `None` disables the disk cache.
@@ -128,6 +132,7 @@ impl Default for Config {
             early_launch: true,
             specialize: true,
             subgroups: true,
+            shader_f16: true,
             profile: ProfileMode::Off,
             cache_dir: default_cache_dir(),
             capture: None,
@@ -169,6 +174,7 @@ impl Config {
             ("ENCORE_EARLY_LAUNCH", &mut c.early_launch),
             ("ENCORE_SPECIALIZE", &mut c.specialize),
             ("ENCORE_SUBGROUPS", &mut c.subgroups),
+            ("ENCORE_SHADER_F16", &mut c.shader_f16),
         ] {
             if let Some(v) = flag(get, var)? {
                 *field = v;
@@ -258,6 +264,7 @@ mod tests {
             "ENCORE_EARLY_LAUNCH" => Some("0".into()),
             "ENCORE_SPECIALIZE" => Some("off".into()),
             "ENCORE_SUBGROUPS" => Some("0".into()),
+            "ENCORE_SHADER_F16" => Some("0".into()),
             _ => None,
         })
         .unwrap();
@@ -267,6 +274,8 @@ mod tests {
         assert!(Config::default().specialize);
         assert!(!c.subgroups);
         assert!(Config::default().subgroups);
+        assert!(!c.shader_f16);
+        assert!(Config::default().shader_f16);
         assert!(c.serial);
         assert_eq!(c.cpu_threads(), 3);
         assert_eq!(c.profile, ProfileMode::Dispatches);

@@ -154,10 +154,30 @@ pub const WGSL_MAX_BUFFERS: usize = 16;
 pub struct WgpuKernel {
     pub source: String,
     pub entry: String,
-    /// The same kernel with subgroup operations (wgpu's `SUBGROUP`
-    /// feature), if it has such a version ([`WgpuKernel::with_subgroups`]).
-    pub subgroup_source: Option<String>,
+    /// Versions of the kernel that use optional device features, each with
+    /// the features it needs, in the order a device tries them
+    /// ([`WgpuKernel::with_variant`]).
+    pub variants: Vec<(WgslFeatures, String)>,
+    /// The variants' features and sources as one text, for the kernel's key.
+    variants_key: String,
     geometry: Geometry,
+}
+
+/// Optional device features a WGSL kernel's version may use, and those a
+/// device offers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WgslFeatures {
+    /// Subgroup operations (wgpu's `SUBGROUP`).
+    pub subgroups: bool,
+    /// f16 arithmetic and storage (`enable f16;`, wgpu's `SHADER_F16`).
+    pub f16: bool,
+}
+
+impl WgslFeatures {
+    /// Whether a device offering `self` runs a version that needs `needs`.
+    pub fn covers(self, needs: WgslFeatures) -> bool {
+        (self.subgroups || !needs.subgroups) && (self.f16 || !needs.f16)
+    }
 }
 
 impl WgpuKernel {
@@ -172,27 +192,31 @@ impl WgpuKernel {
         WgpuKernel {
             source: source.into(),
             entry: entry.into(),
-            subgroup_source: None,
+            variants: Vec::new(),
+            variants_key: String::new(),
             geometry: typed_geometry(geometry),
         }
     }
 
-    /// Adds a version of the kernel that uses subgroup operations (with the
-    /// same entry point, bindings and launch), which the wgpu backend
-    /// compiles instead of `source` where the adapter offers them and
-    /// [`crate::Config::subgroups`] is on. Metal translates `source`.
-    pub fn with_subgroups(mut self, source: impl Into<String>) -> WgpuKernel {
-        self.subgroup_source = Some(source.into());
+    /// Adds a version of the kernel that uses the optional features
+    /// `needs` (with the same entry point, bindings and launch), which the
+    /// wgpu backend compiles instead of `source` where the device offers
+    /// them (and [`crate::Config`] lets it use them): the first added
+    /// whose features the device covers. Metal translates `source`.
+    pub fn with_variant(mut self, needs: WgslFeatures, source: impl Into<String>) -> WgpuKernel {
+        let source = source.into();
+        self.variants_key += &format!("{needs:?}\n{source}\n");
+        self.variants.push((needs, source));
         self
     }
 
-    /// The source a device compiles: the subgroup version where it has
-    /// subgroups (`subgroups`) and the kernel has one, else `source`.
-    pub fn source_for(&self, subgroups: bool) -> &str {
-        match &self.subgroup_source {
-            Some(s) if subgroups => s,
-            _ => &self.source,
-        }
+    /// The source a device offering `features` compiles: the first variant
+    /// it covers, else `source`.
+    pub fn source_for(&self, features: WgslFeatures) -> &str {
+        self.variants
+            .iter()
+            .find(|(needs, _)| features.covers(*needs))
+            .map_or(&self.source, |(_, source)| source)
     }
 
     /// Like [`WgpuKernel::checked`], for a kernel that launches every value.
@@ -213,7 +237,8 @@ impl WgpuKernel {
         WgpuKernel {
             source: source.into(),
             entry: entry.into(),
-            subgroup_source: None,
+            variants: Vec::new(),
+            variants_key: String::new(),
             geometry: Arc::new(move |_: &[u8]| Ok(launch)),
         }
     }
@@ -293,11 +318,9 @@ impl Implementation {
         match self {
             Implementation::Cpu(c) => [&c.definition, "", ""],
             Implementation::Cuda(c) => [&c.source, &c.entry, ""],
-            Implementation::Wgpu(w) | Implementation::Metal(MetalKernel(w)) => [
-                &w.source,
-                &w.entry,
-                w.subgroup_source.as_deref().unwrap_or(""),
-            ],
+            Implementation::Wgpu(w) | Implementation::Metal(MetalKernel(w)) => {
+                [&w.source, &w.entry, &w.variants_key]
+            }
         }
     }
 }
@@ -841,6 +864,32 @@ mod tests {
         let b = variant(&a, [576, 14]);
         assert_eq!(b.options(), variant(&derived, [576, 14]).options());
         assert!(!b.options().iter().any(|o| o.contains("=12")));
+    }
+
+    #[test]
+    fn a_wgsl_kernel_compiles_the_first_version_the_device_covers() {
+        let features = |subgroups, f16| WgslFeatures { subgroups, f16 };
+        let plain = || WgpuKernel::fixed("plain", "k", Launch::new(1, 1));
+        let kernel = plain()
+            .with_variant(features(true, true), "both")
+            .with_variant(features(true, false), "subgroups")
+            .with_variant(features(false, true), "f16");
+        assert_eq!(kernel.source_for(features(true, true)), "both");
+        assert_eq!(kernel.source_for(features(true, false)), "subgroups");
+        assert_eq!(kernel.source_for(features(false, true)), "f16");
+        assert_eq!(kernel.source_for(WgslFeatures::default()), "plain");
+        // A version with nothing to offer the device is never picked.
+        let only_f16 = plain().with_variant(features(false, true), "f16");
+        assert_eq!(only_f16.source_for(features(true, false)), "plain");
+        // The versions are part of the kernel's content, so of its key.
+        let content = |k: WgpuKernel| {
+            KernelDef::new("k")
+                .wgpu(k)
+                .content(BackendKind::Wgpu)
+                .map(|c| c.map(String::from))
+        };
+        assert_ne!(content(kernel.clone()), content(plain()));
+        assert_ne!(content(kernel), content(only_f16));
     }
 
     #[test]

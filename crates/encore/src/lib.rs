@@ -103,7 +103,8 @@ pub use error::{Error, Result};
 pub use graph::{Graph, GraphCache, GraphExec, GraphShape, GraphStats, Node, NodeArg, Params};
 pub use kernel::{
     CpuFn, CpuKernel, CudaKernel, Geometry, Implementation, Kernel, KernelDef, KernelKey,
-    MetalKernel, VariantOptions, WeakKernel, WgpuKernel, CUDA_PRELUDE, WGSL_MAX_BUFFERS,
+    MetalKernel, VariantOptions, WeakKernel, WgpuKernel, WgslFeatures, CUDA_PRELUDE,
+    WGSL_MAX_BUFFERS,
 };
 pub use pool::PoolStats;
 pub use profile::{Profile, TimeStats};

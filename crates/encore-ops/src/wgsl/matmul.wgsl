@@ -21,12 +21,14 @@
 // `decode8` an invocation), stages the activations' 32 by 32 beside them,
 // and each invocation sums a 2-column by 4-row block out of both, so each
 // weight is decoded once per 32 rows and each activation read once per 32
-// columns. `MATMUL_COLS`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
+// columns. The tiles hold f32, or f16 on devices with f16 arithmetic
+// (gemm_stage.wgsl). `MATMUL_COLS`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
 // Rust, prepended to the source (`wgsl/mod.rs`), which launches the
 // workgroups of either path.
 
 // #include "quant.wgsl"
 // #include "lanes.wgsl"
+// #include "gemm_stage.wgsl"
 
 struct Args {
     off: array<u32, 16>,
@@ -53,8 +55,8 @@ var<workgroup> partial: array<f32, MATMUL_TILE * MATMUL_THREADS>;
 
 // The tiled path's weights and activations for one step, element-major:
 // `gemm_w[kk][c]` pairs of columns, `gemm_x[kk][r]` fours of rows.
-var<workgroup> gemm_w: array<vec2<f32>, 512>;
-var<workgroup> gemm_x: array<vec4<f32>, 256>;
+var<workgroup> gemm_w: array<vec2<stage>, 512>;
+var<workgroup> gemm_x: array<vec4<stage>, 256>;
 
 // Whether a launch takes the tiled path (as `matmul_launch` in Rust decides).
 fn use_gemm() -> bool {
@@ -93,15 +95,15 @@ fn gemm_tile(lid: u32, group: u32) {
         let wi = 8u * lu * 16u + lc / 2u;
         let xi = 8u * lu * 8u + lc / 4u;
         for (var t = 0u; t < 4u; t++) {
-            gemm_w[wi + 16u * t][half] = wlo[t];
-            gemm_w[wi + 16u * (t + 4u)][half] = whi[t];
-            gemm_x[xi + 8u * t][quad] = x[a + t];
-            gemm_x[xi + 8u * (t + 4u)][quad] = x[a + 4u + t];
+            gemm_w[wi + 16u * t][half] = to_stage(wlo[t]);
+            gemm_w[wi + 16u * (t + 4u)][half] = to_stage(whi[t]);
+            gemm_x[xi + 8u * t][quad] = to_stage(x[a + t]);
+            gemm_x[xi + 8u * (t + 4u)][quad] = to_stage(x[a + 4u + t]);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 32u; kk++) {
-            let wv = gemm_w[kk * 16u + tc];
-            let xv = gemm_x[kk * 8u + tr];
+            let wv = vec2<f32>(gemm_w[kk * 16u + tc]);
+            let xv = vec4<f32>(gemm_x[kk * 8u + tr]);
             acc0 += wv.x * xv;
             acc1 += wv.y * xv;
         }

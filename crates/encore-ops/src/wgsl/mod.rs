@@ -10,7 +10,7 @@
 //! argument `i` at `@group(0) @binding(i)`, indexed from `args.off[i]`, and
 //! the value's fields after `off` in `@group(1) @binding(0)`.
 
-use encore::{Launch, WgpuKernel};
+use encore::{Launch, WgpuKernel, WgslFeatures};
 
 use crate::kernels::attention::{AttnShape, KvShape, MAX_HEAD_DIM};
 use crate::kernels::attention_step::{
@@ -94,40 +94,78 @@ fn matmul_launch(columns: u32, rows: u32) -> Launch {
     linear_launch(columns.div_ceil(MATMUL_COLS) * rows.div_ceil(MATMUL_TILE))
 }
 
+/// The header a product's version swaps in for subgroup operations (the
+/// lanes' sums) and the one for f16 (the tiles of `gemm_tile`).
+const SUBGROUP_HEADER: (&str, &str) = ("lanes.wgsl", include_str!("lanes_subgroups.wgsl"));
+const F16_HEADER: (&str, &str) = ("gemm_stage.wgsl", include_str!("gemm_stage_f16.wgsl"));
+
 /// A product's source (`matmul.wgsl` or `fused_matmul.wgsl`) after its
-/// constants, and its version with subgroup operations: lanes.wgsl swapped
-/// for lanes_subgroups.wgsl. (WGSL's `enable subgroups;` would belong on
-/// top, but naga does not take it yet; wgpu enables them with the device
+/// constants, with the headers of `swaps` in place of the files of their
+/// names; with f16's, `enable f16;` comes first (a directive precedes
+/// every declaration). (WGSL's `enable subgroups;` would belong there too,
+/// but naga does not take it yet; wgpu enables them with the device
 /// feature.)
-fn product_sources(file: &str) -> (String, String) {
-    let plain = matmul_constants() + &source(file);
-    let swapped: Vec<(&str, &'static str)> = FILES
+fn product_source(file: &str, swaps: &[(&str, &'static str)]) -> String {
+    let files: Vec<(&str, &'static str)> = FILES
         .iter()
-        .map(|&(name, text)| match name {
-            "lanes.wgsl" => (name, include_str!("lanes_subgroups.wgsl")),
-            _ => (name, text),
+        .map(|&(name, text)| {
+            swaps
+                .iter()
+                .copied()
+                .find(|s| s.0 == name)
+                .unwrap_or((name, text))
         })
         .collect();
-    let subgroups = matmul_constants()
-        + &crate::include::expand(&swapped, file, |f| format!("no WGSL file {f};\n"));
-    (plain, subgroups)
+    let enable = if swaps.contains(&F16_HEADER) {
+        "enable f16;\n"
+    } else {
+        ""
+    };
+    enable.to_string()
+        + &matmul_constants()
+        + &crate::include::expand(&files, file, |f| format!("no WGSL file {f};\n"))
+}
+
+/// `kernel` (the product `file`) with its versions for optional features,
+/// most capable first: subgroup operations, and where the file stages
+/// tiles (`stages`), f16.
+fn with_product_variants(kernel: WgpuKernel, file: &str, stages: bool) -> WgpuKernel {
+    let subgroups = WgslFeatures {
+        subgroups: true,
+        f16: false,
+    };
+    if !stages {
+        return kernel.with_variant(subgroups, product_source(file, &[SUBGROUP_HEADER]));
+    }
+    let f16 = WgslFeatures {
+        subgroups: false,
+        f16: true,
+    };
+    let both = WgslFeatures {
+        subgroups: true,
+        f16: true,
+    };
+    kernel
+        .with_variant(both, product_source(file, &[SUBGROUP_HEADER, F16_HEADER]))
+        .with_variant(subgroups, product_source(file, &[SUBGROUP_HEADER]))
+        .with_variant(f16, product_source(file, &[F16_HEADER]))
 }
 
 pub(crate) fn matmul() -> WgpuKernel {
-    let (source, subgroups) = product_sources("matmul.wgsl");
-    WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
+    let source = product_source("matmul.wgsl", &[]);
+    let kernel = WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
         weight_type("matmul", s.dtype)?;
         if s.rows >= MATMUL_GEMM_ROWS && s.k.is_multiple_of(32) {
             return Ok(linear_launch(s.n.div_ceil(32) * s.rows.div_ceil(32)));
         }
         Ok(matmul_launch(s.n, s.rows))
-    })
-    .with_subgroups(subgroups)
+    });
+    with_product_variants(kernel, "matmul.wgsl", true)
 }
 
 pub(crate) fn fused_matmul() -> WgpuKernel {
-    let (source, subgroups) = product_sources("fused_matmul.wgsl");
-    WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
+    let source = product_source("fused_matmul.wgsl", &[]);
+    let kernel = WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
         let used = if s.epilogue == EPILOGUE_SWIGLU {
             2
         } else {
@@ -147,8 +185,8 @@ pub(crate) fn fused_matmul() -> WgpuKernel {
                 .sum()
         };
         Ok(linear_launch(tiles * s.rows.div_ceil(MATMUL_TILE)))
-    })
-    .with_subgroups(subgroups)
+    });
+    with_product_variants(kernel, "fused_matmul.wgsl", false)
 }
 
 pub(crate) fn embed() -> WgpuKernel {
@@ -314,6 +352,8 @@ const FILES: &[(&str, &str)] = &[
         include_str!("attention_common.wgsl"),
     ),
     ("f16.wgsl", include_str!("f16.wgsl")),
+    ("gemm_stage.wgsl", include_str!("gemm_stage.wgsl")),
+    ("gemm_stage_f16.wgsl", include_str!("gemm_stage_f16.wgsl")),
     ("ggml_exp.wgsl", include_str!("ggml_exp.wgsl")),
     ("lanes.wgsl", include_str!("lanes.wgsl")),
     ("lanes_subgroups.wgsl", include_str!("lanes_subgroups.wgsl")),
@@ -369,8 +409,8 @@ mod tests {
         for def in sets.into_iter().flat_map(|s| s.defs().all()) {
             if let Some(wgsl) = def.wgpu_impl() {
                 validate(def.name(), &wgsl.source);
-                if let Some(subgroups) = &wgsl.subgroup_source {
-                    validate(&format!("{} (subgroups)", def.name()), subgroups);
+                for (needs, source) in &wgsl.variants {
+                    validate(&format!("{} ({needs:?})", def.name()), source);
                 }
                 seen += 1;
             }

@@ -13,11 +13,12 @@
 //!   buffer binding's layout entry is writable, so a dispatch may bind one
 //!   allocation several times, read and written (a shader that only reads a
 //!   binding may still declare it `read`). Where the adapter offers
-//!   subgroup operations (and [`Config::subgroups`] is on), the device is
-//!   opened with wgpu's `SUBGROUP` feature and a kernel with a subgroup
-//!   version ([`crate::WgpuKernel::with_subgroups`]) compiles that; the
-//!   device's arch then ends in `+subgroups`, so the two versions have
-//!   different keys.
+//!   subgroup operations or f16 arithmetic (and [`Config::subgroups`] or
+//!   [`Config::shader_f16`] is on), the device is opened with wgpu's
+//!   `SUBGROUP` or `SHADER_F16` feature and a kernel with a version that
+//!   uses them ([`crate::WgpuKernel::with_variant`]) compiles that; the
+//!   device's arch then ends in `+subgroups`, `+f16` or both, so the
+//!   versions have different keys.
 //! - Programs: one compute pass per concurrent group, so wgpu's own usage
 //!   tracking orders the groups; see `submit.rs`.
 //! - Errors: validation, out-of-memory and internal errors are caught in
@@ -121,9 +122,10 @@ struct Features {
     timestamps: bool,
     /// Timestamp queries between dispatches inside a pass.
     timestamps_in_passes: bool,
-    /// Subgroup operations, requested and not turned off
-    /// ([`Config::subgroups`]): kernels compile their subgroup versions.
-    subgroups: bool,
+    /// Subgroup operations and f16 arithmetic, offered and not turned off
+    /// ([`Config::subgroups`], [`Config::shader_f16`]): kernels compile
+    /// their versions that use them.
+    wgsl: crate::WgslFeatures,
 }
 
 /// The table of live allocations, keyed by the runtime's handles.
@@ -499,8 +501,14 @@ impl WgpuBackend {
         if config.subgroups {
             wanted |= wgpu::Features::SUBGROUP;
         }
+        if config.shader_f16 {
+            wanted |= wgpu::Features::SHADER_F16;
+        }
         let features = adapter.features() & wanted;
-        let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let wgsl = crate::WgslFeatures {
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            f16: features.contains(wgpu::Features::SHADER_F16),
+        };
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("encore"),
@@ -561,7 +569,7 @@ impl WgpuBackend {
                 timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
                 timestamps_in_passes: features
                     .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
-                subgroups,
+                wgsl,
             },
             timestamp_period,
             held: Mutex::new(None),
@@ -569,13 +577,14 @@ impl WgpuBackend {
         Ok(Arc::new(WgpuBackend {
             shared,
             args_layout,
-            // Kernels compile to other code with subgroups, so their keys differ.
+            // Kernels compile to other code with these features, so their keys differ.
             arch: format!(
-                "{:?}-{:#x}-{:#x}{}",
+                "{:?}-{:#x}-{:#x}{}{}",
                 info.backend,
                 info.vendor,
                 info.device,
-                if subgroups { "+subgroups" } else { "" }
+                if wgsl.subgroups { "+subgroups" } else { "" },
+                if wgsl.f16 { "+f16" } else { "" }
             ),
             toolchain: format!("wgpu-30 {} {}", info.driver, info.driver_info),
         }))
@@ -722,7 +731,7 @@ impl Backend for WgpuBackend {
         };
         let s = &self.shared;
         s.usable()?;
-        let source = kernel.source_for(s.features.subgroups);
+        let source = kernel.source_for(s.features.wgsl);
         let bindings = Self::bindings(def, source)?;
         let plain = build(
             s,
