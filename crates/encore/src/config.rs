@@ -105,11 +105,11 @@ pub struct Config {
     /// [`crate::KernelDef::specializable`] a variant compiled for their shape.
     pub specialize: bool,
     /// Let the wgpu backend compile a kernel's version with subgroup
-    /// operations ([`crate::WgpuKernel::with_variant`]) where the adapter
+    /// operations ([`crate::WgpuKernel::with_version`]) where the adapter
     /// offers them.
     pub subgroups: bool,
     /// Let the wgpu backend compile a kernel's version with f16 arithmetic
-    /// ([`crate::WgpuKernel::with_variant`]) where the adapter offers it.
+    /// ([`crate::WgpuKernel::with_version`]) where the adapter offers it.
     pub shader_f16: bool,
     /// What to measure.
     pub profile: ProfileMode,

@@ -156,10 +156,10 @@ pub struct WgpuKernel {
     pub entry: String,
     /// Versions of the kernel that use optional device features, each with
     /// the features it needs, in the order a device tries them
-    /// ([`WgpuKernel::with_variant`]).
-    pub variants: Vec<(WgslFeatures, String)>,
-    /// The variants' features and sources as one text, for the kernel's key.
-    variants_key: String,
+    /// ([`WgpuKernel::with_version`]).
+    pub versions: Vec<(WgslFeatures, String)>,
+    /// The versions' features and sources as one text, for the kernel's key.
+    versions_key: String,
     geometry: Geometry,
 }
 
@@ -192,8 +192,8 @@ impl WgpuKernel {
         WgpuKernel {
             source: source.into(),
             entry: entry.into(),
-            variants: Vec::new(),
-            variants_key: String::new(),
+            versions: Vec::new(),
+            versions_key: String::new(),
             geometry: typed_geometry(geometry),
         }
     }
@@ -203,17 +203,17 @@ impl WgpuKernel {
     /// wgpu backend compiles instead of `source` where the device offers
     /// them (and [`crate::Config`] lets it use them): the first added
     /// whose features the device covers. Metal translates `source`.
-    pub fn with_variant(mut self, needs: WgslFeatures, source: impl Into<String>) -> WgpuKernel {
+    pub fn with_version(mut self, needs: WgslFeatures, source: impl Into<String>) -> WgpuKernel {
         let source = source.into();
-        self.variants_key += &format!("{needs:?}\n{source}\n");
-        self.variants.push((needs, source));
+        self.versions_key += &format!("{needs:?}\n{source}\n");
+        self.versions.push((needs, source));
         self
     }
 
-    /// The source a device offering `features` compiles: the first variant
+    /// The source a device offering `features` compiles: the first version
     /// it covers, else `source`.
     pub fn source_for(&self, features: WgslFeatures) -> &str {
-        self.variants
+        self.versions
             .iter()
             .find(|(needs, _)| features.covers(*needs))
             .map_or(&self.source, |(_, source)| source)
@@ -237,8 +237,8 @@ impl WgpuKernel {
         WgpuKernel {
             source: source.into(),
             entry: entry.into(),
-            variants: Vec::new(),
-            variants_key: String::new(),
+            versions: Vec::new(),
+            versions_key: String::new(),
             geometry: Arc::new(move |_: &[u8]| Ok(launch)),
         }
     }
@@ -319,7 +319,7 @@ impl Implementation {
             Implementation::Cpu(c) => [&c.definition, "", ""],
             Implementation::Cuda(c) => [&c.source, &c.entry, ""],
             Implementation::Wgpu(w) | Implementation::Metal(MetalKernel(w)) => {
-                [&w.source, &w.entry, &w.variants_key]
+                [&w.source, &w.entry, &w.versions_key]
             }
         }
     }
@@ -871,15 +871,15 @@ mod tests {
         let features = |subgroups, f16| WgslFeatures { subgroups, f16 };
         let plain = || WgpuKernel::fixed("plain", "k", Launch::new(1, 1));
         let kernel = plain()
-            .with_variant(features(true, true), "both")
-            .with_variant(features(true, false), "subgroups")
-            .with_variant(features(false, true), "f16");
+            .with_version(features(true, true), "both")
+            .with_version(features(true, false), "subgroups")
+            .with_version(features(false, true), "f16");
         assert_eq!(kernel.source_for(features(true, true)), "both");
         assert_eq!(kernel.source_for(features(true, false)), "subgroups");
         assert_eq!(kernel.source_for(features(false, true)), "f16");
         assert_eq!(kernel.source_for(WgslFeatures::default()), "plain");
         // A version with nothing to offer the device is never picked.
-        let only_f16 = plain().with_variant(features(false, true), "f16");
+        let only_f16 = plain().with_version(features(false, true), "f16");
         assert_eq!(only_f16.source_for(features(true, false)), "plain");
         // The versions are part of the kernel's content, so of its key.
         let content = |k: WgpuKernel| {

@@ -129,13 +129,13 @@ fn product_source(file: &str, swaps: &[(&str, &'static str)]) -> String {
 /// `kernel` (the product `file`) with its versions for optional features,
 /// most capable first: subgroup operations, and where the file stages
 /// tiles (`stages`), f16.
-fn with_product_variants(kernel: WgpuKernel, file: &str, stages: bool) -> WgpuKernel {
+fn with_product_versions(kernel: WgpuKernel, file: &str, stages: bool) -> WgpuKernel {
     let subgroups = WgslFeatures {
         subgroups: true,
         f16: false,
     };
     if !stages {
-        return kernel.with_variant(subgroups, product_source(file, &[SUBGROUP_HEADER]));
+        return kernel.with_version(subgroups, product_source(file, &[SUBGROUP_HEADER]));
     }
     let f16 = WgslFeatures {
         subgroups: false,
@@ -146,9 +146,9 @@ fn with_product_variants(kernel: WgpuKernel, file: &str, stages: bool) -> WgpuKe
         f16: true,
     };
     kernel
-        .with_variant(both, product_source(file, &[SUBGROUP_HEADER, F16_HEADER]))
-        .with_variant(subgroups, product_source(file, &[SUBGROUP_HEADER]))
-        .with_variant(f16, product_source(file, &[F16_HEADER]))
+        .with_version(both, product_source(file, &[SUBGROUP_HEADER, F16_HEADER]))
+        .with_version(subgroups, product_source(file, &[SUBGROUP_HEADER]))
+        .with_version(f16, product_source(file, &[F16_HEADER]))
 }
 
 pub(crate) fn matmul() -> WgpuKernel {
@@ -160,7 +160,7 @@ pub(crate) fn matmul() -> WgpuKernel {
         }
         Ok(matmul_launch(s.n, s.rows))
     });
-    with_product_variants(kernel, "matmul.wgsl", true)
+    with_product_versions(kernel, "matmul.wgsl", true)
 }
 
 pub(crate) fn fused_matmul() -> WgpuKernel {
@@ -186,7 +186,7 @@ pub(crate) fn fused_matmul() -> WgpuKernel {
         };
         Ok(linear_launch(tiles * s.rows.div_ceil(MATMUL_TILE)))
     });
-    with_product_variants(kernel, "fused_matmul.wgsl", false)
+    with_product_versions(kernel, "fused_matmul.wgsl", false)
 }
 
 pub(crate) fn embed() -> WgpuKernel {
@@ -409,7 +409,7 @@ mod tests {
         for def in sets.into_iter().flat_map(|s| s.defs().all()) {
             if let Some(wgsl) = def.wgpu_impl() {
                 validate(def.name(), &wgsl.source);
-                for (needs, source) in &wgsl.variants {
+                for (needs, source) in &wgsl.versions {
                     validate(&format!("{} ({needs:?})", def.name()), source);
                 }
                 seen += 1;

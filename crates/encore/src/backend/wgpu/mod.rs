@@ -16,7 +16,7 @@
 //!   subgroup operations or f16 arithmetic (and [`Config::subgroups`] or
 //!   [`Config::shader_f16`] is on), the device is opened with wgpu's
 //!   `SUBGROUP` or `SHADER_F16` feature and a kernel with a version that
-//!   uses them ([`crate::WgpuKernel::with_variant`]) compiles that; the
+//!   uses them ([`crate::WgpuKernel::with_version`]) compiles that; the
 //!   device's arch then ends in `+subgroups`, `+f16` or both, so the
 //!   versions have different keys.
 //! - Programs: one compute pass per concurrent group, so wgpu's own usage
