@@ -40,9 +40,9 @@ impl std::fmt::Debug for GraphExec {
 
 /// Gives every node whose kernel is [`crate::KernelDef::specializable`] the
 /// variant compiled for its value argument. Nodes of one shape share one
-/// variant, loaded once; distinct variants load at the same time, a few
-/// per core, so that a graph's first instantiation waits for its slowest
-/// compile rather than the sum of all (NVRTC compiles on one core).
+/// variant, loaded once; distinct variants load at the same time, one a
+/// core, so that a graph's first instantiation waits about as long as its
+/// slowest compile rather than the sum of all (NVRTC compiles on one core).
 /// Returns how many nodes changed kernels.
 fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
     let backend = device.kind();
