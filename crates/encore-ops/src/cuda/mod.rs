@@ -75,7 +75,7 @@ pub(crate) fn rms_norm() -> CudaKernel {
 /// The compile options of a variant specialized for a shape whose weights
 /// have the ggml types `types`: `ENCORE_TYPE_MASK` (see gguf.cuh), so that
 /// it carries those types' code alone, which makes NVRTC's work a fraction
-/// of the generic code's. None where an id lies outside the mask (a type
+/// of the generic code's. No option where an id lies outside the mask (a type
 /// no kernel has code for: the dispatch is refused before it compiles).
 fn type_mask_options(types: &[u32]) -> Vec<String> {
     if types.iter().any(|&t| t >= 32) {
