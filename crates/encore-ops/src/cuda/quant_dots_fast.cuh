@@ -505,8 +505,9 @@ __device__ __forceinline__ void dot_q4_k(const unsigned char* __restrict__ row, 
                                          const float* __restrict__ g, unsigned int k, unsigned int lane,
                                          float& acc, float& sq) {
     const unsigned int nb = k / 256;
-    // Weight 8 lane = 64 c + 32 hi + l: its code in qs[32 c + l] (at byte 16
-    // of the block), the high nibble when hi; sub-block j = 2 c + hi.
+    // Weight 8 lane = 64 c + 32 hi + o (o = 8 (lane % 4)): its code in
+    // qs[32 c + o] (qs at byte 16 of the block), the high nibble when hi;
+    // sub-block j = 2 c + hi.
     const unsigned int j = lane / 4, hi = j % 2, qs_at = 16 + 32 * (j / 2) + 8 * (lane % 4);
     // Sub-block j's scale and minimum come from bytes j % 4, j % 4 + 4 and
     // j % 4 + 8 of the scales (head words 1, 2 and 3), as ggml's
