@@ -418,6 +418,31 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
     }
 }
 
+// A lane's 8 activations of a super-block step from element `e` (and, with
+// NORM, the norm weights beside them), for dot_q4_k and dot_q6_k.
+template <bool VEC, bool NORM>
+__device__ __forceinline__ void lane_x8_load(const float* __restrict__ x, const float* __restrict__ g,
+                                             unsigned int e, float* xv, float* gv) {
+    load4<VEC>(x + e, xv);
+    load4<VEC>(x + e + 4, xv + 4);
+    if (NORM) {
+        load4<VEC>(g + e, gv);
+        load4<VEC>(g + e + 4, gv + 4);
+    }
+}
+
+// With NORM: the squares of the 8 activations join `sq`, then each is
+// multiplied by its norm weight.
+template <bool NORM>
+__device__ __forceinline__ void lane_x8_norm(float* xv, const float* gv, float& sq) {
+    if (!NORM) return;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        sq = fmaf(xv[i], xv[i], sq);
+        xv[i] *= gv[i];
+    }
+}
+
 // Super-blocks of Q6_K a pass of dot_q6_k.
 #define Q6_STEPS 4
 
@@ -455,24 +480,12 @@ __device__ __forceinline__ void dot_q6_k(const unsigned char* __restrict__ row, 
             // d, and the lane's scale (byte 192 + lane / 2) in the top half.
             head[u] = (unsigned int)*reinterpret_cast<const unsigned short*>(blk + 208) |
                       ((unsigned int)blk[192 + lane / 2] << 16);
-            const unsigned int e = (b0 + u) * 256 + 8 * lane;
-            load4<VEC>(x + e, xv[u]);
-            load4<VEC>(x + e + 4, xv[u] + 4);
-            if (NORM) {
-                load4<VEC>(g + e, gv[u]);
-                load4<VEC>(g + e + 4, gv[u] + 4);
-            }
+            lane_x8_load<VEC, NORM>(x, g, (b0 + u) * 256 + 8 * lane, xv[u], gv[u]);
         }
 #pragma unroll
         for (int u = 0; u < Q6_STEPS; ++u) {
             if (b0 + u >= nb) break;
-            if (NORM) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    sq = fmaf(xv[u][i], xv[u][i], sq);
-                    xv[u][i] *= gv[u][i];
-                }
-            }
+            lane_x8_norm<NORM>(xv[u], gv[u], sq);
             float dot = 0.f;
 #pragma unroll
             for (int w = 0; w < 2; ++w) {
@@ -524,24 +537,12 @@ __device__ __forceinline__ void dot_q4_k(const unsigned char* __restrict__ row, 
             for (int w = 0; w < 4; ++w) head[u][w] = blk[w];
             codes[u][0] = blk[qs_at / 4];
             codes[u][1] = blk[qs_at / 4 + 1];
-            const unsigned int e = (b0 + u) * 256 + 8 * lane;
-            load4<VEC>(x + e, xv[u]);
-            load4<VEC>(x + e + 4, xv[u] + 4);
-            if (NORM) {
-                load4<VEC>(g + e, gv[u]);
-                load4<VEC>(g + e + 4, gv[u] + 4);
-            }
+            lane_x8_load<VEC, NORM>(x, g, (b0 + u) * 256 + 8 * lane, xv[u], gv[u]);
         }
 #pragma unroll
         for (int u = 0; u < Q4K_STEPS; ++u) {
             if (b0 + u >= nb) break;
-            if (NORM) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    sq = fmaf(xv[u][i], xv[u][i], sq);
-                    xv[u][i] *= gv[u][i];
-                }
-            }
+            lane_x8_norm<NORM>(xv[u], gv[u], sq);
             float dot = 0.f, sx = 0.f;
 #pragma unroll
             for (int w = 0; w < 2; ++w) {
