@@ -78,6 +78,32 @@ fn both_with_and_without_features() -> [[Ops; 2]; 2] {
     [both(), [open_with("cpu", KernelSet::Default), plain]]
 }
 
+/// Records one op with `f` into a graph that outputs `outs`, instantiates
+/// it (its kernels specialized for their shapes where they have variants)
+/// and replays it once; returns how many nodes got a specialized kernel.
+fn run_graph(
+    ops: &Ops,
+    outs: &[&encore::Buffer],
+    f: impl FnOnce(&Ops, &mut Encoder) -> Result<()>,
+) -> usize {
+    let name = ops.device().name().to_string();
+    let mut enc = ops.device().capture();
+    f(ops, &mut enc).unwrap_or_else(|e| panic!("{name}: record: {e}"));
+    let mut graph = enc
+        .finish_graph()
+        .unwrap_or_else(|e| panic!("{name}: graph: {e}"));
+    for out in outs {
+        graph.mark_output(out);
+    }
+    let exec = graph
+        .instantiate(&[])
+        .unwrap_or_else(|e| panic!("{name}: instantiate: {e}"));
+    exec.replay(&[])
+        .and_then(|s| s.wait().map(drop))
+        .unwrap_or_else(|e| panic!("{name}: replay: {e}"));
+    exec.stats().specialized
+}
+
 /// Encodes one op with `f` and waits for it.
 fn run(ops: &Ops, f: impl FnOnce(&Ops, &mut Encoder) -> Result<()>) {
     let mut enc = ops.device().encoder();

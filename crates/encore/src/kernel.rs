@@ -160,6 +160,9 @@ pub struct WgpuKernel {
     pub versions: Vec<(WgslFeatures, String)>,
     /// The versions' features and sources as one text, for the kernel's key.
     versions_key: String,
+    /// Whether the shader is compiled without naga's loop bounding
+    /// ([`WgpuKernel::with_finite_loops`]).
+    finite_loops: bool,
     geometry: Geometry,
 }
 
@@ -194,6 +197,7 @@ impl WgpuKernel {
             entry: entry.into(),
             versions: Vec::new(),
             versions_key: String::new(),
+            finite_loops: false,
             geometry: typed_geometry(geometry),
         }
     }
@@ -208,6 +212,28 @@ impl WgpuKernel {
         self.versions_key += &format!("{needs:?}\n{source}\n");
         self.versions.push((needs, source));
         self
+    }
+
+    /// Compiles the kernel without the loop bounding naga otherwise adds
+    /// to every loop (an extra counter that ends it after 2^64 iterations,
+    /// which keeps the driver's compiler from seeing the trip count of a
+    /// loop it could unroll). Part of the kernel's key.
+    ///
+    /// # Safety
+    ///
+    /// Every loop of the source and of every version must end for every
+    /// value and buffer contents a dispatch can bind: a driver may treat an
+    /// infinite loop as unreachable and compile the shader into one that
+    /// reads or writes out of bounds.
+    pub unsafe fn with_finite_loops(mut self) -> WgpuKernel {
+        self.finite_loops = true;
+        self.versions_key += "finite loops\n";
+        self
+    }
+
+    /// Whether [`WgpuKernel::with_finite_loops`] was declared.
+    pub fn has_finite_loops(&self) -> bool {
+        self.finite_loops
     }
 
     /// The source a device offering `features` compiles: the first version
@@ -239,6 +265,7 @@ impl WgpuKernel {
             entry: entry.into(),
             versions: Vec::new(),
             versions_key: String::new(),
+            finite_loops: false,
             geometry: Arc::new(move |_: &[u8]| Ok(launch)),
         }
     }
@@ -341,11 +368,17 @@ pub struct KernelDef {
     variant_options: Option<VariantOptions>,
     /// The options this variant derived from its value (none unspecialized).
     derived_options: Vec<String>,
+    /// Builds the WGSL kernel of a variant for one value.
+    wgpu_variant: Option<WgpuVariant>,
 }
 
 /// Compile options a specialized variant adds for its value argument (see
 /// [`KernelDef::variant_options`]).
 pub type VariantOptions = fn(value: &[u8]) -> Vec<String>;
+
+/// The WGSL kernel of a variant specialized for a value argument, or `None`
+/// where the value gets no variant (see [`KernelDef::wgpu_variants`]).
+pub type WgpuVariant = fn(value: &[u8]) -> Option<WgpuKernel>;
 
 impl fmt::Debug for KernelDef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -374,6 +407,7 @@ impl KernelDef {
             unspecialized_words: Vec::new(),
             variant_options: None,
             derived_options: Vec::new(),
+            wgpu_variant: None,
         }
     }
 
@@ -474,6 +508,16 @@ impl KernelDef {
         self
     }
 
+    /// Gives the WGSL implementation variants specialized for a value:
+    /// `variant` builds the kernel of one (its value's fields as WGSL
+    /// constants, say), which graph instantiation on wgpu puts in place of
+    /// the implementation ([`KernelDef::specialized_for`]). Independent of
+    /// [`KernelDef::specializable`], which concerns the CUDA source.
+    pub fn wgpu_variants(mut self, variant: WgpuVariant) -> KernelDef {
+        self.wgpu_variant = Some(variant);
+        self
+    }
+
     /// Whether [`KernelDef::specializable`] was declared.
     pub fn is_specializable(&self) -> bool {
         self.specializable
@@ -507,6 +551,21 @@ impl KernelDef {
         def.derived_options = self.variant_options.map(|f| f(value)).unwrap_or_default();
         def.options.extend(def.derived_options.iter().cloned());
         Some(def.option(format!("{VALUE_WORDS_OPTION}{{{}}}", words.join(","))))
+    }
+
+    /// The variant for the value argument `value` on `backend`: on CUDA
+    /// [`KernelDef::specialized`], on wgpu the definition with the WGSL
+    /// kernel its [`KernelDef::wgpu_variants`] builds for the value. `None`
+    /// where the kernel has no variants on `backend` or none for `value`.
+    pub fn specialized_for(&self, backend: BackendKind, value: &[u8]) -> Option<KernelDef> {
+        match backend {
+            BackendKind::Cuda => self.specialized(value),
+            BackendKind::Wgpu => {
+                let kernel = (self.wgpu_variant?)(value)?;
+                Some(self.clone().wgpu(kernel))
+            }
+            BackendKind::Cpu | BackendKind::Metal => None,
+        }
     }
 
     /// Adds a compile option (such as `--use_fast_math`), part of the key.
@@ -830,6 +889,39 @@ mod tests {
                 .options(),
             v.options()
         );
+    }
+
+    /// A WGSL kernel compiled without loop bounding has another key, and
+    /// a definition's wgpu variants replace its WGSL kernel on wgpu alone.
+    #[test]
+    fn wgsl_loop_bounding_and_variants_change_the_kernel_on_wgpu_only() {
+        let wgsl = |source: &str| WgpuKernel::new(source, "e", |_: &u32| Launch::new(1, 1));
+        let bounded = KernelDef::new("k").wgpu(wgsl("fn e() {}"));
+        // SAFETY: the kernel has no loop.
+        let finite = KernelDef::new("k").wgpu(unsafe { wgsl("fn e() {}").with_finite_loops() });
+        assert!(finite.wgpu_impl().unwrap().has_finite_loops());
+        assert!(!bounded.wgpu_impl().unwrap().has_finite_loops());
+        assert_ne!(
+            finite.content(BackendKind::Wgpu),
+            bounded.content(BackendKind::Wgpu)
+        );
+        fn variant(value: &[u8]) -> Option<WgpuKernel> {
+            let source = format!("const V: u32 = {}u; fn e() {{}}", value.first()?);
+            Some(WgpuKernel::new(source, "e", |_: &u32| Launch::new(1, 1)))
+        }
+        let def = bounded.wgpu_variants(variant);
+        let v = def
+            .specialized_for(BackendKind::Wgpu, &[7, 0, 0, 0])
+            .unwrap();
+        assert!(v.wgpu_impl().unwrap().source.contains("V: u32 = 7u"));
+        assert!(def.specialized_for(BackendKind::Wgpu, &[]).is_none());
+        // Neither CUDA (no CUDA source) nor the CPU get one.
+        assert!(def
+            .specialized_for(BackendKind::Cuda, &[7, 0, 0, 0])
+            .is_none());
+        assert!(def
+            .specialized_for(BackendKind::Cpu, &[7, 0, 0, 0])
+            .is_none());
     }
 
     #[test]

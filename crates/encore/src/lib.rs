@@ -103,7 +103,7 @@ pub use error::{Error, Result};
 pub use graph::{Graph, GraphCache, GraphExec, GraphShape, GraphStats, Node, NodeArg, Params};
 pub use kernel::{
     CpuFn, CpuKernel, CudaKernel, Geometry, Implementation, Kernel, KernelDef, KernelKey,
-    MetalKernel, VariantOptions, WeakKernel, WgpuKernel, WgslFeatures, CUDA_PRELUDE,
+    MetalKernel, VariantOptions, WeakKernel, WgpuKernel, WgpuVariant, WgslFeatures, CUDA_PRELUDE,
     WGSL_MAX_BUFFERS,
 };
 pub use pool::PoolStats;

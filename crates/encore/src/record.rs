@@ -112,7 +112,7 @@ impl std::fmt::Display for BackendKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capabilities {
     /// Kernels are compiled from source, so a graph node may get a variant
-    /// compiled for its shape ([`crate::KernelDef::specializable`]).
+    /// compiled for its shape ([`crate::KernelDef::specialized_for`]).
     pub specialization: bool,
     /// A kernel may start while the ones it depends on finish
     /// ([`crate::KernelDef::programmatic`]).

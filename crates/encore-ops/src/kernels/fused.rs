@@ -143,6 +143,7 @@ pub fn def(exact: bool) -> KernelDef {
         def
     } else {
         def.wgpu(crate::wgsl::fused_matmul())
+            .wgpu_variants(crate::wgsl::fused_matmul_for)
     };
     def.programmatic()
         .specializable()

@@ -49,6 +49,7 @@ pub fn def(exact: bool) -> KernelDef {
         def
     } else {
         def.wgpu(crate::wgsl::matmul())
+            .wgpu_variants(crate::wgsl::matmul_for)
     };
     def.programmatic()
         .specializable()

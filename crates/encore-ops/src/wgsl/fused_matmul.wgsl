@@ -20,8 +20,7 @@
 // #include "quant.wgsl"
 // #include "lanes.wgsl"
 
-struct Args {
-    off: array<u32, 16>,
+struct FusedShape {
     rows: u32,
     k: u32,
     n: array<u32, 3>,
@@ -31,6 +30,11 @@ struct Args {
     norm: u32,
     eps: f32,
     bias: u32,
+}
+
+struct Args {
+    off: array<u32, 16>,
+    s: FusedShape,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -54,6 +58,22 @@ fn weight_word(sel: u32, i: u32) -> u32 {
     }
 }
 
+// The shape: in a variant specialized for one, the constant `SHAPE`
+// (`SPECIALIZED` and `SHAPE` come from Rust, prepended to the source), so
+// the driver's compiler folds the epilogue's, the norm's and the weight
+// types' branches and the tile's loops; else the dispatch's value.
+fn shape() -> FusedShape {
+    if SPECIALIZED {
+        return SHAPE;
+    }
+    return args.s;
+}
+
+// Element `i` of `a`, by constant indices (which a constant `a` folds).
+fn pick3(a: array<u32, 3>, i: u32) -> u32 {
+    return select(select(a[2], a[1], i == 1u), a[0], i == 0u);
+}
+
 const MATMUL_LANES: u32 = 32u;
 const MATMUL_THREADS: u32 = MATMUL_COLS * MATMUL_LANES;
 
@@ -73,21 +93,22 @@ fn fused_matmul(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
-    let swiglu = args.epilogue == EPILOGUE_SWIGLU;
-    let norm = args.norm != 0u;
-    let row_tiles = (args.rows + MATMUL_TILE - 1u) / MATMUL_TILE;
+    let s = shape();
+    let swiglu = s.epilogue == EPILOGUE_SWIGLU;
+    let norm = s.norm != 0u;
+    let row_tiles = (s.rows + MATMUL_TILE - 1u) / MATMUL_TILE;
     let group = wid.y * groups.x + wid.x;
     var t = group / max(row_tiles, 1u);
-    if args.rows == 0u {
+    if s.rows == 0u {
         return;
     }
     // The weight whose column tiles hold tile `t`: the SwiGLU epilogue
     // walks the gate's columns (the up weight has the same), the others
     // every weight's in turn.
-    let used = select(min(args.weights, 3u), 1u, swiglu);
+    let used = select(min(s.weights, 3u), 1u, swiglu);
     var wi = 0u;
     for (; wi < used; wi++) {
-        let tiles = (args.n[wi] + MATMUL_COLS - 1u) / MATMUL_COLS;
+        let tiles = (pick3(s.n, wi) + MATMUL_COLS - 1u) / MATMUL_COLS;
         if t < tiles {
             break;
         }
@@ -96,17 +117,17 @@ fn fused_matmul(
     if wi >= used {
         return;
     }
-    let n = args.n[wi];
+    let n = pick3(s.n, wi);
     let r0 = (group % row_tiles) * MATMUL_TILE;
-    let nr = min(MATMUL_TILE, args.rows - r0);
-    let k = args.k;
+    let nr = min(MATMUL_TILE, s.rows - r0);
+    let k = s.k;
     let at = column_lane(ids);
     let lane = at.y;
     let j = min(t * MATMUL_COLS + at.x, n - 1u);
-    let dt = args.dtype[wi];
+    let dt = pick3(s.dtype, wi);
     let row = 4u * args.off[2u + wi] + j * row_bytes(dt, k);
     // SwiGLU's up weight (w1).
-    let dt2 = args.dtype[1];
+    let dt2 = s.dtype[1];
     let row2 = 4u * args.off[3] + j * row_bytes(dt2, k);
     let xt = args.off[0] + r0 * k;
 
@@ -169,12 +190,12 @@ fn fused_matmul(
     for (var r = 0u; r < MATMUL_TILE; r++) {
         let p = lane_part(ids, acc[r]);
         let p2 = lane_part(ids, acc2[r]);
-        let s = lane_part(ids, sq[r]);
+        let ss = lane_part(ids, sq[r]);
         if stores_part(ids) {
             let slot = r * MATMUL_THREADS + part_slot(ids);
             partial[slot] = p;
             partial2[slot] = p2;
-            squares[slot] = s;
+            squares[slot] = ss;
         }
     }
     workgroupBarrier();
@@ -188,25 +209,25 @@ fn fused_matmul(
             let base = r * MATMUL_THREADS + c * MATMUL_LANES;
             var p = 0.0;
             var p2 = 0.0;
-            var s = 0.0;
+            var ss = 0.0;
             for (var l = 0u; l < column_parts(ids); l++) {
                 p += partial[base + l];
                 p2 += partial2[base + l];
-                s += squares[base + l];
+                ss += squares[base + l];
             }
             if norm {
-                let inv = 1.0 / sqrt(s / f32(k) + args.eps);
+                let inv = 1.0 / sqrt(ss / f32(k) + s.eps);
                 p *= inv;
                 p2 *= inv;
             }
             let at = (r0 + r) * n + jc;
             if swiglu {
                 y0[args.off[5] + at] = silu(p) * p2;
-            } else if args.epilogue == EPILOGUE_ACCUMULATE {
+            } else if s.epilogue == EPILOGUE_ACCUMULATE {
                 y0[args.off[5] + at] += p;
             } else {
                 var v = p;
-                let biased = (args.bias & (1u << wi)) != 0u;
+                let biased = (s.bias & (1u << wi)) != 0u;
                 switch wi {
                     case 0u: {
                         if biased { v += b0[args.off[8] + jc]; }

@@ -30,12 +30,16 @@
 // #include "lanes.wgsl"
 // #include "gemm_stage.wgsl"
 
-struct Args {
-    off: array<u32, 16>,
+struct MatmulShape {
     rows: u32,
     n: u32,
     k: u32,
     dtype: u32,
+}
+
+struct Args {
+    off: array<u32, 16>,
+    s: MatmulShape,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
@@ -45,6 +49,17 @@ struct Args {
 
 fn weight_word(sel: u32, i: u32) -> u32 {
     return w[i];
+}
+
+// The shape: in a variant specialized for one, the constant `SHAPE`
+// (`SPECIALIZED` and `SHAPE` come from Rust, prepended to the source), so
+// the driver's compiler folds the weight type's branches and the tile's
+// loops; else the dispatch's value.
+fn shape() -> MatmulShape {
+    if SPECIALIZED {
+        return SHAPE;
+    }
+    return args.s;
 }
 
 const MATMUL_LANES: u32 = 32u;
@@ -59,26 +74,26 @@ var<workgroup> gemm_w: array<vec2<stage>, 512>;
 var<workgroup> gemm_x: array<vec4<stage>, 256>;
 
 // Whether a launch takes the tiled path (as `matmul_launch` in Rust decides).
-fn use_gemm() -> bool {
-    return args.rows >= MATMUL_GEMM_ROWS && args.k % 32u == 0u;
+fn use_gemm(s: MatmulShape) -> bool {
+    return s.rows >= MATMUL_GEMM_ROWS && s.k % 32u == 0u;
 }
 
 // The 32-column by 32-row tile `group` of the output (rows fastest).
-fn gemm_tile(lid: u32, group: u32) {
-    let row_tiles = (args.rows + 31u) / 32u;
+fn gemm_tile(s: MatmulShape, lid: u32, group: u32) {
+    let row_tiles = (s.rows + 31u) / 32u;
     let c0 = (group / row_tiles) * 32u;
-    if c0 >= args.n {
+    if c0 >= s.n {
         return;
     }
     let r0 = (group % row_tiles) * 32u;
-    let k = args.k;
+    let k = s.k;
     // What this invocation loads: weight column `lc` elements `8 lu ..`
     // of the step, activation row `lc` the same elements (a column or row
     // past the end repeats the last; its sums are not stored).
     let lc = lid / 4u;
     let lu = lid % 4u;
-    let row = 4u * args.off[0] + min(c0 + lc, args.n - 1u) * row_bytes(args.dtype, k);
-    let xrow = args.off[1] + min(r0 + lc, args.rows - 1u) * k;
+    let row = 4u * args.off[0] + min(c0 + lc, s.n - 1u) * row_bytes(s.dtype, k);
+    let xrow = args.off[1] + min(r0 + lc, s.rows - 1u) * k;
     // What it sums: columns `2 tc, 2 tc + 1` and rows `4 tr .. 4 tr + 4`.
     let tc = lid % 16u;
     let tr = lid / 16u;
@@ -86,7 +101,7 @@ fn gemm_tile(lid: u32, group: u32) {
     var acc1 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < k; k0 += 32u) {
         let e = k0 + 8u * lu;
-        let q = decode8(0u, row, e, args.dtype);
+        let q = decode8(0u, row, e, s.dtype);
         let wlo = q.d * q.lo + q.m;
         let whi = q.d * q.hi + q.m;
         let a = xrow + e;
@@ -112,12 +127,12 @@ fn gemm_tile(lid: u32, group: u32) {
     let j = c0 + 2u * tc;
     for (var i = 0u; i < 4u; i++) {
         let r = r0 + 4u * tr + i;
-        if r < args.rows {
-            let out = args.off[2] + r * args.n + j;
-            if j < args.n {
+        if r < s.rows {
+            let out = args.off[2] + r * s.n + j;
+            if j < s.n {
                 y[out] = acc0[i];
             }
-            if j + 1u < args.n {
+            if j + 1u < s.n {
                 y[out + 1u] = acc1[i];
             }
         }
@@ -130,30 +145,31 @@ fn matmul(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
 ) {
-    if use_gemm() {
-        gemm_tile(ids.lid, wid.y * groups.x + wid.x);
+    let s = shape();
+    if use_gemm(s) {
+        gemm_tile(s, ids.lid, wid.y * groups.x + wid.x);
         return;
     }
-    let row_tiles = (args.rows + MATMUL_TILE - 1u) / MATMUL_TILE;
+    let row_tiles = (s.rows + MATMUL_TILE - 1u) / MATMUL_TILE;
     let group = wid.y * groups.x + wid.x;
     let col_tile = group / max(row_tiles, 1u);
-    if args.rows == 0u || col_tile * MATMUL_COLS >= args.n {
+    if s.rows == 0u || col_tile * MATMUL_COLS >= s.n {
         return;
     }
     let r0 = (group % row_tiles) * MATMUL_TILE;
-    let nr = min(MATMUL_TILE, args.rows - r0);
-    let k = args.k;
+    let nr = min(MATMUL_TILE, s.rows - r0);
+    let k = s.k;
     let at = column_lane(ids);
     let lane = at.y;
     // A column past `n` repeats the last one; its sum is not stored.
-    let j = min(col_tile * MATMUL_COLS + at.x, args.n - 1u);
-    let row = 4u * args.off[0] + j * row_bytes(args.dtype, k);
+    let j = min(col_tile * MATMUL_COLS + at.x, s.n - 1u);
+    let row = 4u * args.off[0] + j * row_bytes(s.dtype, k);
     let xt = args.off[1] + r0 * k;
 
     var acc: array<f32, MATMUL_TILE>;
     for (var u = lane; u < k / 8u; u += MATMUL_LANES) {
         let e = 8u * u;
-        let q = decode8(0u, row, e, args.dtype);
+        let q = decode8(0u, row, e, s.dtype);
         for (var r = 0u; r < MATMUL_TILE; r++) {
             if r < nr {
                 let a = xt + r * k + e;
@@ -165,7 +181,7 @@ fn matmul(
     }
     // Float rows whose length is not a multiple of 8: the last elements.
     for (var e = (k & ~7u) + lane; e < k; e += MATMUL_LANES) {
-        let v = float_at(0u, row, e, args.dtype);
+        let v = float_at(0u, row, e, s.dtype);
         for (var r = 0u; r < MATMUL_TILE; r++) {
             if r < nr {
                 acc[r] += v * x[xt + r * k + e];
@@ -186,13 +202,13 @@ fn matmul(
         let c = lid / MATMUL_TILE;
         let r = lid % MATMUL_TILE;
         let jc = col_tile * MATMUL_COLS + c;
-        if r < nr && jc < args.n {
+        if r < nr && jc < s.n {
             let base = r * MATMUL_THREADS + c * MATMUL_LANES;
-            var s = 0.0;
+            var sum = 0.0;
             for (var l = 0u; l < column_parts(ids); l++) {
-                s += partial[base + l];
+                sum += partial[base + l];
             }
-            y[args.off[2] + (r0 + r) * args.n + jc] = s;
+            y[args.off[2] + (r0 + r) * s.n + jc] = sum;
         }
     }
 }

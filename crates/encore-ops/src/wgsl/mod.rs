@@ -46,9 +46,22 @@ pub fn elementwise_launch(n: u32, size: u32) -> Launch {
 }
 
 pub(crate) fn add() -> WgpuKernel {
-    WgpuKernel::new(source("add.wgsl"), "add", |n: &u32| {
+    finite(WgpuKernel::new(source("add.wgsl"), "add", |n: &u32| {
         elementwise_launch(*n, 256)
-    })
+    }))
+}
+
+/// `kernel`, compiled without naga's loop bounding (see
+/// [`WgpuKernel::with_finite_loops`]), as every kernel of this folder is.
+///
+/// Their loops end for every value and buffer contents: each counts up to
+/// a bound by a nonzero step, in 32-bit counters that stay below 2^31
+/// (bounds are element counts of bound buffers, which wgpu keeps under
+/// 4 GiB), halves a nonzero count, or retries a compare-exchange that fails
+/// only when another invocation's has succeeded (`argmax.wgsl`).
+fn finite(kernel: WgpuKernel) -> WgpuKernel {
+    // SAFETY: the loops of this folder's kernels end, as said above.
+    unsafe { kernel.with_finite_loops() }
 }
 
 /// The weight types the WGSL kernels (`quant.wgsl`) have code for.
@@ -100,12 +113,12 @@ const SUBGROUP_HEADER: (&str, &str) = ("lanes.wgsl", include_str!("lanes_subgrou
 const F16_HEADER: (&str, &str) = ("gemm_stage.wgsl", include_str!("gemm_stage_f16.wgsl"));
 
 /// A product's source (`matmul.wgsl` or `fused_matmul.wgsl`) after its
-/// constants, with the headers of `swaps` in place of the files of their
-/// names; with f16's, `enable f16;` comes first (a directive precedes
-/// every declaration). (WGSL's `enable subgroups;` would belong there too,
-/// but naga does not take it yet; wgpu enables them with the device
-/// feature.)
-fn product_source(file: &str, swaps: &[(&str, &'static str)]) -> String {
+/// constants and those of its `shape` ([`shape_constants`]), with the
+/// headers of `swaps` in place of the files of their names; with f16's,
+/// `enable f16;` comes first (a directive precedes every declaration).
+/// (WGSL's `enable subgroups;` would belong there too, but naga does not
+/// take it yet; wgpu enables them with the device feature.)
+fn product_source(file: &str, shape: &str, swaps: &[(&str, &'static str)]) -> String {
     let files: Vec<(&str, &'static str)> = FILES
         .iter()
         .map(|&(name, text)| {
@@ -123,19 +136,34 @@ fn product_source(file: &str, swaps: &[(&str, &'static str)]) -> String {
     };
     enable.to_string()
         + &matmul_constants()
+        + shape
         + &crate::include::expand(&files, file, |f| format!("no WGSL file {f};\n"))
 }
 
-/// `kernel` (the product `file`) with its versions for optional features,
-/// most capable first: subgroup operations, and where the file stages
-/// tiles (`stages`), f16.
-fn with_product_versions(kernel: WgpuKernel, file: &str, stages: bool) -> WgpuKernel {
+/// The constants by which a product's source takes its shape, a WGSL
+/// struct `ty`: `SPECIALIZED` and, in a variant specialized for one
+/// shape, `SHAPE` built from `fields` (the struct's constructor
+/// arguments); unspecialized, a zero `SHAPE` that goes unused.
+fn shape_constants(ty: &str, fields: Option<String>) -> String {
+    match fields {
+        Some(fields) => {
+            format!("const SPECIALIZED: bool = true;\nconst SHAPE: {ty} = {ty}({fields});\n")
+        }
+        None => format!("const SPECIALIZED: bool = false;\nconst SHAPE: {ty} = {ty}();\n"),
+    }
+}
+
+/// `kernel` (the product `file` for `shape`) with its versions for
+/// optional features, most capable first: subgroup operations, and where
+/// the file stages tiles (`stages`), f16.
+fn with_product_versions(kernel: WgpuKernel, file: &str, shape: &str, stages: bool) -> WgpuKernel {
     let subgroups = WgslFeatures {
         subgroups: true,
         f16: false,
     };
+    let version = |swaps: &[(&str, &'static str)]| product_source(file, shape, swaps);
     if !stages {
-        return kernel.with_version(subgroups, product_source(file, &[SUBGROUP_HEADER]));
+        return kernel.with_version(subgroups, version(&[SUBGROUP_HEADER]));
     }
     let f16 = WgslFeatures {
         subgroups: false,
@@ -146,13 +174,16 @@ fn with_product_versions(kernel: WgpuKernel, file: &str, stages: bool) -> WgpuKe
         f16: true,
     };
     kernel
-        .with_version(both, product_source(file, &[SUBGROUP_HEADER, F16_HEADER]))
-        .with_version(subgroups, product_source(file, &[SUBGROUP_HEADER]))
-        .with_version(f16, product_source(file, &[F16_HEADER]))
+        .with_version(both, version(&[SUBGROUP_HEADER, F16_HEADER]))
+        .with_version(subgroups, version(&[SUBGROUP_HEADER]))
+        .with_version(f16, version(&[F16_HEADER]))
 }
 
-pub(crate) fn matmul() -> WgpuKernel {
-    let source = product_source("matmul.wgsl", &[]);
+/// `matmul` for any shape, or specialized for one (`fields`, see
+/// [`shape_constants`]).
+fn matmul_kernel(fields: Option<String>) -> WgpuKernel {
+    let shape = shape_constants("MatmulShape", fields);
+    let source = product_source("matmul.wgsl", &shape, &[]);
     let kernel = WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
         weight_type("matmul", s.dtype)?;
         if s.rows >= MATMUL_GEMM_ROWS && s.k.is_multiple_of(32) {
@@ -160,11 +191,26 @@ pub(crate) fn matmul() -> WgpuKernel {
         }
         Ok(matmul_launch(s.n, s.rows))
     });
-    with_product_versions(kernel, "matmul.wgsl", true)
+    finite(with_product_versions(kernel, "matmul.wgsl", &shape, true))
 }
 
-pub(crate) fn fused_matmul() -> WgpuKernel {
-    let source = product_source("fused_matmul.wgsl", &[]);
+pub(crate) fn matmul() -> WgpuKernel {
+    matmul_kernel(None)
+}
+
+/// `matmul` specialized for the value `value` (a [`MatmulShape`]): the
+/// graph variant of [`crate::kernels::matmul::def`] on wgpu.
+pub(crate) fn matmul_for(value: &[u8]) -> Option<WgpuKernel> {
+    let s: MatmulShape = bytemuck::try_pod_read_unaligned(value).ok()?;
+    let fields = format!("{}u, {}u, {}u, {}u", s.rows, s.n, s.k, s.dtype);
+    Some(matmul_kernel(Some(fields)))
+}
+
+/// `fused_matmul` for any shape, or specialized for one (`fields`, see
+/// [`shape_constants`]).
+fn fused_matmul_kernel(fields: Option<String>) -> WgpuKernel {
+    let shape = shape_constants("FusedShape", fields);
+    let source = product_source("fused_matmul.wgsl", &shape, &[]);
     let kernel = WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
         let used = if s.epilogue == EPILOGUE_SWIGLU {
             2
@@ -186,56 +232,108 @@ pub(crate) fn fused_matmul() -> WgpuKernel {
         };
         Ok(linear_launch(tiles * s.rows.div_ceil(MATMUL_TILE)))
     });
-    with_product_versions(kernel, "fused_matmul.wgsl", false)
+    finite(with_product_versions(
+        kernel,
+        "fused_matmul.wgsl",
+        &shape,
+        false,
+    ))
+}
+
+pub(crate) fn fused_matmul() -> WgpuKernel {
+    fused_matmul_kernel(None)
+}
+
+/// `fused_matmul` specialized for the value `value` (a [`FusedShape`]): the
+/// graph variant of [`crate::kernels::fused::def`] on wgpu. `None` for a
+/// non-finite `eps`, which has no WGSL literal.
+pub(crate) fn fused_matmul_for(value: &[u8]) -> Option<WgpuKernel> {
+    let s: FusedShape = bytemuck::try_pod_read_unaligned(value).ok()?;
+    if !s.eps.is_finite() {
+        return None;
+    }
+    let three = |a: [u32; 3]| format!("array<u32, 3>({}u, {}u, {}u)", a[0], a[1], a[2]);
+    // Rust's shortest representation of an f32 reads back as the same f32.
+    let fields = format!(
+        "{}u, {}u, {}, {}, {}u, {}u, {}u, {:?}f, {}u",
+        s.rows,
+        s.k,
+        three(s.n),
+        three(s.dtype),
+        s.weights,
+        s.epilogue,
+        s.norm,
+        s.eps,
+        s.bias
+    );
+    Some(fused_matmul_kernel(Some(fields)))
 }
 
 pub(crate) fn embed() -> WgpuKernel {
-    WgpuKernel::checked(source("embed.wgsl"), "embed", |s: &EmbedShape| {
-        weight_type("embed", s.dtype)?;
-        Ok(linear_launch(s.rows))
-    })
+    finite(WgpuKernel::checked(
+        source("embed.wgsl"),
+        "embed",
+        |s: &EmbedShape| {
+            weight_type("embed", s.dtype)?;
+            Ok(linear_launch(s.rows))
+        },
+    ))
 }
 
 pub(crate) fn add_rows() -> WgpuKernel {
-    WgpuKernel::new(source("add_rows.wgsl"), "add_rows", |s: &[u32; 2]| {
-        elementwise_launch(s[0].saturating_mul(s[1]), 256)
-    })
+    finite(WgpuKernel::new(
+        source("add_rows.wgsl"),
+        "add_rows",
+        |s: &[u32; 2]| elementwise_launch(s[0].saturating_mul(s[1]), 256),
+    ))
 }
 
 pub(crate) fn silu_mul() -> WgpuKernel {
-    WgpuKernel::new(source("silu_mul.wgsl"), "silu_mul", |n: &u32| {
-        elementwise_launch(*n, 256)
-    })
+    finite(WgpuKernel::new(
+        source("silu_mul.wgsl"),
+        "silu_mul",
+        |n: &u32| elementwise_launch(*n, 256),
+    ))
 }
 
 pub(crate) fn gelu_mul() -> WgpuKernel {
-    WgpuKernel::new(source("gelu_mul.wgsl"), "gelu_mul", |n: &u32| {
-        elementwise_launch(*n, 256)
-    })
+    finite(WgpuKernel::new(
+        source("gelu_mul.wgsl"),
+        "gelu_mul",
+        |n: &u32| elementwise_launch(*n, 256),
+    ))
 }
 
 pub(crate) fn scale() -> WgpuKernel {
-    WgpuKernel::new(source("scale.wgsl"), "scale", |s: &ScaleShape| {
-        elementwise_launch(s.n, 256)
-    })
+    finite(WgpuKernel::new(
+        source("scale.wgsl"),
+        "scale",
+        |s: &ScaleShape| elementwise_launch(s.n, 256),
+    ))
 }
 
 /// One workgroup per row.
 pub(crate) fn rms_norm() -> WgpuKernel {
-    WgpuKernel::new(source("rms_norm.wgsl"), "rms_norm", |s: &NormShape| {
-        linear_launch(s.rows)
-    })
+    finite(WgpuKernel::new(
+        source("rms_norm.wgsl"),
+        "rms_norm",
+        |s: &NormShape| linear_launch(s.rows),
+    ))
 }
 
 /// One invocation per rotated pair.
 pub(crate) fn rope() -> WgpuKernel {
-    WgpuKernel::new(source("rope.wgsl"), "rope", |s: &RopeShape| {
-        let pairs = s
-            .rows
-            .saturating_mul(s.heads)
-            .saturating_mul(s.rope_dim / 2);
-        elementwise_launch(pairs, 256)
-    })
+    finite(WgpuKernel::new(
+        source("rope.wgsl"),
+        "rope",
+        |s: &RopeShape| {
+            let pairs = s
+                .rows
+                .saturating_mul(s.heads)
+                .saturating_mul(s.rope_dim / 2);
+            elementwise_launch(pairs, 256)
+        },
+    ))
 }
 
 /// Words of the f16 cache that `elements` halves from an unknown position
@@ -247,7 +345,7 @@ fn f16_words(elements: u32) -> u32 {
 
 /// One invocation per word of the cache.
 pub(crate) fn rope_store() -> WgpuKernel {
-    WgpuKernel::new(
+    finite(WgpuKernel::new(
         source("rope_store.wgsl"),
         "rope_store",
         |s: &RopeStoreShape| {
@@ -255,21 +353,25 @@ pub(crate) fn rope_store() -> WgpuKernel {
             let n = r.rows.saturating_mul(r.heads).saturating_mul(r.head_dim);
             elementwise_launch(f16_words(n), 256)
         },
-    )
+    ))
 }
 
 /// One invocation per word of the cache.
 pub(crate) fn kv_store() -> WgpuKernel {
-    WgpuKernel::new(source("kv_store.wgsl"), "kv_store", |s: &KvShape| {
-        elementwise_launch(f16_words(s.rows.saturating_mul(s.kv_dim)), 256)
-    })
+    finite(WgpuKernel::new(
+        source("kv_store.wgsl"),
+        "kv_store",
+        |s: &KvShape| elementwise_launch(f16_words(s.rows.saturating_mul(s.kv_dim)), 256),
+    ))
 }
 
 /// One workgroup per (head, query row).
 pub(crate) fn attention() -> WgpuKernel {
-    WgpuKernel::new(source("attention.wgsl"), "attention", |s: &AttnShape| {
-        linear_launch(s.heads.saturating_mul(s.rows))
-    })
+    finite(WgpuKernel::new(
+        source("attention.wgsl"),
+        "attention",
+        |s: &AttnShape| linear_launch(s.heads.saturating_mul(s.rows)),
+    ))
 }
 
 /// Why `attention_step.wgsl` cannot take `s`, if it cannot: one query row,
@@ -311,14 +413,14 @@ pub(crate) fn attention_step() -> WgpuKernel {
         "const STEP_ROPE_Q: u32 = {STEP_ROPE_Q}u;\nconst STEP_K_NEW: u32 = {STEP_K_NEW}u;\n\
          const STEP_ROPE_K: u32 = {STEP_ROPE_K}u;\nconst STEP_V_NEW: u32 = {STEP_V_NEW}u;\n"
     );
-    WgpuKernel::checked(
+    finite(WgpuKernel::checked(
         flags + &source("attention_step.wgsl"),
         "attention_step",
         |s: &AttnStepShape| match attention_step_refusal(s) {
             Some(why) => Err(why),
             None => Ok(linear_launch(s.attn.heads)),
         },
-    )
+    ))
 }
 
 /// Values one workgroup of `argmax.wgsl` takes in one round of its loop
@@ -331,16 +433,20 @@ const ARGMAX_GROUPS: u32 = 1024;
 /// Enough workgroups for one round over the vector, at most
 /// [`ARGMAX_GROUPS`], in one dimension (the kernel counts them).
 pub(crate) fn argmax() -> WgpuKernel {
-    WgpuKernel::new(source("argmax.wgsl"), "argmax", |n: &u32| {
-        Launch::new(n.div_ceil(ARGMAX_ROUND).clamp(1, ARGMAX_GROUPS), 1)
-    })
+    finite(WgpuKernel::new(
+        source("argmax.wgsl"),
+        "argmax",
+        |n: &u32| Launch::new(n.div_ceil(ARGMAX_ROUND).clamp(1, ARGMAX_GROUPS), 1),
+    ))
 }
 
 /// One invocation.
 pub(crate) fn advance() -> WgpuKernel {
-    WgpuKernel::new(source("advance.wgsl"), "advance", |_: &u32| {
-        Launch::new(1, 1)
-    })
+    finite(WgpuKernel::new(
+        source("advance.wgsl"),
+        "advance",
+        |_: &u32| Launch::new(1, 1),
+    ))
 }
 
 /// Every WGSL file of this folder, by name.
@@ -416,6 +522,72 @@ mod tests {
             }
         }
         assert!(seen > 0, "no kernel has WGSL");
+    }
+
+    /// The products' graph variants carry their shape as constants, for
+    /// every weight type and epilogue, and validate with naga in every
+    /// version; a value of another size or a non-finite `eps` gets none.
+    #[test]
+    fn specialized_products_validate_and_carry_their_shape() {
+        let matmul_def = crate::kernels::matmul::def(false);
+        let fused_def = crate::kernels::fused::def(false);
+        let check = |def: &encore::KernelDef, value: &[u8], constant: &str| {
+            let variant = def
+                .specialized_for(encore::BackendKind::Wgpu, value)
+                .unwrap_or_else(|| panic!("{}: no variant", def.name()));
+            let wgsl = variant.wgpu_impl().expect("a WGSL kernel");
+            assert_ne!(
+                variant.content(encore::BackendKind::Wgpu),
+                def.content(encore::BackendKind::Wgpu)
+            );
+            for source in std::iter::once(&wgsl.source).chain(wgsl.versions.iter().map(|v| &v.1)) {
+                assert!(
+                    source.contains(constant),
+                    "{}: {constant} missing",
+                    def.name()
+                );
+                validate(def.name(), source);
+            }
+        };
+        for dtype in WEIGHT_TYPES.map(DType::ggml_id) {
+            for rows in [1, 40] {
+                let m = MatmulShape {
+                    rows,
+                    n: 96,
+                    k: 512,
+                    dtype,
+                };
+                let constant = format!("MatmulShape({rows}u, 96u, 512u, {dtype}u)");
+                check(&matmul_def, bytemuck::bytes_of(&m), &constant);
+            }
+            for epilogue in [EPILOGUE_STORE, EPILOGUE_ACCUMULATE, EPILOGUE_SWIGLU] {
+                let f = FusedShape {
+                    rows: 1,
+                    k: 512,
+                    n: [64, 32, 32],
+                    dtype: [dtype, dtype, DType::Q8_0.ggml_id()],
+                    weights: 3,
+                    epilogue,
+                    norm: 1,
+                    eps: 1e-6,
+                    bias: 0b101,
+                };
+                let constant = format!("{epilogue}u, 1u, 1e-6f, 5u)");
+                check(&fused_def, bytemuck::bytes_of(&f), &constant);
+            }
+        }
+        let wgpu = encore::BackendKind::Wgpu;
+        assert!(matmul_def.specialized_for(wgpu, &[0; 12]).is_none());
+        let nan = FusedShape {
+            eps: f32::NAN,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        assert!(fused_def
+            .specialized_for(wgpu, bytemuck::bytes_of(&nan))
+            .is_none());
+        // Kernels without WGSL variants get none on wgpu.
+        let norm = crate::kernels::norm::def();
+        assert!(norm.specialized_for(wgpu, &[0; 16]).is_none());
     }
 
     /// The weight kernels launch every type of [`WEIGHT_TYPES`] and refuse

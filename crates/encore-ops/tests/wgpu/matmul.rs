@@ -6,14 +6,14 @@
 //! against the CPU's own kernel more loosely: it quantizes the activations
 //! to 8 bits for quantized weights (as ggml does).
 
-use encore::Buffer;
+use encore::{Buffer, Encoder};
 use encore_ops::kernels::fused::{
     FusedArgs, FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU,
 };
 use encore_ops::{DType, KernelSet, Ops, Weight};
 
 use super::common::{random_weights, upload, Rng};
-use super::{assert_close, both, both_with_and_without_features, run};
+use super::{assert_close, both, both_with_and_without_features, run, run_graph};
 
 /// The GPU's sums against the exact product: f32 roundings of sums of up
 /// to a few thousand terms, relative to `Σ|w·x|`.
@@ -127,6 +127,27 @@ fn matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
             let f16_tiles = arch.contains("+f16") && rows >= 32 && k % 32 == 0;
             let tol = if f16_tiles { F16_TILE_TOL } else { EXACT_TOL };
             assert_within(&format!("{what} (wgpu)"), &gpu, &exact, &scale, tol);
+            // The same product in a graph, whose kernel is the variant
+            // compiled for this shape.
+            let ops = &pair[1];
+            let weight = weight(ops, dtype, &w, n, k);
+            let xb = upload(ops, &x).view(offset * 4, rows * k * 4).unwrap();
+            let y = ops.device().alloc(rows * n * 4).unwrap();
+            let specialized = run_graph(ops, &[&y], |o, e| {
+                o.matmul(e, &weight, &xb, &y, rows, "matmul")
+            });
+            assert_eq!(
+                specialized, 1,
+                "{what}: the graph's kernel is not specialized"
+            );
+            let graph = y.download::<f32>().unwrap();
+            assert_within(
+                &format!("{what} (wgpu, specialized)"),
+                &graph,
+                &exact,
+                &scale,
+                tol,
+            );
             let cpu_tol = if dtype.is_quantized() {
                 CPU_QUANT_TOL
             } else {
@@ -171,9 +192,12 @@ fn rms_norm(x: &[f32], g: &[f32], rows: usize, k: usize, eps: f32) -> Vec<f32> {
 
 /// One `fused_matmul` dispatch on `ops`: inputs `x` (`rows` of `k`), `g`
 /// (`None`: no norm), weights, the outputs' initial values, each output's
-/// bias (the store epilogue; `None`: none); the outputs after it.
+/// bias (the store epilogue; `None`: none); the outputs after it. With
+/// `graph`, the dispatch runs as a graph, with the kernel's variant
+/// specialized for its shape.
 #[allow(clippy::too_many_arguments)]
 fn fused_on(
+    graph: bool,
     ops: &Ops,
     x: &[f32],
     g: Option<&[f32]>,
@@ -230,7 +254,17 @@ fn fused_on(
         b2: pick(&bb, 2),
         shape,
     };
-    run(ops, |_, e| e.dispatch(&kernel, &args.args(), "fused"));
+    let dispatch = |_: &Ops, e: &mut Encoder| e.dispatch(&kernel, &args.args(), "fused");
+    if graph {
+        let outs: Vec<&Buffer> = yb.iter().collect();
+        let specialized = run_graph(ops, &outs, dispatch);
+        assert_eq!(
+            specialized, 1,
+            "the graph's fused_matmul is not specialized"
+        );
+    } else {
+        run(ops, dispatch);
+    }
     yb.iter().map(|y| y.download::<f32>().unwrap()).collect()
 }
 
@@ -294,9 +328,12 @@ fn fused_matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
                             .collect(),
                         _ => Vec::new(),
                     };
-                    let [cpu, gpu] = pair.each_ref().map(|ops| {
-                        fused_on(ops, &x, g, &weights, &outputs, &biases, rows, k, epilogue)
-                    });
+                    let run = |graph: bool, ops: &Ops| {
+                        let ws = &weights;
+                        fused_on(graph, ops, &x, g, ws, &outputs, &biases, rows, k, epilogue)
+                    };
+                    let [cpu, gpu] = pair.each_ref().map(|ops| run(false, ops));
+                    let specialized = run(true, &pair[1]);
 
                     let xn = g.map_or(x.clone(), |g| rms_norm(&x, g, rows, k, 1e-5));
                     let products: Vec<_> = w
@@ -305,9 +342,6 @@ fn fused_matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
                         .zip(dtypes)
                         .map(|((w, &n), t)| exact_product(&dequantize(t, w, n, k), &xn, rows, n, k))
                         .collect();
-                    let what = format!(
-                        "fused {dtypes:?} k={k} rows={rows} norm={norm} epilogue={epilogue} on {arch}"
-                    );
                     let cpu_tol = if dtypes[0].is_quantized() {
                         CPU_QUANT_TOL
                     } else {
@@ -316,73 +350,87 @@ fn fused_matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
                     // The norm's scale and the SwiGLU's activation add a few
                     // roundings more.
                     let tol = 4.0 * EXACT_TOL;
-                    match epilogue {
-                        EPILOGUE_STORE => {
-                            for (i, (exact, scale)) in products.iter().enumerate() {
-                                // The bias's own rounding: within 1e-7 of it.
-                                let (exact, scale): (Vec<f64>, Vec<f64>) = match &biases[i] {
-                                    Some(b) => {
-                                        let b = |j: usize| f64::from(b[j % ns[i]]);
-                                        let e = exact.iter().enumerate().map(|(j, p)| p + b(j));
-                                        let s = scale.iter().enumerate();
-                                        (e.collect(), s.map(|(j, s)| s + b(j).abs()).collect())
-                                    }
-                                    None => (exact.clone(), scale.clone()),
-                                };
-                                assert_within(
-                                    &format!("{what} y{i}"),
-                                    &gpu[i],
-                                    &exact,
-                                    &scale,
-                                    tol,
-                                );
-                                let (c, s) = (&cpu[i], &scale);
-                                assert_within(&format!("{what} y{i} (CPU)"), c, &exact, s, cpu_tol);
+                    for (gpu, form) in [(&gpu, ""), (&specialized, ", specialized")] {
+                        let what = format!(
+                            "fused {dtypes:?} k={k} rows={rows} norm={norm} epilogue={epilogue} \
+                             on {arch}{}",
+                            form
+                        );
+                        match epilogue {
+                            EPILOGUE_STORE => {
+                                for (i, (exact, scale)) in products.iter().enumerate() {
+                                    // The bias's own rounding: within 1e-7 of it.
+                                    let (exact, scale): (Vec<f64>, Vec<f64>) = match &biases[i] {
+                                        Some(b) => {
+                                            let b = |j: usize| f64::from(b[j % ns[i]]);
+                                            let e = exact.iter().enumerate().map(|(j, p)| p + b(j));
+                                            let s = scale.iter().enumerate();
+                                            (e.collect(), s.map(|(j, s)| s + b(j).abs()).collect())
+                                        }
+                                        None => (exact.clone(), scale.clone()),
+                                    };
+                                    assert_within(
+                                        &format!("{what} y{i}"),
+                                        &gpu[i],
+                                        &exact,
+                                        &scale,
+                                        tol,
+                                    );
+                                    let (c, s) = (&cpu[i], &scale);
+                                    assert_within(
+                                        &format!("{what} y{i} (CPU)"),
+                                        c,
+                                        &exact,
+                                        s,
+                                        cpu_tol,
+                                    );
+                                }
                             }
-                        }
-                        EPILOGUE_ACCUMULATE => {
-                            let (exact, scale) = &products[0];
-                            let want: Vec<f64> = exact
-                                .iter()
-                                .zip(&outputs[0])
-                                .map(|(p, y)| p + f64::from(*y))
-                                .collect();
-                            // The residual's own rounding: within 1e-7 of it.
-                            let scale: Vec<f64> = scale
-                                .iter()
-                                .zip(&outputs[0])
-                                .map(|(s, y)| s + f64::from(y.abs()))
-                                .collect();
-                            assert_within(&what, &gpu[0], &want, &scale, tol);
-                            assert_within(
-                                &format!("{what} (CPU)"),
-                                &cpu[0],
-                                &want,
-                                &scale,
-                                cpu_tol,
-                            );
-                        }
-                        _ => {
-                            // silu(a) b: its error from a's and b's, by the
-                            // derivatives' bounds (|silu'| < 1.1, |silu(a)| <= |a|).
-                            let (a, sa) = &products[0];
-                            let (b, sb) = &products[1];
-                            let silu = |v: f64| v / (1.0 + (-v).exp());
-                            let want: Vec<f64> =
-                                a.iter().zip(b).map(|(a, b)| silu(*a) * b).collect();
-                            let scale: Vec<f64> = (0..a.len())
-                                .map(|i| {
-                                    1.1 * sa[i] * b[i].abs() + (a[i].abs() + 1.1 * sa[i]) * sb[i]
-                                })
-                                .collect();
-                            assert_within(&what, &gpu[0], &want, &scale, tol);
-                            assert_within(
-                                &format!("{what} (CPU)"),
-                                &cpu[0],
-                                &want,
-                                &scale,
-                                cpu_tol,
-                            );
+                            EPILOGUE_ACCUMULATE => {
+                                let (exact, scale) = &products[0];
+                                let want: Vec<f64> = exact
+                                    .iter()
+                                    .zip(&outputs[0])
+                                    .map(|(p, y)| p + f64::from(*y))
+                                    .collect();
+                                // The residual's own rounding: within 1e-7 of it.
+                                let scale: Vec<f64> = scale
+                                    .iter()
+                                    .zip(&outputs[0])
+                                    .map(|(s, y)| s + f64::from(y.abs()))
+                                    .collect();
+                                assert_within(&what, &gpu[0], &want, &scale, tol);
+                                assert_within(
+                                    &format!("{what} (CPU)"),
+                                    &cpu[0],
+                                    &want,
+                                    &scale,
+                                    cpu_tol,
+                                );
+                            }
+                            _ => {
+                                // silu(a) b: its error from a's and b's, by the
+                                // derivatives' bounds (|silu'| < 1.1, |silu(a)| <= |a|).
+                                let (a, sa) = &products[0];
+                                let (b, sb) = &products[1];
+                                let silu = |v: f64| v / (1.0 + (-v).exp());
+                                let want: Vec<f64> =
+                                    a.iter().zip(b).map(|(a, b)| silu(*a) * b).collect();
+                                let scale: Vec<f64> = (0..a.len())
+                                    .map(|i| {
+                                        1.1 * sa[i] * b[i].abs()
+                                            + (a[i].abs() + 1.1 * sa[i]) * sb[i]
+                                    })
+                                    .collect();
+                                assert_within(&what, &gpu[0], &want, &scale, tol);
+                                assert_within(
+                                    &format!("{what} (CPU)"),
+                                    &cpu[0],
+                                    &want,
+                                    &scale,
+                                    cpu_tol,
+                                );
+                            }
                         }
                     }
                 }

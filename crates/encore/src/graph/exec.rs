@@ -38,15 +38,16 @@ impl std::fmt::Debug for GraphExec {
     }
 }
 
-/// Gives every node whose kernel is [`crate::KernelDef::specializable`] the
-/// variant compiled for its value argument. Nodes of one shape share one
+/// Gives every node whose kernel has variants on `backend` (the device's
+/// own, outside tests; [`crate::KernelDef::specialized_for`]) the variant
+/// for its value argument, loaded on `device`. Nodes of one shape share one
 /// variant, loaded once; distinct variants load at the same time, one a
 /// core, so that a graph's first instantiation waits about as long as its
 /// slowest compile rather than the sum of all (NVRTC compiles on one core).
 /// Returns how many nodes changed kernels.
-fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
-    let backend = device.kind();
-    let variants: Vec<Option<crate::KernelDef>> = nodes.iter().map(variant).collect();
+fn specialize(device: &Device, backend: crate::BackendKind, nodes: &mut [Node]) -> Result<usize> {
+    let variants: Vec<Option<crate::KernelDef>> =
+        nodes.iter().map(|n| variant(n, backend)).collect();
     // Each node's index into the distinct variants.
     let mut distinct: Vec<&crate::KernelDef> = Vec::new();
     let slots: Vec<Option<usize>> = variants
@@ -75,15 +76,15 @@ fn specialize(device: &Device, nodes: &mut [Node]) -> Result<usize> {
     Ok(changed)
 }
 
-/// The variant of `node`'s kernel for its one value argument, if the
-/// kernel is specializable and the node has exactly one.
-fn variant(node: &Node) -> Option<crate::KernelDef> {
+/// The variant of `node`'s kernel on `backend` for its one value argument,
+/// if the kernel has variants there and the node has exactly one.
+fn variant(node: &Node, backend: crate::BackendKind) -> Option<crate::KernelDef> {
     let mut values = node.args.iter().filter_map(|a| match a {
         NodeArg::Bytes(bytes) => Some(bytes),
         NodeArg::Buffer(..) => None,
     });
     match (values.next(), values.next()) {
-        (Some(value), None) => node.kernel.def().specialized(value),
+        (Some(value), None) => node.kernel.def().specialized_for(backend, value),
         _ => None,
     }
 }
@@ -140,7 +141,7 @@ impl GraphExec {
         let schedule = passes::schedule(&nodes, options.schedule);
         let mut nodes: Vec<Node> = schedule.order.iter().map(|&i| nodes[i].clone()).collect();
         let specialized = if options.specialize && device.capabilities().specialization {
-            specialize(&device, &mut nodes)?
+            specialize(&device, device.kind(), &mut nodes)?
         } else {
             0
         };
@@ -363,9 +364,9 @@ mod tests {
     use crate::{Arg, Config, CudaKernel, Kernel, KernelDef, Launch};
 
     /// Nodes of one shape share one variant, other shapes get their own, and
-    /// kernels that are not specializable keep theirs. (On the CPU the
-    /// variants are the same Rust body under another key, which is enough
-    /// to see which node got which.)
+    /// kernels that are not specializable keep theirs. (CUDA's variants,
+    /// loaded on the CPU: the same Rust body under another key, which is
+    /// enough to see which node got which.)
     #[test]
     fn nodes_get_one_variant_per_shape() {
         let device = Device::open("cpu", &Config::default()).unwrap();
@@ -410,7 +411,8 @@ mod tests {
         }
         let (mut nodes, _, _) = enc.finish_graph().unwrap().into_parts();
         let compiles = device.counters().kernel_compiles;
-        assert_eq!(specialize(&device, &mut nodes).unwrap(), 4);
+        let cuda = crate::BackendKind::Cuda;
+        assert_eq!(specialize(&device, cuda, &mut nodes).unwrap(), 4);
         assert_eq!(
             device.counters().kernel_compiles - compiles,
             2,

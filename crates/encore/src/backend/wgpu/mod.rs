@@ -239,7 +239,7 @@ impl Shared {
     /// and logits; on one wgpu queue those reads would otherwise wait for
     /// the next replay to finish, and the device would then idle while the
     /// host encodes the one after. Held, the next replay starts when the
-    /// loop uploads the parameters of the one after it.
+    /// loop begins to launch the one after it, before encoding it.
     fn hold(&self, commands: wgpu::CommandBuffer, slot: Arc<submit::Slot>) {
         self.flush();
         *self.held.lock() = Some((commands, slot));
@@ -356,6 +356,7 @@ pub(crate) struct Pipeline {
     name: String,
     source: String,
     entry: String,
+    finite_loops: bool,
     bindings: Vec<(u32, bool)>,
     plain: Compiled,
     aliased: OnceLock<std::result::Result<Compiled, String>>,
@@ -381,8 +382,7 @@ impl Pipeline {
                     shared,
                     args_layout,
                     &self.name,
-                    &source,
-                    &self.entry,
+                    (&source, &self.entry, self.finite_loops),
                     &bindings,
                 )
                 .map_err(|e| e.to_string())
@@ -412,21 +412,34 @@ fn all_writable(source: &str) -> String {
         .join("\n")
 }
 
-/// Compiles `source`'s `entry` with buffer bindings `bindings`.
+/// Compiles `source`'s `entry` with buffer bindings `bindings`, without
+/// naga's loop bounding where `finite_loops` (see
+/// [`crate::WgpuKernel::with_finite_loops`]).
 fn build(
     shared: &Shared,
     args_layout: &wgpu::BindGroupLayout,
     name: &str,
-    source: &str,
-    entry: &str,
+    (source, entry, finite_loops): (&str, &str, bool),
     bindings: &[(u32, bool)],
 ) -> Result<Compiled> {
     let device = &shared.device;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let descriptor = wgpu::ShaderModuleDescriptor {
         label: Some(name),
         source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
+    };
+    let module = if finite_loops {
+        // Every check but loop bounding.
+        let checks = wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        };
+        // SAFETY: the kernel's author declared every loop finite
+        // (`WgpuKernel::with_finite_loops`, itself unsafe).
+        unsafe { device.create_shader_module_trusted(descriptor, checks) }
+    } else {
+        device.create_shader_module(descriptor)
+    };
     let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings
         .iter()
         .map(|&(binding, read_only)| wgpu::BindGroupLayoutEntry {
@@ -646,7 +659,7 @@ impl Backend for WgpuBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            specialization: false,
+            specialization: true,
             early_launch: false,
             // A replay is a queue submission, which costs the host time
             // to encode and the device a gap; a few steps share one.
@@ -733,18 +746,19 @@ impl Backend for WgpuBackend {
         s.usable()?;
         let source = kernel.source_for(s.features.wgsl);
         let bindings = Self::bindings(def, source)?;
+        let finite_loops = kernel.has_finite_loops();
         let plain = build(
             s,
             &self.args_layout,
             def.name(),
-            source,
-            &kernel.entry,
+            (source, &kernel.entry, finite_loops),
             &bindings,
         )?;
         Ok(Arc::new(Pipeline {
             name: def.name().to_string(),
             source: source.to_string(),
             entry: kernel.entry.clone(),
+            finite_loops,
             bindings,
             plain,
             aliased: OnceLock::new(),

@@ -217,6 +217,9 @@ impl Prepared {
     ) -> Result<WgpuSubmission> {
         let s = &self.shared;
         s.usable()?;
+        // A held replay starts before this one is encoded, so that the
+        // device runs it while the host encodes.
+        s.flush();
         for u in uploads {
             s.write(u.mem, u.offset, &u.bytes)?;
         }
