@@ -17,6 +17,13 @@
 #   bash scripts/gpu-catalog-ab.sh before after
 # Figures come back in $OUT/catalog-ab.txt, profiles in $OUT/profile-*.txt.
 #
+# A build named `NAME@VAR=VALUE` runs binary NAME with that variable set
+# (`new@ENCORE_SPECIALIZE=0`, say). ENCORE_AB_DEVICE picks the device
+# (cuda, the default, or wgpu, for which the Vulkan loader's packages in
+# .gpu-wgpu/gl, staged by scripts/wgpu-suite.sh, are installed first);
+# ENCORE_AB_MODELS names the models to run (file names without .gguf;
+# default every one).
+#
 # Each build's first run compiles its kernels, which takes the GPU
 # machine's NVRTC a minute or more a build: with more than two builds, or
 # after the test suite, keep ENCORE_CACHE_DIR the same across calls made
@@ -28,36 +35,55 @@ stage=.gpu-peer
 out=${OUT:-gpu-out}
 work=/tmp/encore-peer
 rounds=${ENCORE_AB_ROUNDS:-3}
+device=${ENCORE_AB_DEVICE:-cuda}
 mkdir -p "$out"
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-$work/kernels}
 for b in "$@"; do
-    [[ -x .gpu-exp/$b ]] || xz -dkf ".gpu-exp/$b.xz" || exit 1
+    bin=${b%%@*}
+    [[ -x .gpu-exp/$bin ]] || xz -dkf ".gpu-exp/$bin.xz" || exit 1
 done
+if [[ $device == wgpu* ]]; then
+    for f in .gpu-wgpu/gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    if ! ".gpu-exp/${1%%@*}" devices 2>/dev/null | grep -q '^wgpu'; then
+        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    fi
+fi
 # The repository's copy: a staged copy older than this script may not know
 # --models and would run the whole llama.cpp comparison instead.
 bash scripts/gpu-peer-run.sh --models || exit 1
-models=("$work"/models/*.gguf)
+models=()
+for m in "$work"/models/*.gguf; do
+    name=${m##*/}
+    [[ -z ${ENCORE_AB_MODELS:-} || " $ENCORE_AB_MODELS " == *" ${name%.gguf} "* ]] && models+=("$m")
+done
+(( ${#models[@]} > 0 )) || { echo "no model among: $(ls "$work/models")" >&2; exit 2; }
+
+# The variable a build `NAME@VAR=VALUE` sets, if any (for `env`).
+vars() { [[ $1 == *@* ]] && echo "${1#*@}"; }
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    echo "device $device"
     # One short run each first, so that kernel compiles stay out of the figures.
     for b in "$@"; do
         for m in "${models[@]}"; do
-            timeout 300 ".gpu-exp/$b" generate --model "$m" --device cuda -n 4 hi >/dev/null 2>&1
+            timeout 300 env $(vars "$b") ".gpu-exp/${b%%@*}" generate --model "$m" --device "$device" -n 4 hi >/dev/null 2>&1
         done
     done
     declare -A pp tg
     for r in $(seq "$rounds"); do
         for b in "$@"; do
             for m in "${models[@]}"; do
-                j=$(timeout 120 ".gpu-exp/$b" bench --model "$m" --device cuda --prompt-tokens 512 \
+                j=$(timeout 120 env $(vars "$b") ".gpu-exp/${b%%@*}" bench --model "$m" --device "$device" --prompt-tokens 512 \
                     --gen-tokens 128 --repeats 3 --json 2>/dev/null) || { echo "$b ${m##*/}: failed"; continue; }
                 key="$b ${m##*/}"
                 pp[$key]+="$(field "$j" prefill_tok_s) "
                 tg[$key]+="$(field "$j" decode_tok_s) "
-                echo "round $r: $key: pp512 $(field "$j" prefill_tok_s) tg128 $(field "$j" decode_tok_s)"
+                echo "round $r: $key: pp512 $(field "$j" prefill_tok_s) tg128 $(field "$j" decode_tok_s)" \
+                    "(device $(field "$j" decode_step_device_us) us a step, $(field "$j" decode_graph))"
             done
         done
     done
@@ -75,7 +101,7 @@ first=$1
 last=${*: -1}
 for b in $(printf '%s\n' "$first" "$last" | sort -u); do
     for m in "${models[@]}"; do
-        timeout 120 ".gpu-exp/$b" bench --model "$m" --device cuda --prompt-tokens 16 --gen-tokens 64 \
-            --repeats 1 --profile dispatches >/dev/null 2>"$out/profile-$b-${m##*/}.txt"
+        timeout 120 env $(vars "$b") ".gpu-exp/${b%%@*}" bench --model "$m" --device "$device" --prompt-tokens 16 --gen-tokens 64 \
+            --repeats 1 --profile dispatches >/dev/null 2>"$out/profile-${b//[@=]/_}-${m##*/}.txt"
     done
 done

@@ -61,12 +61,18 @@ if want bench "$@"; then
             timeout 300 "$stage/bin/encore" bench --device "$device" --model "$model" \
                 --prompt-tokens 512 --gen-tokens 128 --repeats 3 2>&1
         done
+        echo "-- encore bench --device wgpu without subgroups and f16 (ENCORE_SUBGROUPS=0 ENCORE_SHADER_F16=0)"
+        ENCORE_SUBGROUPS=0 ENCORE_SHADER_F16=0 timeout 300 "$stage/bin/encore" bench --device wgpu \
+            --model "$model" --prompt-tokens 512 --gen-tokens 128 --repeats 3 2>&1
         echo "-- replay versus eager encoding, empty kernels (per step of N dispatches)"
         ENCORE_BENCH_DEVICES=wgpu timeout 120 "$stage/benches/replay" --bench step \
             --warm-up-time 1 --measurement-time 3 2>&1 | grep -E '^step|time:'
         echo "-- per-dispatch profile on wgpu"
         timeout 120 "$stage/bin/encore" bench --device wgpu --model "$model" --repeats 1 \
             --profile dispatches 2>&1 | head -60
+        echo "-- per-submission profile on wgpu"
+        timeout 120 "$stage/bin/encore" bench --device wgpu --model "$model" --repeats 1 \
+            --profile submissions 2>&1 | head -40
         if [[ -x $stage/peer/llama-bench ]]; then
             echo "-- side by side with llama.cpp's Vulkan backend"
             timeout 300 bash "$stage/peer-bench.sh" "$stage/bin/encore" "$stage/peer" "$model" wgpu 512 128 3 2>&1
