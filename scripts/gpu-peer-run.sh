@@ -5,7 +5,8 @@
 # Encore with llama.cpp on each (scripts/peer-bench.sh: pp512 and tg128,
 # alternated, ENCORE_PEER_ROUNDS rounds, default 2). Figures go to
 # $OUT/peer.txt. With `--models` it only writes the synthetic models (to
-# /tmp/encore-peer/models) and stops.
+# /tmp/encore-peer/models) and stops. ENCORE_PEER_MODELS names the models
+# to compare (file names without .gguf; default every one).
 #
 # The build takes about five minutes on 16 cores. It runs in the background
 # and the call waits for it within its budget (ENCORE_PEER_BUDGET, 560 s of
@@ -63,6 +64,8 @@ fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/peer.txt"
 for m in "$work"/models/*.gguf; do
+    name=${m##*/}
+    [[ -z ${ENCORE_PEER_MODELS:-} || " $ENCORE_PEER_MODELS " == *" ${name%.gguf} "* ]] || continue
     # A short run first, so that kernel compiles stay out of the figures.
     timeout 300 "$stage/encore" generate --model "$m" --device cuda -n 4 hi >/dev/null 2>&1
     timeout 240 bash "$stage/peer-bench.sh" "$stage/encore" "$llama/build/bin" "$m" cuda 512 128 "$rounds" \

@@ -113,6 +113,31 @@ fn v_pair(e: u32, two: bool, aligned: bool) -> vec2<f32> {
     return vec2<f32>(v_at(e), select(0.0, v_at(e + 1u), two));
 }
 
+// Where `attend` reads V: the column of dimensions `2c, 2c + 1` (the second
+// only when `two`) in rows of `kv_dim` from `kv_off`, and position `at`'s
+// row from `v_row` where `new_v`.
+struct VColumn {
+    at: u32,
+    new_v: bool,
+    kv_dim: u32,
+    kv_off: u32,
+    c: u32,
+    two: bool,
+    aligned: bool,
+}
+
+// The column's two elements at position `t`.
+fn v_column(v: VColumn, t: u32) -> vec2<f32> {
+    if v.new_v && t == v.at {
+        return vec2<f32>(v_row[2u * v.c], select(0.0, v_row[2u * v.c + 1u], v.two));
+    }
+    return v_pair(t * v.kv_dim + v.kv_off + 2u * v.c, v.two, v.aligned);
+}
+
+// Positions of a chunk a lane of the weighted sum loads before it adds
+// any: independent loads, whose latencies overlap.
+const ATT_V_BATCH: u32 = 8u;
+
 // Attends with the query in `qs` (written before a barrier every
 // invocation has passed) at position `at`, taking position `at`'s K row
 // from `k_row` where `new_k` and its V row from `v_row` where `new_v`.
@@ -169,16 +194,24 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
         m = m_new;
         if summing {
             let end = min(len - t0, ATT_THREADS);
-            for (var j = lane; j < end; j += lanes) {
-                let pj = probs[j];
-                var vj: vec2<f32>;
-                if new_v && first + t0 + j == at {
-                    vj = vec2<f32>(v_row[2u * c], select(0.0, v_row[2u * c + 1u], two));
-                } else {
-                    let e = (first + t0 + j) * kv_dim + kv_off + 2u * c;
-                    vj = v_pair(e, two, aligned);
+            let column = VColumn(at, new_v, kv_dim, kv_off, c, two, aligned);
+            // A lane's positions `j, j + lanes, ...` in batches, added in
+            // the same order as one at a time.
+            var j = lane;
+            for (; j + (ATT_V_BATCH - 1u) * lanes < end; j += ATT_V_BATCH * lanes) {
+                var vs: array<vec2<f32>, ATT_V_BATCH>;
+                for (var u = 0u; u < ATT_V_BATCH; u++) {
+                    vs[u] = v_column(column, first + t0 + j + u * lanes);
                 }
-                acc = fma(vec2<f32>(pj, pj), vj, acc);
+                for (var u = 0u; u < ATT_V_BATCH; u++) {
+                    let pj = probs[j + u * lanes];
+                    acc = fma(vec2<f32>(pj, pj), vs[u], acc);
+                    l += pj;
+                }
+            }
+            for (; j < end; j += lanes) {
+                let pj = probs[j];
+                acc = fma(vec2<f32>(pj, pj), v_column(column, first + t0 + j), acc);
                 l += pj;
             }
         }
