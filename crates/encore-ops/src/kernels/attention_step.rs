@@ -77,6 +77,7 @@ pub fn def() -> KernelDef {
         )
         .cuda(crate::cuda::attention_step())
         .wgpu(crate::wgsl::attention_step())
+        .wgpu_variants(crate::wgsl::attention_step_for)
         .programmatic()
         .specializable()
 }

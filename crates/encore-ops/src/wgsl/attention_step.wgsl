@@ -32,11 +32,15 @@
 // #include "rope_common.wgsl"
 // #include "attention_common.wgsl"
 
-struct Args {
-    off: array<u32, 16>,
+struct StepShape {
     attn: AttnShape,
     rope: RopeShape,
     flags: u32,
+}
+
+struct Args {
+    off: array<u32, 16>,
+    s: StepShape,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -48,6 +52,17 @@ struct Args {
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 @group(1) @binding(0) var<storage, read> args: Args;
 
+// The shape: in a variant specialized for one, the constant `SHAPE`
+// (`SPECIALIZED` and `SHAPE` come from Rust, prepended to the source), so
+// the driver's compiler folds the folded parts' branches and unrolls the
+// loops over the head; else the dispatch's value.
+fn step_shape() -> StepShape {
+    if SPECIALIZED {
+        return SHAPE;
+    }
+    return args.s;
+}
+
 fn k_word(i: u32) -> u32 {
     return k[args.off[3] + i];
 }
@@ -56,10 +71,9 @@ fn v_word(i: u32) -> u32 {
     return v[args.off[4] + i];
 }
 
-// Element `j` of the query head from element `at` of `q`, rotated at
-// position `p` where `rotate`.
-fn query_element(at: u32, j: u32, p: u32, rotate: bool) -> f32 {
-    let r = args.rope;
+// Element `j` of the query head from element `at` of `q`, rotated as `r`
+// says at position `p` where `rotate`.
+fn query_element(r: RopeShape, at: u32, j: u32, p: u32, rotate: bool) -> f32 {
     if !rotate || j >= r.rope_dim {
         return q[at + j];
     }
@@ -69,9 +83,8 @@ fn query_element(at: u32, j: u32, p: u32, rotate: bool) -> f32 {
 }
 
 // Element `j` of the new K row's head from element `at` of `k_new`,
-// rotated at position `p` where `rotate`.
-fn key_element(at: u32, j: u32, p: u32, rotate: bool) -> f32 {
-    let r = args.rope;
+// rotated as `r` says at position `p` where `rotate`.
+fn key_element(r: RopeShape, at: u32, j: u32, p: u32, rotate: bool) -> f32 {
     if !rotate || j >= r.rope_dim {
         return k_new[at + j];
     }
@@ -88,10 +101,12 @@ fn attention_step(
 ) {
     // Every condition of an early return is the same for the whole
     // workgroup: the barriers below stay in uniform control flow.
-    let s = args.attn;
-    let flags = args.flags;
+    let shape = step_shape();
+    let s = shape.attn;
+    let r = shape.rope;
+    let flags = shape.flags;
     let hd = s.head_dim;
-    let rope_ok = args.rope.rope_dim <= hd && (args.rope.rope_dim & 1u) == 0u;
+    let rope_ok = r.rope_dim <= hd && (r.rope_dim & 1u) == 0u;
     if !attn_shape_ok(s) || s.rows != 1u
         || ((flags & (STEP_K_NEW | STEP_V_NEW)) != 0u && (hd & 1u) != 0u)
         || ((flags & (STEP_ROPE_Q | STEP_ROPE_K)) != 0u && !rope_ok) {
@@ -110,7 +125,7 @@ fn attention_step(
     let qh = args.off[0] + h * hd;
     let rope_q = (flags & STEP_ROPE_Q) != 0u;
     for (var d = tid; d < hd; d += ATT_THREADS) {
-        qs[d] = round_f16(query_element(qh, d, p, rope_q));
+        qs[d] = round_f16(query_element(r, qh, d, p, rope_q));
     }
 
     // The new rows, a word (two halves) an invocation: the cache words of
@@ -123,8 +138,8 @@ fn attention_step(
     for (var w = tid; w < hd / 2u; w += ATT_THREADS) {
         if new_k {
             let at = args.off[1] + kv_off;
-            let word = f16_bits(key_element(at, 2u * w, p, rope_k))
-                | (f16_bits(key_element(at, 2u * w + 1u, p, rope_k)) << 16u);
+            let word = f16_bits(key_element(r, at, 2u * w, p, rope_k))
+                | (f16_bits(key_element(r, at, 2u * w + 1u, p, rope_k)) << 16u);
             let f = unpack2x16float(word);
             k_row[2u * w] = f.x;
             k_row[2u * w + 1u] = f.y;

@@ -407,20 +407,54 @@ fn attention_step_refusal(s: &AttnStepShape) -> Option<String> {
     Some(format!("attention_step on wgpu: {why}"))
 }
 
-/// One workgroup per query head.
-pub(crate) fn attention_step() -> WgpuKernel {
+/// `attention_step` for any shape, or specialized for one (`fields`, see
+/// [`shape_constants`]); one workgroup per query head.
+fn attention_step_kernel(fields: Option<String>) -> WgpuKernel {
     let flags = format!(
         "const STEP_ROPE_Q: u32 = {STEP_ROPE_Q}u;\nconst STEP_K_NEW: u32 = {STEP_K_NEW}u;\n\
          const STEP_ROPE_K: u32 = {STEP_ROPE_K}u;\nconst STEP_V_NEW: u32 = {STEP_V_NEW}u;\n"
     );
+    let shape = shape_constants("StepShape", fields);
     finite(WgpuKernel::checked(
-        flags + &source("attention_step.wgsl"),
+        flags + &shape + &source("attention_step.wgsl"),
         "attention_step",
         |s: &AttnStepShape| match attention_step_refusal(s) {
             Some(why) => Err(why),
             None => Ok(linear_launch(s.attn.heads)),
         },
     ))
+}
+
+pub(crate) fn attention_step() -> WgpuKernel {
+    attention_step_kernel(None)
+}
+
+/// `attention_step` specialized for the value `value` (an
+/// [`AttnStepShape`]): the graph variant of
+/// [`crate::kernels::attention_step::def`] on wgpu. `None` where a float
+/// field is not finite (it has no WGSL literal).
+pub(crate) fn attention_step_for(value: &[u8]) -> Option<WgpuKernel> {
+    let s: AttnStepShape = bytemuck::try_pod_read_unaligned(value).ok()?;
+    let (a, r) = (&s.attn, &s.rope);
+    if ![a.scale, r.base, r.theta_scale]
+        .iter()
+        .all(|v| v.is_finite())
+    {
+        return None;
+    }
+    // Rust's shortest representation of an f32 reads back as the same f32.
+    let attn = format!(
+        "AttnShape({}u, {}u, {}u, {}u, {}u, {:?}f, {}u)",
+        a.rows, a.heads, a.kv_heads, a.head_dim, a.max_seq, a.scale, a.window
+    );
+    let rope = format!(
+        "RopeShape({}u, {}u, {}u, {}u, {:?}f, {}u, {:?}f, {}u)",
+        r.rows, r.heads, r.head_dim, r.rope_dim, r.base, r.neox, r.theta_scale, r.factors
+    );
+    Some(attention_step_kernel(Some(format!(
+        "{attn}, {rope}, {}u",
+        s.flags
+    ))))
 }
 
 /// Values one workgroup of `argmax.wgsl` takes in one round of its loop
@@ -646,11 +680,33 @@ mod tests {
         }
     }
 
-    /// `attention_step` launches one workgroup per query head and refuses,
-    /// by name, the shapes its WGSL has no code for.
+    /// `attention_step`'s graph variant carries its shape as constants
+    /// and validates; a non-finite float field gets none.
     #[test]
-    fn attention_step_refuses_shapes_without_wgsl_code() {
-        let good = AttnStepShape {
+    fn specialized_attention_step_validates_and_carries_its_shape() {
+        let def = crate::kernels::attention_step::def();
+        let wgpu = encore::BackendKind::Wgpu;
+        let good = step_shape();
+        let variant = def
+            .specialized_for(wgpu, bytemuck::bytes_of(&good))
+            .expect("a variant");
+        let source = &variant.wgpu_impl().expect("WGSL").source;
+        assert!(
+            source.contains("AttnShape(1u, 9u, 3u, 64u, 128u, 0.125f, 0u)")
+                && source.contains("RopeShape(1u, 9u, 64u, 64u, 10000.0f, 0u, 0.75f, 0u)"),
+            "{source}"
+        );
+        validate("attention_step", source);
+        let mut inf = good;
+        inf.attn.scale = f32::INFINITY;
+        assert!(def
+            .specialized_for(wgpu, bytemuck::bytes_of(&inf))
+            .is_none());
+    }
+
+    /// A decode step's shape that `attention_step` takes.
+    fn step_shape() -> AttnStepShape {
+        AttnStepShape {
             attn: AttnShape {
                 rows: 1,
                 heads: 9,
@@ -671,7 +727,14 @@ mod tests {
                 factors: 0,
             },
             flags: STEP_ROPE_Q | STEP_K_NEW | STEP_ROPE_K | STEP_V_NEW,
-        };
+        }
+    }
+
+    /// `attention_step` launches one workgroup per query head and refuses,
+    /// by name, the shapes its WGSL has no code for.
+    #[test]
+    fn attention_step_refuses_shapes_without_wgsl_code() {
+        let good = step_shape();
         let kernel = attention_step();
         let launch = kernel.launch(bytemuck::bytes_of(&good));
         assert_eq!(launch.map(|l| l.grid), Ok([9, 1, 1]));

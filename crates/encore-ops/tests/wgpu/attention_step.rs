@@ -3,6 +3,7 @@
 //! dispatched directly with every combination of parts the fusion rules
 //! build.
 
+use encore::Encoder;
 use encore_ops::kernels::attention::AttnShape;
 use encore_ops::kernels::attention_step::{
     self, AttnStepArgs, AttnStepShape, STEP_K_NEW, STEP_ROPE_K, STEP_ROPE_Q, STEP_V_NEW,
@@ -12,7 +13,7 @@ use encore_ops::Ops;
 use half::f16;
 
 use super::common::{upload, Rng};
-use super::{assert_close, both, run};
+use super::{assert_close, both, run, run_graph};
 
 /// Every combination of parts the rules fold in: the query's rotation or
 /// not, the K row stored rotated (`rope_store`), stored as it is
@@ -71,7 +72,9 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, attn: AttnShape, rope: RopeShape, flags
             .collect()
     };
     let (k0, v0) = (cache(rng), cache(rng));
-    let out = pair.each_ref().map(|ops| {
+    // On `ops`, eagerly or with `graph` as a graph (its kernel then the
+    // variant specialized for the shape).
+    let run_on = |ops: &Ops, graph: bool| {
         let kernel = ops.device().load_kernel(&attention_step::def()).unwrap();
         let qb = upload(ops, &q);
         let args = AttnStepArgs {
@@ -92,21 +95,59 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, attn: AttnShape, rope: RopeShape, flags
             out: ops.device().alloc(q.len() * 4).unwrap(),
             shape,
         };
-        run(ops, |_, e| {
-            e.dispatch(&kernel, &args.args(), "attention_step")
-        });
+        let dispatch =
+            |_: &Ops, e: &mut Encoder| e.dispatch(&kernel, &args.args(), "attention_step");
+        if graph {
+            let specialized = run_graph(ops, &[&args.out, &args.k, &args.v], dispatch);
+            assert_eq!(
+                specialized, 1,
+                "the graph's attention_step is not specialized"
+            );
+        } else {
+            run(ops, dispatch);
+        }
         (
             args.out.download::<f32>().unwrap(),
             args.k.download::<f16>().unwrap(),
             args.v.download::<f16>().unwrap(),
         )
-    });
-    let what = format!(
-        "attention_step flags={flags:#x} heads={heads}/{kv_heads} head_dim={hd} rope_dim={} \
-         neox={} pos={pos} max_seq={} window={}",
-        rope.rope_dim, rope.neox, attn.max_seq, attn.window
-    );
-    let [(out_cpu, k_cpu, v_cpu), (out_gpu, k_gpu, v_gpu)] = &out;
+    };
+    let (out_cpu, k_cpu, v_cpu) = run_on(&pair[0], false);
+    for graph in [false, true] {
+        let what = format!(
+            "attention_step flags={flags:#x} heads={heads}/{kv_heads} head_dim={hd} rope_dim={} \
+             neox={} pos={pos} max_seq={} window={}{}",
+            rope.rope_dim,
+            rope.neox,
+            attn.max_seq,
+            attn.window,
+            if graph { ", specialized" } else { "" }
+        );
+        let (out_gpu, k_gpu, v_gpu) = run_on(&pair[1], graph);
+        check_against_cpu(
+            &what,
+            (&out_gpu, &k_gpu, &v_gpu),
+            (&out_cpu, &k_cpu, &v_cpu),
+            (&k0, &v0),
+            flags,
+            pos,
+            kv_dim,
+        );
+    }
+}
+
+/// The wgpu results of one `attention_step` (`out`, the K and V caches)
+/// against the CPU's, the caches having started as `k0` and `v0`, as
+/// [`check`] says.
+fn check_against_cpu(
+    what: &str,
+    (out_gpu, k_gpu, v_gpu): (&[f32], &[f16], &[f16]),
+    (out_cpu, k_cpu, v_cpu): (&[f32], &[f16], &[f16]),
+    (k0, v0): (&[f16], &[f16]),
+    flags: u32,
+    pos: u32,
+    kv_dim: usize,
+) {
     let row = pos as usize * kv_dim..(pos as usize + 1) * kv_dim;
     let rotated_k = flags & STEP_ROPE_K != 0;
     for (i, (g, c)) in k_gpu.iter().zip(k_cpu).enumerate() {
@@ -140,7 +181,7 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, attn: AttnShape, rope: RopeShape, flags
     }
     let rotates = flags & (STEP_ROPE_Q | STEP_ROPE_K) != 0;
     let tol = if rotates { 2.5e-3 } else { 2e-3 };
-    assert_close(&what, out_gpu, out_cpu, 0.0, tol);
+    assert_close(what, out_gpu, out_cpu, 0.0, tol);
 }
 
 fn attn(heads: usize, kv_heads: usize, head_dim: usize, max_seq: usize, window: u32) -> AttnShape {

@@ -386,50 +386,33 @@ fn fused_matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
                                     );
                                 }
                             }
-                            EPILOGUE_ACCUMULATE => {
-                                let (exact, scale) = &products[0];
-                                let want: Vec<f64> = exact
-                                    .iter()
-                                    .zip(&outputs[0])
-                                    .map(|(p, y)| p + f64::from(*y))
-                                    .collect();
-                                // The residual's own rounding: within 1e-7 of it.
-                                let scale: Vec<f64> = scale
-                                    .iter()
-                                    .zip(&outputs[0])
-                                    .map(|(s, y)| s + f64::from(y.abs()))
-                                    .collect();
-                                assert_within(&what, &gpu[0], &want, &scale, tol);
-                                assert_within(
-                                    &format!("{what} (CPU)"),
-                                    &cpu[0],
-                                    &want,
-                                    &scale,
-                                    cpu_tol,
-                                );
-                            }
                             _ => {
-                                // silu(a) b: its error from a's and b's, by the
-                                // derivatives' bounds (|silu'| < 1.1, |silu(a)| <= |a|).
-                                let (a, sa) = &products[0];
-                                let (b, sb) = &products[1];
-                                let silu = |v: f64| v / (1.0 + (-v).exp());
-                                let want: Vec<f64> =
-                                    a.iter().zip(b).map(|(a, b)| silu(*a) * b).collect();
-                                let scale: Vec<f64> = (0..a.len())
-                                    .map(|i| {
+                                let (want, scale): (Vec<f64>, Vec<f64>) = if epilogue
+                                    == EPILOGUE_ACCUMULATE
+                                {
+                                    let (exact, scale) = &products[0];
+                                    let y = &outputs[0];
+                                    let want = exact.iter().zip(y).map(|(p, y)| p + f64::from(*y));
+                                    // The residual's own rounding: within 1e-7 of it.
+                                    let scale =
+                                        scale.iter().zip(y).map(|(s, y)| s + f64::from(y.abs()));
+                                    (want.collect(), scale.collect())
+                                } else {
+                                    // silu(a) b: its error from a's and b's, by the
+                                    // derivatives' bounds (|silu'| < 1.1, |silu(a)| <= |a|).
+                                    let (a, sa) = &products[0];
+                                    let (b, sb) = &products[1];
+                                    let silu = |v: f64| v / (1.0 + (-v).exp());
+                                    let want = a.iter().zip(b).map(|(a, b)| silu(*a) * b);
+                                    let scale = (0..a.len()).map(|i| {
                                         1.1 * sa[i] * b[i].abs()
                                             + (a[i].abs() + 1.1 * sa[i]) * sb[i]
-                                    })
-                                    .collect();
+                                    });
+                                    (want.collect(), scale.collect())
+                                };
                                 assert_within(&what, &gpu[0], &want, &scale, tol);
-                                assert_within(
-                                    &format!("{what} (CPU)"),
-                                    &cpu[0],
-                                    &want,
-                                    &scale,
-                                    cpu_tol,
-                                );
+                                let cpu_what = format!("{what} (CPU)");
+                                assert_within(&cpu_what, &cpu[0], &want, &scale, cpu_tol);
                             }
                         }
                     }

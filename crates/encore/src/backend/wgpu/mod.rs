@@ -19,8 +19,8 @@
 //!   uses them ([`crate::WgpuKernel::with_version`]) compiles that; the
 //!   device's arch then ends in `+subgroups`, `+f16` or both, so the
 //!   versions have different keys.
-//! - Programs: one compute pass per concurrent group, so wgpu's own usage
-//!   tracking orders the groups; see `submit.rs`.
+//! - Programs: one compute pass each, in which wgpu's own usage tracking
+//!   orders the dispatches; see `submit.rs`.
 //! - Errors: validation, out-of-memory and internal errors are caught in
 //!   error scopes around every call that can raise them; device loss and
 //!   anything uncaught (wgpu would panic by default) are recorded by

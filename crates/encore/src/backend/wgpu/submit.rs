@@ -9,8 +9,13 @@
 //! passes: its graph parameters live in device buffers that the launch's
 //! uploads rewrite first.
 //!
-//! Each concurrent group is one compute pass; wgpu orders passes by the
-//! buffers they use. With timing asked for and timestamp queries inside
+//! A program is one compute pass, its concurrent groups included: within a
+//! pass wgpu orders the dispatches by the buffers they use (a barrier
+//! before a dispatch that uses a buffer an earlier one wrote, whole
+//! buffers as wgpu tracks them), as it orders passes. Measured on an H200
+//! through NVIDIA's Vulkan driver, a pass per concurrent group cost the
+//! device about 5 µs a pass (a SmolLM2 decode step, 160 dispatches: 3.81
+//! against 2.99 ms). With timing asked for and timestamp queries inside
 //! passes, a timestamp brackets every dispatch; with timestamps only at
 //! pass boundaries, each dispatch gets a pass of its own; the first and
 //! last timestamps give the submission's device time.
@@ -42,8 +47,8 @@ struct Ready {
 /// A program with its bind groups and argument blocks built.
 pub(crate) struct Prepared {
     shared: Arc<Shared>,
-    /// Retains the program's kernels and describes its groups.
-    program: Arc<Program>,
+    /// Retains the program's kernels while its dispatches are prepared.
+    _program: Arc<Program>,
     ready: Vec<Ready>,
     args: wgpu::BindGroup,
     stride: u32,
@@ -200,7 +205,7 @@ impl Prepared {
         shared.scoped("binding a program's buffers", caught(scope))?;
         Ok(Prepared {
             shared: shared.clone(),
-            program,
+            _program: program,
             ready,
             args,
             stride: stride as u32,
@@ -250,12 +255,16 @@ impl Prepared {
         let mut encoder = s
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        let groups: Vec<std::ops::Range<usize>> = match mode {
-            Stamps::PassPerDispatch => (0..self.ready.len()).map(|i| i..i + 1).collect(),
-            _ => self.program.groups().collect(),
+        // The passes, as ranges of dispatches: one for the whole program
+        // (within a pass wgpu orders the dispatches by the buffers they
+        // use, as between passes), or one a dispatch.
+        let n_ready = self.ready.len();
+        let passes: Vec<std::ops::Range<usize>> = match mode {
+            Stamps::PassPerDispatch => (0..n_ready).map(|i| i..i + 1).collect(),
+            _ => std::iter::once(0..n_ready).filter(|r| !r.is_empty()).collect(),
         };
-        let last = groups.len().saturating_sub(1);
-        for (g, range) in groups.into_iter().enumerate() {
+        let last = passes.len().saturating_sub(1);
+        for (g, range) in passes.into_iter().enumerate() {
             let writes = match mode {
                 Stamps::Ends if g == 0 || g == last => {
                     let (set, _) = slot(0);
