@@ -55,10 +55,15 @@ struct Args {
 // The shape: in a variant specialized for one, the constant `SHAPE`
 // (`SPECIALIZED` and `SHAPE` come from Rust, prepended to the source), so
 // the driver's compiler folds the folded parts' branches and unrolls the
-// loops over the head; else the dispatch's value.
+// loops over the head; else the dispatch's value. The rotation is always
+// the value's: with `theta_scale` a constant, NVIDIA's compiler evaluated
+// the angles' recurrence (`rope_theta`) in another order, two f16 steps
+// off the CPU's rotated K row at position 269.
 fn step_shape() -> StepShape {
     if SPECIALIZED {
-        return SHAPE;
+        var s = SHAPE;
+        s.rope = args.s.rope;
+        return s;
     }
     return args.s;
 }

@@ -187,15 +187,26 @@ fn fused_matmul(
         }
     }
 
+    // The tile's rows only (`nr` is the same for the whole workgroup, so
+    // the lanes' subgroup sums stay in uniform control flow), and the
+    // second product and the squares only where used.
     for (var r = 0u; r < MATMUL_TILE; r++) {
-        let p = lane_part(ids, acc[r]);
-        let p2 = lane_part(ids, acc2[r]);
-        let ss = lane_part(ids, sq[r]);
-        if stores_part(ids) {
-            let slot = r * MATMUL_THREADS + part_slot(ids);
-            partial[slot] = p;
-            partial2[slot] = p2;
-            squares[slot] = ss;
+        if r < nr {
+            let p = lane_part(ids, acc[r]);
+            var p2 = 0.0;
+            if swiglu {
+                p2 = lane_part(ids, acc2[r]);
+            }
+            var ss = 0.0;
+            if norm {
+                ss = lane_part(ids, sq[r]);
+            }
+            if stores_part(ids) {
+                let slot = r * MATMUL_THREADS + part_slot(ids);
+                partial[slot] = p;
+                partial2[slot] = p2;
+                squares[slot] = ss;
+            }
         }
     }
     workgroupBarrier();

@@ -189,10 +189,14 @@ fn matmul(
         }
     }
 
+    // The tile's rows only (`nr` is the same for the whole workgroup, so
+    // the lanes' subgroup sums stay in uniform control flow).
     for (var r = 0u; r < MATMUL_TILE; r++) {
-        let part = lane_part(ids, acc[r]);
-        if stores_part(ids) {
-            partial[r * MATMUL_THREADS + part_slot(ids)] = part;
+        if r < nr {
+            let part = lane_part(ids, acc[r]);
+            if stores_part(ids) {
+                partial[r * MATMUL_THREADS + part_slot(ids)] = part;
+            }
         }
     }
     workgroupBarrier();
