@@ -9,6 +9,11 @@
 //! follows the runtime's binding convention (see [`WgpuKernel`]): buffer
 //! argument `i` at `@group(0) @binding(i)`, indexed from `args.off[i]`, and
 //! the value's fields after `off` in `@group(1) @binding(0)`.
+//!
+//! In graphs, `matmul`, `fused_matmul` and `attention_step` run variants
+//! with their value compiled in as WGSL constants (`shape_constants`,
+//! [`encore::KernelDef::wgpu_variants`]); every kernel here is compiled
+//! without naga's loop bounding (`finite`).
 
 use encore::{Launch, WgpuKernel, WgslFeatures};
 
@@ -45,12 +50,6 @@ pub fn elementwise_launch(n: u32, size: u32) -> Launch {
     linear_launch(n.div_ceil(size))
 }
 
-pub(crate) fn add() -> WgpuKernel {
-    finite(WgpuKernel::new(source("add.wgsl"), "add", |n: &u32| {
-        elementwise_launch(*n, 256)
-    }))
-}
-
 /// `kernel`, compiled without naga's loop bounding (see
 /// [`WgpuKernel::with_finite_loops`]), as every kernel of this folder is.
 ///
@@ -62,6 +61,12 @@ pub(crate) fn add() -> WgpuKernel {
 fn finite(kernel: WgpuKernel) -> WgpuKernel {
     // SAFETY: the loops of this folder's kernels end, as said above.
     unsafe { kernel.with_finite_loops() }
+}
+
+pub(crate) fn add() -> WgpuKernel {
+    finite(WgpuKernel::new(source("add.wgsl"), "add", |n: &u32| {
+        elementwise_launch(*n, 256)
+    }))
 }
 
 /// The weight types the WGSL kernels (`quant.wgsl`) have code for.
@@ -140,10 +145,13 @@ fn product_source(file: &str, shape: &str, swaps: &[(&str, &'static str)]) -> St
         + &crate::include::expand(&files, file, |f| format!("no WGSL file {f};\n"))
 }
 
-/// The constants by which a product's source takes its shape, a WGSL
-/// struct `ty`: `SPECIALIZED` and, in a variant specialized for one
-/// shape, `SHAPE` built from `fields` (the struct's constructor
-/// arguments); unspecialized, a zero `SHAPE` that goes unused.
+/// The constants by which a kernel with graph variants (the products,
+/// `attention_step`) takes its shape, a WGSL struct `ty`: `SPECIALIZED`
+/// and, in a variant specialized for one shape, `SHAPE` built from
+/// `fields` (the struct's constructor arguments); unspecialized, a zero
+/// `SHAPE` that goes unused. The kernel reads its shape through a function
+/// that returns `SHAPE` where `SPECIALIZED`, else the dispatch's value, so
+/// the driver's compiler sees a variant's fields as constants.
 fn shape_constants(ty: &str, fields: Option<String>) -> String {
     match fields {
         Some(fields) => {

@@ -261,7 +261,9 @@ impl Prepared {
         let n_ready = self.ready.len();
         let passes: Vec<std::ops::Range<usize>> = match mode {
             Stamps::PassPerDispatch => (0..n_ready).map(|i| i..i + 1).collect(),
-            _ => std::iter::once(0..n_ready).filter(|r| !r.is_empty()).collect(),
+            _ => std::iter::once(0..n_ready)
+                .filter(|r| !r.is_empty())
+                .collect(),
         };
         let last = passes.len().saturating_sub(1);
         for (g, range) in passes.into_iter().enumerate() {
