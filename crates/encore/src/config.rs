@@ -101,8 +101,10 @@ pub struct Config {
     /// kernels it depends on finish (programmatic dependent launch, sm_90
     /// and later; ignored elsewhere).
     pub early_launch: bool,
-    /// Give graph nodes of kernels declared
-    /// [`crate::KernelDef::specializable`] a variant compiled for their shape.
+    /// Give graph nodes of kernels with variants on the device's backend
+    /// ([`crate::KernelDef::specialized_for`]: CUDA's specializable
+    /// kernels, wgpu's with [`crate::KernelDef::wgpu_variants`]) the
+    /// variant compiled for their shape.
     pub specialize: bool,
     /// Let the wgpu backend compile a kernel's version with subgroup
     /// operations ([`crate::WgpuKernel::with_version`]) where the adapter
