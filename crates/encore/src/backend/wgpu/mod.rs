@@ -771,13 +771,13 @@ impl Backend for WgpuBackend {
         uploads: Vec<Upload>,
         timing: bool,
     ) -> Result<Box<dyn BackendSubmission>> {
-        let prepared = submit::Prepared::new(&self.shared, &self.args_layout, program)?;
+        let prepared = submit::Prepared::new(&self.shared, &self.args_layout, &program)?;
         let submission: WgpuSubmission = prepared.launch(&uploads, timing, false)?;
         Ok(Box::new(submission))
     }
 
     fn instantiate(&self, program: Arc<Program>) -> Result<Box<dyn Executable>> {
-        let prepared = submit::Prepared::new(&self.shared, &self.args_layout, program)?;
+        let prepared = submit::Prepared::new(&self.shared, &self.args_layout, &program)?;
         Ok(Box::new(WgpuExecutable(prepared)))
     }
 

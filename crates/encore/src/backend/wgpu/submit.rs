@@ -47,8 +47,6 @@ struct Ready {
 /// A program with its bind groups and argument blocks built.
 pub(crate) struct Prepared {
     shared: Arc<Shared>,
-    /// Retains the program's kernels while its dispatches are prepared.
-    _program: Arc<Program>,
     ready: Vec<Ready>,
     args: wgpu::BindGroup,
     stride: u32,
@@ -67,7 +65,7 @@ impl Prepared {
     pub(crate) fn new(
         shared: &Arc<Shared>,
         args_layout: &wgpu::BindGroupLayout,
-        program: Arc<Program>,
+        program: &Program,
     ) -> Result<Prepared> {
         shared.usable()?;
         let align = shared.storage_align as usize;
@@ -205,7 +203,6 @@ impl Prepared {
         shared.scoped("binding a program's buffers", caught(scope))?;
         Ok(Prepared {
             shared: shared.clone(),
-            _program: program,
             ready,
             args,
             stride: stride as u32,
