@@ -22,7 +22,9 @@
 # (cuda, the default, or wgpu, for which the Vulkan loader's packages in
 # .gpu-wgpu/gl, staged by scripts/wgpu-suite.sh, are installed first);
 # ENCORE_AB_MODELS names the models to run (file names without .gguf;
-# default every one).
+# default every one); ENCORE_AB_PROMPT the prompt's length (512; the
+# decode figure is after it, so a short prompt gives decode from a nearly
+# empty context, as llama-bench's tg128).
 #
 # Each build's first run compiles its kernels, which takes the GPU
 # machine's NVRTC a minute or more a build: with more than two builds, or
@@ -36,6 +38,7 @@ out=${OUT:-gpu-out}
 work=/tmp/encore-peer
 rounds=${ENCORE_AB_ROUNDS:-3}
 device=${ENCORE_AB_DEVICE:-cuda}
+prompt=${ENCORE_AB_PROMPT:-512}
 mkdir -p "$out"
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-$work/kernels}
 for b in "$@"; do
@@ -77,12 +80,12 @@ field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]
     for r in $(seq "$rounds"); do
         for b in "$@"; do
             for m in "${models[@]}"; do
-                j=$(timeout 120 env $(vars "$b") ".gpu-exp/${b%%@*}" bench --model "$m" --device "$device" --prompt-tokens 512 \
+                j=$(timeout 120 env $(vars "$b") ".gpu-exp/${b%%@*}" bench --model "$m" --device "$device" --prompt-tokens "$prompt" \
                     --gen-tokens 128 --repeats 3 --json 2>/dev/null) || { echo "$b ${m##*/}: failed"; continue; }
                 key="$b ${m##*/}"
                 pp[$key]+="$(field "$j" prefill_tok_s) "
                 tg[$key]+="$(field "$j" decode_tok_s) "
-                echo "round $r: $key: pp512 $(field "$j" prefill_tok_s) tg128 $(field "$j" decode_tok_s)" \
+                echo "round $r: $key: pp$prompt $(field "$j" prefill_tok_s) tg128 $(field "$j" decode_tok_s)" \
                     "(device $(field "$j" decode_step_device_us) us a step, $(field "$j" decode_graph))"
             done
         done
@@ -90,7 +93,7 @@ field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]
     for m in "${models[@]}"; do
         for b in "$@"; do
             key="$b ${m##*/}"
-            printf '%s: pp512 %.1f tok/s, tg128 %.1f tok/s (medians of %d rounds)\n' "$key" \
+            printf '%s: pp%s %.1f tok/s, tg128 %.1f tok/s (medians of %d rounds)\n' "$key" "$prompt" \
                 "$(tr ' ' '\n' <<<"${pp[$key]}" | grep . | median)" \
                 "$(tr ' ' '\n' <<<"${tg[$key]}" | grep . | median)" "$rounds"
         done

@@ -8,13 +8,16 @@
 # DEVICE is `cpu` (2 threads for both, as ENCORE_THREADS and -t) or `cuda`
 # (llama.cpp with every layer on the GPU, CUDA graphs on). PP and TG are the
 # prompt and generated token counts (default 128 and 64). llama-bench runs
-# with flash attention on and measures decode from an empty context;
-# `encore bench` measures decode after the prompt (a longer context, never
-# an advantage). Prints one line per figure: Encore, llama.cpp, ratio.
+# with flash attention on and measures decode from an empty context, and so
+# does Encore here: its decode figure comes from a run of its own after a
+# prompt of one token (ENCORE_PEER_DECODE_PROMPT=PP takes it after the
+# prompt instead, a longer context). Prints one line per figure: Encore,
+# llama.cpp, ratio.
 set -euo pipefail
 encore=${1:?usage: peer-bench.sh ENCORE LLAMA_BIN_DIR MODEL DEVICE [PP] [TG] [ROUNDS]}
 bin=${2:?}; model=${3:?}; device=${4:?}
 pp=${5:-128}; tg=${6:-64}; rounds=${7:-3}
+decode_prompt=${ENCORE_PEER_DECODE_PROMPT:-1}
 threads=2
 llama_args=(-m "$model" -p "$pp" -n "$tg" -fa 1 -r 3 -o json)
 if [[ $device == cpu ]]; then
@@ -33,6 +36,10 @@ for r in $(seq "$rounds"); do
     peer_tg+=("$(field "$j" "next(r['avg_ts'] for r in d if r['n_gen'] == $tg and r['n_prompt'] == 0)")")
     j=$("$encore" bench --model "$model" --device "$device" --prompt-tokens "$pp" --gen-tokens "$tg" --repeats 3 --json 2>/dev/null)
     ours_pp+=("$(field "$j" "d['prefill_tok_s']")")
+    if [[ $decode_prompt != "$pp" ]]; then
+        j=$("$encore" bench --model "$model" --device "$device" --prompt-tokens "$decode_prompt" --gen-tokens "$tg" \
+            --repeats 3 --json 2>/dev/null)
+    fi
     ours_tg+=("$(field "$j" "d['decode_tok_s']")")
     echo "round $r: llama.cpp pp$pp ${peer_pp[-1]} tg$tg ${peer_tg[-1]}; encore pp$pp ${ours_pp[-1]} tg$tg ${ours_tg[-1]}" >&2
 done

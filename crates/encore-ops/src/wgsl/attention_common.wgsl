@@ -9,7 +9,12 @@
 //
 // One workgroup of ATT_THREADS invocations per (head, position), splitting
 // the positions among its invocations: a chunk of ATT_THREADS positions at
-// a time, an invocation per position computes its score, the workgroup
+// a time, an invocation per position computes its score (where the rows are
+// whole words and the head a multiple of 16, ATT_SCORE_LANES invocations
+// first take a position's row together, each every ATT_SCORE_LANES-th word,
+// so that neighbouring invocations read neighbouring words and each has
+// ATT_K_BATCH loads in flight; the invocation of the position then adds
+// their parts in a fixed order), the workgroup
 // takes the chunk's maximum, and the running maximum `m`, sum `l` and
 // weighted sum of V are rescaled by `e^(m_old - m_new)` (the online
 // softmax, safe for any magnitude of scores) before the chunk's weights
@@ -49,10 +54,16 @@ var<workgroup> k_row: array<f32, ATT_MAX_HEAD>;
 var<workgroup> v_row: array<f32, ATT_MAX_HEAD>;
 var<workgroup> red: array<f32, ATT_THREADS>;
 var<workgroup> probs: array<f32, ATT_THREADS>;
-// A lane's weighted sums, `lane * 2 * cols + d`: at most ATT_THREADS
-// invocations of two dimensions each.
-var<workgroup> part: array<f32, 512>;
 var<workgroup> lsum: array<f32, ATT_THREADS>;
+// Invocations that take one position's row together for its score, and
+// the K words each has in flight.
+const ATT_SCORE_LANES: u32 = 8u;
+const ATT_K_BATCH: u32 = 16u;
+// The parts of the chunk's scores, `position * ATT_SCORE_LANES + lane`;
+// after the last chunk, a lane's weighted sums, `lane * 2 * cols + d` (at
+// most ATT_THREADS invocations of two dimensions each). Workgroup memory
+// in all stays under 16 KiB, the least every adapter offers.
+var<workgroup> part: array<f32, ATT_THREADS * ATT_SCORE_LANES>;
 
 // Whether the kernels take a shape: heads a multiple of the KV heads, a
 // head of 1 to ATT_MAX_HEAD elements.
@@ -94,6 +105,48 @@ fn score(e: u32, hd: u32, aligned: bool) -> f32 {
         }
     }
     return acc;
+}
+
+// The parts of the scores of the chunk's positions `j < end` (positions
+// `base + j`) into `part`, for rows of whole words and a head a multiple of
+// 16: position `j`'s lane `l` sums `q16[d] * K[d]` over the words `l, l +
+// ATT_SCORE_LANES, ...` of the row (two elements a word, in order), and
+// leaves 0 for position `at` where `new_k` (its row is `k_row`). Loads come
+// ATT_K_BATCH at a time: a batch covers `batch` passes of ATT_THREADS /
+// ATT_SCORE_LANES positions.
+fn score_parts(base: u32, end: u32, row_words: u32, kv_off: u32, hd: u32, at: u32, new_k: bool, tid: u32) {
+    let lane = tid % ATT_SCORE_LANES;
+    let slot = tid / ATT_SCORE_LANES;
+    let stride = ATT_THREADS / ATT_SCORE_LANES;
+    let per = hd / (2u * ATT_SCORE_LANES);
+    let batch = max(ATT_K_BATCH / per, 1u);
+    for (var j0 = 0u; j0 < end; j0 += batch * stride) {
+        var words: array<u32, ATT_K_BATCH>;
+        for (var b = 0u; b < batch; b++) {
+            let j = j0 + b * stride + slot;
+            if j < end && !(new_k && base + j == at) {
+                let w0 = (base + j) * row_words + kv_off / 2u + lane;
+                for (var i = 0u; i < per; i++) {
+                    words[b * per + i] = k_word(w0 + i * ATT_SCORE_LANES);
+                }
+            }
+        }
+        for (var b = 0u; b < batch; b++) {
+            let j = j0 + b * stride + slot;
+            if j < end {
+                var acc = 0.0;
+                if !(new_k && base + j == at) {
+                    for (var i = 0u; i < per; i++) {
+                        let kv = unpack2x16float(words[b * per + i]);
+                        let d = 2u * (lane + i * ATT_SCORE_LANES);
+                        acc = fma(qs[d], kv.x, acc);
+                        acc = fma(qs[d + 1u], kv.y, acc);
+                    }
+                }
+                part[j * ATT_SCORE_LANES + lane] = acc;
+            }
+        }
+    }
 }
 
 // `q16 · k_row`, in the order of `score`.
@@ -162,13 +215,30 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
     let summing = lane < lanes;
     let two = 2u * c + 1u < hd;
 
+    // The same for every invocation: whether the lanes take a row together.
+    let lanes_score = aligned && hd % (2u * ATT_SCORE_LANES) == 0u;
+
     var m = ATT_LOWEST;
     var l = 0.0;
     var acc = vec2<f32>(0.0, 0.0);
     for (var t0 = 0u; t0 < len; t0 += ATT_THREADS) {
         let t = t0 + tid;
         var s_t = ATT_LOWEST;
-        if t < len {
+        if lanes_score {
+            score_parts(first + t0, min(len - t0, ATT_THREADS), kv_dim / 2u, kv_off, hd, at, new_k, tid);
+            workgroupBarrier();
+            if t < len {
+                if new_k && first + t == at {
+                    s_t = s.scale * score_row(hd);
+                } else {
+                    var sum = 0.0;
+                    for (var i = 0u; i < ATT_SCORE_LANES; i++) {
+                        sum += part[tid * ATT_SCORE_LANES + i];
+                    }
+                    s_t = s.scale * sum;
+                }
+            }
+        } else if t < len {
             if new_k && first + t == at {
                 s_t = s.scale * score_row(hd);
             } else {
@@ -215,8 +285,8 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
                 l += pj;
             }
         }
-        // Every invocation is done with `red` and `probs` before the next
-        // chunk writes them.
+        // Every invocation is done with `red`, `probs` and `part` before
+        // the next chunk (or the sums below) writes them.
         workgroupBarrier();
     }
 

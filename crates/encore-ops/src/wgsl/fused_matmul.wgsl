@@ -74,7 +74,7 @@ fn pick3(a: array<u32, 3>, i: u32) -> u32 {
     return select(select(a[2], a[1], i == 1u), a[0], i == 0u);
 }
 
-const MATMUL_LANES: u32 = 32u;
+const MATMUL_LANES: u32 = 64u;
 const MATMUL_THREADS: u32 = MATMUL_COLS * MATMUL_LANES;
 
 // Each invocation's partial sums by tile row: products of the first and

@@ -62,8 +62,10 @@ fn shape() -> MatmulShape {
     return args.s;
 }
 
-const MATMUL_LANES: u32 = 32u;
+const MATMUL_LANES: u32 = 64u;
 const MATMUL_THREADS: u32 = MATMUL_COLS * MATMUL_LANES;
+// `gemm_tile` lays its 32 by 32 tile over exactly this many invocations.
+const_assert MATMUL_THREADS == 128u;
 
 // Each invocation's partial sums, by tile row.
 var<workgroup> partial: array<f32, MATMUL_TILE * MATMUL_THREADS>;

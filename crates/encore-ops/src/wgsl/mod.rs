@@ -87,8 +87,11 @@ fn weight_type(kernel: &str, id: u32) -> Result<DType, String> {
     }
 }
 
-/// Output columns a workgroup of `matmul` and `fused_matmul` computes.
-const MATMUL_COLS: u32 = 4;
+/// Output columns a workgroup of `matmul` and `fused_matmul` computes, each
+/// with MATMUL_LANES (64) invocations: on an H200 through Vulkan, 2 columns
+/// of 64 lanes decoded faster than 4 of 32 (one row: 835 against 767 tok/s
+/// for the default model, BENCHMARKS.md) and 1 of 128 no faster.
+const MATMUL_COLS: u32 = 2;
 /// Activation rows those workgroups multiply per read of their weights.
 const MATMUL_TILE: u32 = 8;
 
@@ -96,15 +99,24 @@ const MATMUL_TILE: u32 = 8;
 /// output columns by 32 rows (where rows are whole steps of 32 elements).
 const MATMUL_GEMM_ROWS: u32 = 32;
 
-/// The constants the products' sources take from Rust.
-fn matmul_constants() -> String {
+/// The constants the products' sources take from Rust, with `tile` rows a
+/// workgroup (MATMUL_TILE, or fewer in a variant for fewer rows).
+fn matmul_constants(tile: u32) -> String {
     format!(
-        "const MATMUL_COLS: u32 = {MATMUL_COLS}u;\nconst MATMUL_TILE: u32 = {MATMUL_TILE}u;\n\
+        "const MATMUL_COLS: u32 = {MATMUL_COLS}u;\nconst MATMUL_TILE: u32 = {tile}u;\n\
          const MATMUL_GEMM_ROWS: u32 = {MATMUL_GEMM_ROWS}u;\n\
          const EPILOGUE_STORE: u32 = {EPILOGUE_STORE}u;\n\
          const EPILOGUE_ACCUMULATE: u32 = {EPILOGUE_ACCUMULATE}u;\n\
          const EPILOGUE_SWIGLU: u32 = {EPILOGUE_SWIGLU}u;\n"
     )
+}
+
+/// The rows a workgroup of a product's variant for `rows` rows takes: all
+/// of them where they are fewer than MATMUL_TILE (one workgroup's rows
+/// either way, so the launch is the same), which leaves the decode
+/// variants one row's sums and workgroup memory instead of MATMUL_TILE's.
+fn variant_tile(rows: u32) -> u32 {
+    rows.clamp(1, MATMUL_TILE)
 }
 
 /// Workgroups for `columns` output columns of `rows` activation rows.
@@ -123,7 +135,7 @@ const F16_HEADER: (&str, &str) = ("gemm_stage.wgsl", include_str!("gemm_stage_f1
 /// `enable f16;` comes first (a directive precedes every declaration).
 /// (WGSL's `enable subgroups;` would belong there too, but naga does not
 /// take it yet; wgpu enables them with the device feature.)
-fn product_source(file: &str, shape: &str, swaps: &[(&str, &'static str)]) -> String {
+fn product_source(file: &str, shape: &str, tile: u32, swaps: &[(&str, &'static str)]) -> String {
     let files: Vec<(&str, &'static str)> = FILES
         .iter()
         .map(|&(name, text)| {
@@ -140,7 +152,7 @@ fn product_source(file: &str, shape: &str, swaps: &[(&str, &'static str)]) -> St
         ""
     };
     enable.to_string()
-        + &matmul_constants()
+        + &matmul_constants(tile)
         + shape
         + &crate::include::expand(&files, file, |f| format!("no WGSL file {f};\n"))
 }
@@ -164,12 +176,18 @@ fn shape_constants(ty: &str, fields: Option<String>) -> String {
 /// `kernel` (the product `file` for `shape`) with its versions for
 /// optional features, most capable first: subgroup operations, and where
 /// the file stages tiles (`stages`), f16.
-fn with_product_versions(kernel: WgpuKernel, file: &str, shape: &str, stages: bool) -> WgpuKernel {
+fn with_product_versions(
+    kernel: WgpuKernel,
+    file: &str,
+    shape: &str,
+    tile: u32,
+    stages: bool,
+) -> WgpuKernel {
     let subgroups = WgslFeatures {
         subgroups: true,
         f16: false,
     };
-    let version = |swaps: &[(&str, &'static str)]| product_source(file, shape, swaps);
+    let version = |swaps: &[(&str, &'static str)]| product_source(file, shape, tile, swaps);
     if !stages {
         return kernel.with_version(subgroups, version(&[SUBGROUP_HEADER]));
     }
@@ -189,9 +207,9 @@ fn with_product_versions(kernel: WgpuKernel, file: &str, shape: &str, stages: bo
 
 /// `matmul` for any shape, or specialized for one (`fields`, see
 /// [`shape_constants`]).
-fn matmul_kernel(fields: Option<String>) -> WgpuKernel {
+fn matmul_kernel(fields: Option<String>, tile: u32) -> WgpuKernel {
     let shape = shape_constants("MatmulShape", fields);
-    let source = product_source("matmul.wgsl", &shape, &[]);
+    let source = product_source("matmul.wgsl", &shape, tile, &[]);
     let kernel = WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
         weight_type("matmul", s.dtype)?;
         if s.rows >= MATMUL_GEMM_ROWS && s.k.is_multiple_of(32) {
@@ -199,11 +217,17 @@ fn matmul_kernel(fields: Option<String>) -> WgpuKernel {
         }
         Ok(matmul_launch(s.n, s.rows))
     });
-    finite(with_product_versions(kernel, "matmul.wgsl", &shape, true))
+    finite(with_product_versions(
+        kernel,
+        "matmul.wgsl",
+        &shape,
+        tile,
+        true,
+    ))
 }
 
 pub(crate) fn matmul() -> WgpuKernel {
-    matmul_kernel(None)
+    matmul_kernel(None, MATMUL_TILE)
 }
 
 /// `matmul` specialized for the value `value` (a [`MatmulShape`]): the
@@ -211,14 +235,14 @@ pub(crate) fn matmul() -> WgpuKernel {
 pub(crate) fn matmul_for(value: &[u8]) -> Option<WgpuKernel> {
     let s: MatmulShape = bytemuck::try_pod_read_unaligned(value).ok()?;
     let fields = format!("{}u, {}u, {}u, {}u", s.rows, s.n, s.k, s.dtype);
-    Some(matmul_kernel(Some(fields)))
+    Some(matmul_kernel(Some(fields), variant_tile(s.rows)))
 }
 
 /// `fused_matmul` for any shape, or specialized for one (`fields`, see
 /// [`shape_constants`]).
-fn fused_matmul_kernel(fields: Option<String>) -> WgpuKernel {
+fn fused_matmul_kernel(fields: Option<String>, tile: u32) -> WgpuKernel {
     let shape = shape_constants("FusedShape", fields);
-    let source = product_source("fused_matmul.wgsl", &shape, &[]);
+    let source = product_source("fused_matmul.wgsl", &shape, tile, &[]);
     let kernel = WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
         let used = if s.epilogue == EPILOGUE_SWIGLU {
             2
@@ -244,12 +268,13 @@ fn fused_matmul_kernel(fields: Option<String>) -> WgpuKernel {
         kernel,
         "fused_matmul.wgsl",
         &shape,
+        tile,
         false,
     ))
 }
 
 pub(crate) fn fused_matmul() -> WgpuKernel {
-    fused_matmul_kernel(None)
+    fused_matmul_kernel(None, MATMUL_TILE)
 }
 
 /// `fused_matmul` specialized for the value `value` (a [`FusedShape`]): the
@@ -274,7 +299,7 @@ pub(crate) fn fused_matmul_for(value: &[u8]) -> Option<WgpuKernel> {
         s.eps,
         s.bias
     );
-    Some(fused_matmul_kernel(Some(fields)))
+    Some(fused_matmul_kernel(Some(fields), variant_tile(s.rows)))
 }
 
 pub(crate) fn embed() -> WgpuKernel {

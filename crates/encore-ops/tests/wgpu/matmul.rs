@@ -270,9 +270,10 @@ fn fused_on(
 
 /// Every epilogue, with and without the norm, for every weight type (float
 /// rows not a whole number of eight-element groups; blocks of 32 in rows
-/// of 96) and three different types in one dispatch, for one row and more
-/// than one tile of rows, against the exact products of the (normalized)
-/// input and, more loosely, the CPU.
+/// of 96) and three different types in one dispatch, for one row, a tile
+/// of fewer rows than a workgroup takes (whose graph variant takes just
+/// those) and more than one tile of rows, against the exact products of
+/// the (normalized) input and, more loosely, the CPU.
 #[test]
 fn fused_matmul_matches_cpu_for_every_epilogue() {
     let mut rng = Rng::new();
@@ -294,7 +295,7 @@ fn fused_matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
         .into_iter()
         .chain([([DType::Q4_K, DType::Q6_K, DType::Q8_0], 256)]);
     for (dtypes, k) in cases {
-        for rows in [1usize, 19] {
+        for rows in [1usize, 3, 19] {
             for norm in [false, true] {
                 for epilogue in [EPILOGUE_STORE, EPILOGUE_ACCUMULATE, EPILOGUE_SWIGLU] {
                     let ns: &[usize] = match epilogue {
