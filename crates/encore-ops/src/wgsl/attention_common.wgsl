@@ -19,9 +19,11 @@
 // weighted sum of V are rescaled by `e^(m_old - m_new)` (the online
 // softmax, safe for any magnitude of scores) before the chunk's weights
 // `e^(s - m_new)` are added in. For the weighted sum the invocations
-// split the other way: a column of two dimensions each and the chunk's
-// positions dealt out among the invocations of a column (`lanes` of them),
-// whose sums meet in shared memory at the end. The weighted sum is f32
+// split the other way: a column of `att_width` dimensions each (eight, four
+// words, where the scores' lanes take rows together; else two) and the
+// chunk's positions dealt out among the invocations of a column (`lanes` of
+// them), each loading ATT_V_BATCH positions before adding any, whose sums
+// meet in shared memory at the end. The weighted sum is f32
 // where the CPU keeps it in f16 (llama.cpp's recurrence, below 64 rows), so
 // the two agree to about 2^-11 relative.
 //
@@ -58,10 +60,10 @@ var<workgroup> lsum: array<f32, ATT_THREADS>;
 // Invocations that take one position's row together for its score, and
 // the K words each has in flight.
 const ATT_SCORE_LANES: u32 = 8u;
-const ATT_K_BATCH: u32 = 16u;
+const ATT_K_BATCH: u32 = 32u;
 // The parts of the chunk's scores, `position * ATT_SCORE_LANES + lane`;
-// after the last chunk, a lane's weighted sums, `lane * 2 * cols + d` (at
-// most ATT_THREADS invocations of two dimensions each). Workgroup memory
+// after the last chunk, a lane's weighted sums, `lane * cols * width + d` (at
+// most ATT_THREADS invocations of at most eight dimensions each). Workgroup memory
 // in all stays under 16 KiB, the least every adapter offers.
 var<workgroup> part: array<f32, ATT_THREADS * ATT_SCORE_LANES>;
 
@@ -112,14 +114,14 @@ fn score(e: u32, hd: u32, aligned: bool) -> f32 {
 // 16: position `j`'s lane `l` sums `q16[d] * K[d]` over the words `l, l +
 // ATT_SCORE_LANES, ...` of the row (two elements a word, in order), and
 // leaves 0 for position `at` where `new_k` (its row is `k_row`). Loads come
-// ATT_K_BATCH at a time: a batch covers `batch` passes of ATT_THREADS /
-// ATT_SCORE_LANES positions.
-fn score_parts(base: u32, end: u32, row_words: u32, kv_off: u32, hd: u32, at: u32, new_k: bool, tid: u32) {
+// `k_batch` (at most ATT_K_BATCH) at a time: a batch covers `batch` passes
+// of ATT_THREADS / ATT_SCORE_LANES positions.
+fn score_parts(base: u32, end: u32, row_words: u32, kv_off: u32, hd: u32, at: u32, new_k: bool, tid: u32, k_batch: u32) {
     let lane = tid % ATT_SCORE_LANES;
     let slot = tid / ATT_SCORE_LANES;
     let stride = ATT_THREADS / ATT_SCORE_LANES;
     let per = hd / (2u * ATT_SCORE_LANES);
-    let batch = max(ATT_K_BATCH / per, 1u);
+    let batch = max(k_batch / per, 1u);
     for (var j0 = 0u; j0 < end; j0 += batch * stride) {
         var words: array<u32, ATT_K_BATCH>;
         for (var b = 0u; b < batch; b++) {
@@ -158,6 +160,18 @@ fn score_row(hd: u32) -> f32 {
     return acc;
 }
 
+// Whether the lanes take a row together for a score (the rows whole
+// words, the head a multiple of 16), the same for every invocation.
+fn lanes_score(s: AttnShape) -> bool {
+    let hd = s.head_dim;
+    return (hd & 1u) == 0u && ((s.kv_heads * hd) & 1u) == 0u && hd % (2u * ATT_SCORE_LANES) == 0u;
+}
+
+// The dimensions an invocation of the weighted sum takes (a column).
+fn att_width(s: AttnShape) -> u32 {
+    return select(2u, 8u, lanes_score(s));
+}
+
 // Elements `e` and `e + 1` of V (the second only when `two`).
 fn v_pair(e: u32, two: bool, aligned: bool) -> vec2<f32> {
     if aligned {
@@ -187,6 +201,29 @@ fn v_column(v: VColumn, t: u32) -> vec2<f32> {
     return v_pair(t * v.kv_dim + v.kv_off + 2u * v.c, v.two, v.aligned);
 }
 
+// A column of eight dimensions `8c ..` at position `t`, as four words of
+// two halves (`att_width` 8: rows of whole words, the head a multiple of 8).
+fn v_column8(v: VColumn, t: u32) -> vec4<u32> {
+    if v.new_v && t == v.at {
+        let d = 8u * v.c;
+        return vec4<u32>(
+            pack2x16float(vec2<f32>(v_row[d], v_row[d + 1u])),
+            pack2x16float(vec2<f32>(v_row[d + 2u], v_row[d + 3u])),
+            pack2x16float(vec2<f32>(v_row[d + 4u], v_row[d + 5u])),
+            pack2x16float(vec2<f32>(v_row[d + 6u], v_row[d + 7u])),
+        );
+    }
+    let w = (t * v.kv_dim + v.kv_off) / 2u + 4u * v.c;
+    return vec4<u32>(v_word(w), v_word(w + 1u), v_word(w + 2u), v_word(w + 3u));
+}
+
+// `acc + p * V` for a column of eight dimensions: `acc[0]` the first four.
+fn add_v8(acc: array<vec4<f32>, 2>, p: f32, w: vec4<u32>) -> array<vec4<f32>, 2> {
+    let lo = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    let hi = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+    return array<vec4<f32>, 2>(fma(vec4<f32>(p), lo, acc[0]), fma(vec4<f32>(p), hi, acc[1]));
+}
+
 // Positions of a chunk a lane of the weighted sum loads before it adds
 // any: independent loads, whose latencies overlap.
 const ATT_V_BATCH: u32 = 8u;
@@ -206,9 +243,11 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
     let kv_dim = s.kv_heads * hd;
     let aligned = (hd & 1u) == 0u && (kv_dim & 1u) == 0u;
 
-    // The weighted sum's layout: columns of two dimensions, `lanes`
+    // The weighted sum's layout: columns of `width` dimensions, `lanes`
     // invocations a column.
-    let cols = (hd + 1u) / 2u;
+    let width = att_width(s);
+    let wide = width == 8u;
+    let cols = (hd + width - 1u) / width;
     let lanes = ATT_THREADS / cols;
     let c = tid % cols;
     let lane = tid / cols;
@@ -216,16 +255,20 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
     let two = 2u * c + 1u < hd;
 
     // The same for every invocation: whether the lanes take a row together.
-    let lanes_score = aligned && hd % (2u * ATT_SCORE_LANES) == 0u;
+    let lanes_score = lanes_score(s);
+    // All of a decode step's K loads in flight where they fit; half as
+    // many for a prefill's rows, whose many workgroups keep the device busy.
+    let k_batch = select(ATT_K_BATCH / 2u, ATT_K_BATCH, s.rows == 1u);
 
     var m = ATT_LOWEST;
     var l = 0.0;
-    var acc = vec2<f32>(0.0, 0.0);
+    // The column's sums: with two dimensions, `acc[0].xy`.
+    var acc = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
     for (var t0 = 0u; t0 < len; t0 += ATT_THREADS) {
         let t = t0 + tid;
         var s_t = ATT_LOWEST;
         if lanes_score {
-            score_parts(first + t0, min(len - t0, ATT_THREADS), kv_dim / 2u, kv_off, hd, at, new_k, tid);
+            score_parts(first + t0, min(len - t0, ATT_THREADS), kv_dim / 2u, kv_off, hd, at, new_k, tid, k_batch);
             workgroupBarrier();
             if t < len {
                 if new_k && first + t == at {
@@ -259,10 +302,31 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
         }
         workgroupBarrier();
         let alpha = exp(m - m_new);
-        acc *= alpha;
+        acc[0] *= alpha;
+        acc[1] *= alpha;
         l *= alpha;
         m = m_new;
-        if summing {
+        if summing && wide {
+            let end = min(len - t0, ATT_THREADS);
+            let column = VColumn(at, new_v, kv_dim, kv_off, c, true, aligned);
+            var j = lane;
+            for (; j + (ATT_V_BATCH - 1u) * lanes < end; j += ATT_V_BATCH * lanes) {
+                var vs: array<vec4<u32>, ATT_V_BATCH>;
+                for (var u = 0u; u < ATT_V_BATCH; u++) {
+                    vs[u] = v_column8(column, first + t0 + j + u * lanes);
+                }
+                for (var u = 0u; u < ATT_V_BATCH; u++) {
+                    let pj = probs[j + u * lanes];
+                    acc = add_v8(acc, pj, vs[u]);
+                    l += pj;
+                }
+            }
+            for (; j < end; j += lanes) {
+                let pj = probs[j];
+                acc = add_v8(acc, pj, v_column8(column, first + t0 + j));
+                l += pj;
+            }
+        } else if summing {
             let end = min(len - t0, ATT_THREADS);
             let column = VColumn(at, new_v, kv_dim, kv_off, c, two, aligned);
             // A lane's positions `j, j + lanes, ...` in batches, added in
@@ -275,13 +339,13 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
                 }
                 for (var u = 0u; u < ATT_V_BATCH; u++) {
                     let pj = probs[j + u * lanes];
-                    acc = fma(vec2<f32>(pj, pj), vs[u], acc);
+                    acc[0] = vec4<f32>(fma(vec2<f32>(pj, pj), vs[u], acc[0].xy), 0.0, 0.0);
                     l += pj;
                 }
             }
             for (; j < end; j += lanes) {
                 let pj = probs[j];
-                acc = fma(vec2<f32>(pj, pj), v_column(column, first + t0 + j), acc);
+                acc[0] = vec4<f32>(fma(vec2<f32>(pj, pj), v_column(column, first + t0 + j), acc[0].xy), 0.0, 0.0);
                 l += pj;
             }
         }
@@ -290,9 +354,20 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
         workgroupBarrier();
     }
 
+    // A lane's sums at `lane * span + d`, dimension `d` of its column.
+    // (Constant indices into `acc`, which stays in registers.)
     if summing {
-        part[lane * 2u * cols + 2u * c] = acc.x;
-        part[lane * 2u * cols + 2u * c + 1u] = acc.y;
+        let d0 = lane * cols * width + width * c;
+        part[d0] = acc[0].x;
+        part[d0 + 1u] = acc[0].y;
+        if wide {
+            part[d0 + 2u] = acc[0].z;
+            part[d0 + 3u] = acc[0].w;
+            part[d0 + 4u] = acc[1].x;
+            part[d0 + 5u] = acc[1].y;
+            part[d0 + 6u] = acc[1].z;
+            part[d0 + 7u] = acc[1].w;
+        }
         if c == 0u {
             lsum[lane] = l;
         }
@@ -302,13 +377,14 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
 
 // Element `d` of the result of `attend` (after it returns).
 fn attended(s: AttnShape, d: u32) -> f32 {
-    let cols = (s.head_dim + 1u) / 2u;
+    let width = att_width(s);
+    let cols = (s.head_dim + width - 1u) / width;
     let lanes = ATT_THREADS / cols;
     var total = 0.0;
     var o = 0.0;
     for (var i = 0u; i < lanes; i++) {
         total += lsum[i];
-        o += part[i * 2u * cols + d];
+        o += part[i * cols * width + d];
     }
     return o / total;
 }
