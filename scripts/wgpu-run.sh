@@ -56,10 +56,13 @@ if want bench "$@"; then
         >/dev/null 2>&1
     {
         for device in wgpu cuda; do
-            echo "-- encore bench --device $device, pp512 tg128"
+            echo "-- encore bench --device $device, pp512 tg128 (decode after the prompt)"
             # CUDA compiles its kernels on first use, a minute or two.
             timeout 300 "$stage/bin/encore" bench --device "$device" --model "$model" \
                 --prompt-tokens 512 --gen-tokens 128 --repeats 3 2>&1
+            echo "-- encore bench --device $device, tg128 after a one-token prompt (llama-bench's tg128)"
+            timeout 300 "$stage/bin/encore" bench --device "$device" --model "$model" \
+                --prompt-tokens 1 --gen-tokens 128 --repeats 3 2>&1
         done
         echo "-- encore bench --device wgpu without subgroups and f16 (ENCORE_SUBGROUPS=0 ENCORE_SHADER_F16=0)"
         ENCORE_SUBGROUPS=0 ENCORE_SHADER_F16=0 timeout 300 "$stage/bin/encore" bench --device wgpu \
@@ -75,7 +78,8 @@ if want bench "$@"; then
             --profile submissions 2>&1 | head -40
         if [[ -x $stage/peer/llama-bench ]]; then
             echo "-- side by side with llama.cpp's Vulkan backend"
-            timeout 300 bash "$stage/peer-bench.sh" "$stage/bin/encore" "$stage/peer" "$model" wgpu 512 128 3 2>&1
+            LD_LIBRARY_PATH=$stage/peer${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+                timeout 400 bash "$stage/peer-bench.sh" "$stage/bin/encore" "$stage/peer" "$model" wgpu 512 128 3 2>&1
         fi
     } | tee "$out/bench.log"
     summary+=("$(grep -E 'tok/s|ratio' "$out/bench.log")")

@@ -66,6 +66,10 @@ if [[ -n ${LLAMA_VULKAN_BIN:-} && -x $LLAMA_VULKAN_BIN/llama-bench ]]; then
     mkdir -p .gpu-wgpu/peer
     strip -o .gpu-wgpu/peer/llama-bench "$LLAMA_VULKAN_BIN/llama-bench"
     xz -T0 -6 .gpu-wgpu/peer/llama-bench
+    # The OpenMP runtime it links, which the GPU machine may lack.
+    for lib in $(ldd "$LLAMA_VULKAN_BIN/llama-bench" | awk '/libgomp/ {print $3}'); do
+        cp "$lib" .gpu-wgpu/peer/
+    done
 else
     echo "note: LLAMA_VULKAN_BIN unset or without llama-bench; no peer figures" >&2
 fi
