@@ -17,7 +17,12 @@
 //!
 //! The scalar and NEON kernels add the blocks' products ([`block_product`])
 //! to each row's sum one after another, so they agree bit for bit; the AVX2
-//! kernels keep eight partial sums, which agree to rounding. For float
+//! kernels keep eight partial sums, which agree to rounding (they are
+//! llama.cpp's). On CPUs with AVX-512 VNNI the AVX2 kernels take each lane's
+//! integer sum of four products with one `vpdpbusd` instead of `maddubs`,
+//! `madd` and a sign flip: the same integers, so the same results bit for
+//! bit, in fewer instructions (decode 4–11% faster on two cores of a Xeon,
+//! `BENCHMARKS.md`). For float
 //! weights the AVX2 and NEON kernels both keep eight lanes of fused
 //! multiply-adds and add them up the same way.
 
@@ -153,17 +158,20 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
             // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C; `w`
             // holds `rows` rows of `nb` blocks and every `x[j]` `nb` blocks
             // (checked just above).
+            let kind = match dtype {
+                DType::Q8_0 => avx2::Q8_0,
+                DType::Q4_0 => avx2::Q4_0,
+                DType::Q4_1 => avx2::Q4_1,
+                DType::Q5_0 => avx2::Q5_0,
+                DType::Q5_1 => avx2::Q5_1,
+                _ => avx2::IQ4_NL,
+            };
+            // SAFETY: as above; an Avx512VnniProof says the CPU also has
+            // AVX-512 F, BW, VL and VNNI.
             unsafe {
-                match dtype {
-                    DType::Q8_0 => avx2::quant_rows::<{ avx2::Q8_0 }, NW, NX>(w, rows, x, nb, out),
-                    DType::Q4_0 => avx2::quant_rows::<{ avx2::Q4_0 }, NW, NX>(w, rows, x, nb, out),
-                    DType::Q4_1 => avx2::quant_rows::<{ avx2::Q4_1 }, NW, NX>(w, rows, x, nb, out),
-                    DType::Q5_0 => avx2::quant_rows::<{ avx2::Q5_0 }, NW, NX>(w, rows, x, nb, out),
-                    DType::Q5_1 => avx2::quant_rows::<{ avx2::Q5_1 }, NW, NX>(w, rows, x, nb, out),
-                    DType::IQ4_NL => {
-                        avx2::quant_rows::<{ avx2::IQ4_NL }, NW, NX>(w, rows, x, nb, out)
-                    }
-                    _ => {}
+                match isa.avx512_vnni() {
+                    Some(p) => avx2::quant_rows_vnni::<NW, NX>(p, kind, w, rows, x, nb, out),
+                    None => avx2::quant_rows::<NW, NX>(kind, w, rows, x, nb, out),
                 }
             }
             return;
@@ -389,6 +397,7 @@ mod avx2 {
 
     use super::super::kquant::IQ4_LEVELS;
     use super::super::simd::avx2::{fifth_bits, hsum, lane1, load_f16, load_f16_pair, nibbles};
+    use super::super::simd::Avx512VnniProof;
     use super::{store, ActivationBlock};
 
     /// Quantized weight formats, as const parameters.
@@ -408,15 +417,80 @@ mod avx2 {
     pub(super) const F16: u8 = 1;
     pub(super) const BF16: u8 = 2;
 
-    /// `out[j][r] = (row r of w) · x[j]` for `rows` rows of `nb` blocks,
-    /// `NW` rows per tile.
+    /// `out[j][r] = (row r of w) · x[j]` for `rows` rows of `nb` blocks of
+    /// format `kind`, `NW` rows per tile.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `w` must point at `rows`
-    /// readable rows of `nb` blocks of format `KIND`, each `x[j]` at `nb`
+    /// readable rows of `nb` blocks of format `kind`, each `x[j]` at `nb`
     /// activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn quant_rows<const KIND: u8, const NW: usize, const NX: usize>(
+    pub(super) unsafe fn quant_rows<const NW: usize, const NX: usize>(
+        kind: u8,
+        w: *const u8,
+        rows: usize,
+        x: [*const ActivationBlock; NX],
+        nb: usize,
+        out: [&mut [f32]; NX],
+    ) {
+        // SAFETY: as this function's.
+        unsafe { rows_of_kind::<NW, NX, false>(kind, w, rows, x, nb, out) }
+    }
+
+    /// [`quant_rows`] with AVX-512 VNNI's `vpdpbusd` (on 256-bit registers)
+    /// for the integer sums: the same sums, so the same results bit for bit,
+    /// in fewer instructions.
+    ///
+    /// # Safety
+    /// As [`quant_rows`]'s; the proof says the CPU has AVX-512 F, BW, VL and VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn quant_rows_vnni<const NW: usize, const NX: usize>(
+        proof: Avx512VnniProof,
+        kind: u8,
+        w: *const u8,
+        rows: usize,
+        x: [*const ActivationBlock; NX],
+        nb: usize,
+        out: [&mut [f32]; NX],
+    ) {
+        let _ = proof;
+        // SAFETY: as this function's.
+        unsafe { rows_of_kind::<NW, NX, true>(kind, w, rows, x, nb, out) }
+    }
+
+    /// [`quant_rows`] by `kind`, inlined into the callers above, whose
+    /// target features it takes.
+    ///
+    /// # Safety
+    /// As theirs.
+    #[inline(always)]
+    unsafe fn rows_of_kind<const NW: usize, const NX: usize, const VNNI: bool>(
+        kind: u8,
+        w: *const u8,
+        rows: usize,
+        x: [*const ActivationBlock; NX],
+        nb: usize,
+        out: [&mut [f32]; NX],
+    ) {
+        // SAFETY: as this function's, for the format of `kind`.
+        unsafe {
+            match kind {
+                Q8_0 => tiles::<Q8_0, NW, NX, VNNI>(w, rows, x, nb, out),
+                Q4_0 => tiles::<Q4_0, NW, NX, VNNI>(w, rows, x, nb, out),
+                Q4_1 => tiles::<Q4_1, NW, NX, VNNI>(w, rows, x, nb, out),
+                Q5_0 => tiles::<Q5_0, NW, NX, VNNI>(w, rows, x, nb, out),
+                Q5_1 => tiles::<Q5_1, NW, NX, VNNI>(w, rows, x, nb, out),
+                _ => tiles::<IQ4_NL, NW, NX, VNNI>(w, rows, x, nb, out),
+            }
+        }
+    }
+
+    /// [`quant_rows`] for the format `KIND`.
+    ///
+    /// # Safety
+    /// As [`quant_rows`]'s, and with VNNI as [`quant_rows_vnni`]'s.
+    #[inline(always)]
+    unsafe fn tiles<const KIND: u8, const NW: usize, const NX: usize, const VNNI: bool>(
         w: *const u8,
         rows: usize,
         x: [*const ActivationBlock; NX],
@@ -432,13 +506,26 @@ mod avx2 {
                 tile[i] = unsafe { w.add((r + i) * row_bytes) };
             }
             // SAFETY: as this function's, for the NW rows of `tile`.
-            let dots = unsafe { quant_tile::<KIND, NW, NX>(tile, x, nb) };
+            let dots = unsafe {
+                if VNNI {
+                    quant_tile_vnni::<KIND, NW, NX>(tile, x, nb)
+                } else {
+                    quant_tile::<KIND, NW, NX>(tile, x, nb)
+                }
+            };
             store(&mut out, r, &dots);
             r += NW;
         }
         while r < rows {
             // SAFETY: as this function's, for row r < rows.
-            let dots = unsafe { quant_tile::<KIND, 1, NX>([w.add(r * row_bytes)], x, nb) };
+            let dots = unsafe {
+                let row = [w.add(r * row_bytes)];
+                if VNNI {
+                    quant_tile_vnni::<KIND, 1, NX>(row, x, nb)
+                } else {
+                    quant_tile::<KIND, 1, NX>(row, x, nb)
+                }
+            };
             store(&mut out, r, &dots);
             r += 1;
         }
@@ -461,122 +548,198 @@ mod avx2 {
         matches!(kind, Q8_0 | Q5_0 | IQ4_NL)
     }
 
-    /// Per block: the weight bytes as unsigned values for `maddubs` (nibbles or
-    /// five-bit values, or |c| for the [`signed`] formats), and the scale
-    /// pair `[d_w, m_w]` (`m_w = -8 d_w` for Q4_0, 0 for the signed formats). Multiplied by
-    /// the activation's `[d_x, s_x]`, lane 0 scales the integer sum and lane 1
-    /// is the block's offset term.
+    /// `acc + Σ a b` over each 32-bit lane's four bytes, `a` unsigned and `b`
+    /// signed (`vpdpbusd`).
     ///
     /// # Safety
-    /// The CPU must support AVX2, FMA and F16C; each `w[i]` must point at `nb`
-    /// readable blocks of format `KIND` and each `x[j]` at `nb` activation blocks.
+    /// The CPU must support AVX-512 VL and VNNI.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quant_tile<const KIND: u8, const NW: usize, const NX: usize>(
-        w: [*const u8; NW],
-        x: [*const ActivationBlock; NX],
-        nb: usize,
-    ) -> [[f32; NX]; NW] {
-        let block_bytes = block_bytes(KIND);
-        let ones = _mm256_set1_epi16(1);
-        let q4_0_offset = _mm_setr_ps(1.0, -8.0, 0.0, 0.0);
-        // SAFETY: the table is 16 bytes; the load is unaligned.
-        let levels = unsafe { _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()) };
-        let levels = _mm256_broadcastsi128_si256(levels);
-        let mut acc = [[_mm256_setzero_ps(); NX]; NW];
-        let mut offsets = [[_mm_setzero_ps(); NX]; NW];
-        for b in 0..nb {
-            let mut scales = [_mm_setzero_ps(); NW];
-            let mut bytes = [_mm256_setzero_si256(); NW];
-            let mut signs = [_mm256_setzero_si256(); NW];
-            for i in 0..NW {
-                // SAFETY: b < nb and row i holds nb blocks, so the block and
-                // the fields read below are in bounds.
-                unsafe {
-                    let block = w[i].add(b * block_bytes);
-                    // Ask for the weights a few cache lines ahead: the loop
-                    // is otherwise bound by memory latency, not bandwidth.
-                    // A prefetch never faults, even past the end.
-                    _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES).cast());
-                    match KIND {
-                        Q8_0 => {
-                            let q = _mm256_loadu_si256(block.add(2).cast());
-                            scales[i] = load_f16(block);
-                            bytes[i] = _mm256_sign_epi8(q, q);
-                            signs[i] = q;
-                        }
-                        Q4_0 => {
-                            scales[i] =
-                                _mm_mul_ps(_mm_broadcastss_ps(load_f16(block)), q4_0_offset);
-                            bytes[i] = nibbles(block.add(2));
-                        }
-                        Q5_0 => {
-                            // q - 16: the nibble where the fifth bit is set,
-                            // else the nibble - 16 (its high bits set).
-                            let high = _mm256_andnot_si256(
-                                fifth_bits(block.add(2)),
-                                _mm256_set1_epi8(0xF0_u8 as i8),
-                            );
-                            let q = _mm256_or_si256(nibbles(block.add(6)), high);
-                            scales[i] = load_f16(block);
-                            bytes[i] = _mm256_sign_epi8(q, q);
-                            signs[i] = q;
-                        }
-                        Q5_1 => {
-                            scales[i] = load_f16_pair(block);
-                            let high =
-                                _mm256_and_si256(fifth_bits(block.add(4)), _mm256_set1_epi8(16));
-                            bytes[i] = _mm256_or_si256(nibbles(block.add(8)), high);
-                        }
-                        IQ4_NL => {
-                            let q = _mm256_shuffle_epi8(levels, nibbles(block.add(2)));
-                            scales[i] = load_f16(block);
-                            bytes[i] = _mm256_sign_epi8(q, q);
-                            signs[i] = q;
-                        }
-                        _ => {
-                            scales[i] = load_f16_pair(block);
-                            bytes[i] = nibbles(block.add(4));
-                        }
-                    }
-                }
-            }
-            for j in 0..NX {
-                // SAFETY: b < nb and activation row j holds nb blocks; `d` and
-                // `s` are the block's first 8 bytes and `qs` the next 32.
-                let (xs, xq) = unsafe {
-                    let a = x[j].add(b);
-                    (
-                        _mm_castpd_ps(_mm_load_sd(a.cast())),
-                        _mm256_loadu_si256(a.cast::<u8>().add(8).cast()),
-                    )
-                };
-                for i in 0..NW {
-                    let xq = if signed(KIND) {
-                        _mm256_sign_epi8(xq, signs[i])
-                    } else {
-                        xq
-                    };
-                    let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(
-                        _mm256_maddubs_epi16(bytes[i], xq),
-                        ones,
-                    ));
-                    let scale = _mm_mul_ps(scales[i], xs);
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scale), sum, acc[i][j]);
-                    if !signed(KIND) {
-                        offsets[i][j] = _mm_add_ps(offsets[i][j], scale);
-                    }
-                }
-            }
-        }
-        let mut out = [[0.0; NX]; NW];
-        for i in 0..NW {
-            for j in 0..NX {
-                out[i][j] = hsum(acc[i][j]) + lane1(offsets[i][j]);
-            }
-        }
-        out
+    #[target_feature(enable = "avx512vl,avx512vnni")]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, a, b)
     }
+
+    /// The unsigned bias `vpdpbusd` takes the [`signed`] formats' codes
+    /// with: `c + bias` is a byte from 0 to 255.
+    const fn vnni_bias(kind: u8) -> i8 {
+        match kind {
+            Q5_0 => 16,
+            _ => -128, // 0x80, 128 as an unsigned byte
+        }
+    }
+
+    /// Defines the tile kernel `$name` with the target features of `$attr`,
+    /// with (`$vnni`) or without `vpdpbusd`: one body compiled twice, as a
+    /// target feature cannot be a generic parameter.
+    macro_rules! quant_tile {
+        ($(#[$attr:meta])* $name:ident, $vnni:literal) => {
+        /// Per block: the weight bytes as unsigned values for `maddubs` (nibbles or
+        /// five-bit values, or |c| for the [`signed`] formats), and the scale
+        /// pair `[d_w, m_w]` (`m_w = -8 d_w` for Q4_0, 0 for the signed formats). Multiplied by
+        /// the activation's `[d_x, s_x]`, lane 0 scales the integer sum and lane 1
+        /// is the block's offset term.
+        ///
+        /// With `VNNI`, each lane's integer sum of four products is one
+        /// `vpdpbusd` instead of `maddubs` and `madd` (and, for the signed
+        /// formats, the sign moved onto the activations): the signed formats'
+        /// codes go in as `c + bias` ([`vnni_bias`]), the lane starting from
+        /// `-bias Σ q` over its four activations, so that it ends at the same
+        /// exact `Σ c q`.
+        ///
+        /// # Safety
+        /// The CPU must support the function's target features; each `w[i]` must
+        /// point at `nb` readable blocks of format `KIND` and each `x[j]` at `nb`
+        /// activation blocks.
+        $(#[$attr])*
+        #[inline]
+        unsafe fn $name<const KIND: u8, const NW: usize, const NX: usize>(
+            w: [*const u8; NW],
+            x: [*const ActivationBlock; NX],
+            nb: usize,
+        ) -> [[f32; NX]; NW] {
+            const VNNI: bool = $vnni;
+            let block_bytes = block_bytes(KIND);
+            let ones = _mm256_set1_epi16(1);
+            let q4_0_offset = _mm_setr_ps(1.0, -8.0, 0.0, 0.0);
+            // SAFETY: the table is 16 bytes; the load is unaligned.
+            let levels = unsafe { _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()) };
+            let levels = _mm256_broadcastsi128_si256(levels);
+            let mut acc = [[_mm256_setzero_ps(); NX]; NW];
+            let mut offsets = [[_mm_setzero_ps(); NX]; NW];
+            for b in 0..nb {
+                let mut scales = [_mm_setzero_ps(); NW];
+                let mut bytes = [_mm256_setzero_si256(); NW];
+                let mut signs = [_mm256_setzero_si256(); NW];
+                for i in 0..NW {
+                    // SAFETY: b < nb and row i holds nb blocks, so the block and
+                    // the fields read below are in bounds.
+                    unsafe {
+                        let block = w[i].add(b * block_bytes);
+                        // Ask for the weights a few cache lines ahead: the loop
+                        // is otherwise bound by memory latency, not bandwidth.
+                        // A prefetch never faults, even past the end.
+                        _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES).cast());
+                        match KIND {
+                            Q8_0 if VNNI => {
+                                let q = _mm256_loadu_si256(block.add(2).cast());
+                                scales[i] = load_f16(block);
+                                bytes[i] = _mm256_xor_si256(q, _mm256_set1_epi8(vnni_bias(KIND)));
+                            }
+                            Q8_0 => {
+                                let q = _mm256_loadu_si256(block.add(2).cast());
+                                scales[i] = load_f16(block);
+                                bytes[i] = _mm256_sign_epi8(q, q);
+                                signs[i] = q;
+                            }
+                            Q4_0 => {
+                                scales[i] =
+                                    _mm_mul_ps(_mm_broadcastss_ps(load_f16(block)), q4_0_offset);
+                                bytes[i] = nibbles(block.add(2));
+                            }
+                            Q5_0 if VNNI => {
+                                // q = c + 16: the nibble plus 16 where the fifth bit is set.
+                                let high =
+                                    _mm256_and_si256(fifth_bits(block.add(2)), _mm256_set1_epi8(16));
+                                scales[i] = load_f16(block);
+                                bytes[i] = _mm256_or_si256(nibbles(block.add(6)), high);
+                            }
+                            Q5_0 => {
+                                // q - 16: the nibble where the fifth bit is set,
+                                // else the nibble - 16 (its high bits set).
+                                let high = _mm256_andnot_si256(
+                                    fifth_bits(block.add(2)),
+                                    _mm256_set1_epi8(0xF0_u8 as i8),
+                                );
+                                let q = _mm256_or_si256(nibbles(block.add(6)), high);
+                                scales[i] = load_f16(block);
+                                bytes[i] = _mm256_sign_epi8(q, q);
+                                signs[i] = q;
+                            }
+                            Q5_1 => {
+                                scales[i] = load_f16_pair(block);
+                                let high =
+                                    _mm256_and_si256(fifth_bits(block.add(4)), _mm256_set1_epi8(16));
+                                bytes[i] = _mm256_or_si256(nibbles(block.add(8)), high);
+                            }
+                            IQ4_NL => {
+                                let q = _mm256_shuffle_epi8(levels, nibbles(block.add(2)));
+                                scales[i] = load_f16(block);
+                                if VNNI {
+                                    bytes[i] = _mm256_xor_si256(q, _mm256_set1_epi8(vnni_bias(KIND)));
+                                } else {
+                                    bytes[i] = _mm256_sign_epi8(q, q);
+                                    signs[i] = q;
+                                }
+                            }
+                            _ => {
+                                scales[i] = load_f16_pair(block);
+                                bytes[i] = nibbles(block.add(4));
+                            }
+                        }
+                    }
+                }
+                for j in 0..NX {
+                    // SAFETY: b < nb and activation row j holds nb blocks; `d` and
+                    // `s` are the block's first 8 bytes and `qs` the next 32.
+                    let (xs, xq) = unsafe {
+                        let a = x[j].add(b);
+                        (
+                            _mm_castpd_ps(_mm_load_sd(a.cast())),
+                            _mm256_loadu_si256(a.cast::<u8>().add(8).cast()),
+                        )
+                    };
+                    // With VNNI, `-bias Σ q` for each lane's four activations.
+                    let start = if VNNI && signed(KIND) {
+                        // SAFETY: VNNI is set only in quant_tile_vnni,
+                        // whose target features are dpbusd's.
+                        let biased = unsafe {
+                            dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(vnni_bias(KIND)), xq)
+                        };
+                        _mm256_sub_epi32(_mm256_setzero_si256(), biased)
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    for i in 0..NW {
+                        let products = if VNNI {
+                            // SAFETY: as above.
+                            unsafe { dpbusd(start, bytes[i], xq) }
+                        } else if signed(KIND) {
+                            let xq = _mm256_sign_epi8(xq, signs[i]);
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[i], xq), ones)
+                        } else {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[i], xq), ones)
+                        };
+                        let sum = _mm256_cvtepi32_ps(products);
+                        let scale = _mm_mul_ps(scales[i], xs);
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scale), sum, acc[i][j]);
+                        if !signed(KIND) {
+                            offsets[i][j] = _mm_add_ps(offsets[i][j], scale);
+                        }
+                    }
+                }
+            }
+            let mut out = [[0.0; NX]; NW];
+            for i in 0..NW {
+                for j in 0..NX {
+                    out[i][j] = hsum(acc[i][j]) + lane1(offsets[i][j]);
+                }
+            }
+            out
+        }
+
+        };
+    }
+
+    quant_tile!(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        quant_tile,
+        false
+    );
+    quant_tile!(
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        quant_tile_vnni,
+        true
+    );
 
     /// Eight weights of format `KIND` from element `k` on, as f32.
     ///
@@ -810,6 +973,59 @@ mod tests {
                         "{dtype} {isa:?}: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The AVX2 kernels with VNNI's `vpdpbusd` give the sums of those
+    /// without it bit for bit, for every type in blocks of 32 and every tile
+    /// shape the matmul uses, on random blocks and on Q8_0 weights of -128
+    /// and 127 against activations of ±127. (A CPU without AVX-512 VNNI has
+    /// one AVX2 kernel set only, and nothing to compare.)
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vnni_tiles_give_the_avx2_sums_bit_for_bit() {
+        let avx2: Vec<Isa> = Isa::available()
+            .into_iter()
+            .filter(|i| matches!(i, Isa::Avx2(_)))
+            .collect();
+        let mut rng = StdRng::seed_from_u64(14);
+        let (rows, n) = (7, 1536);
+        let mut cases: Vec<(DType, Vec<u8>, Vec<f32>)> = types()
+            .filter(|t| t.is_quantized())
+            .map(|t| {
+                let w = random_weights(&mut rng, t, rows, n);
+                (t, w, random_activations(&mut rng, n))
+            })
+            .collect();
+        let mut extreme = random_weights(&mut rng, DType::Q8_0, rows, n);
+        for (k, byte) in extreme.iter_mut().enumerate() {
+            if k % 34 >= 2 {
+                *byte = if k % 2 == 0 { 0x80 } else { 0x7F };
+            }
+        }
+        let signs = (0..n)
+            .map(|i| if i % 3 == 0 { -2.0 } else { 2.0 })
+            .collect();
+        cases.push((DType::Q8_0, extreme, signs));
+        for (dtype, w, x) in &cases {
+            let q = quantize(x);
+            let run = |isa| {
+                let mut out = vec![vec![0f32; rows]; 4];
+                let [o0, o1, o2, o3] = &mut out[..] else {
+                    unreachable!()
+                };
+                quant_rows::<4, 1>(isa, *dtype, w, [&q[..]], [&mut o0[..]]);
+                quant_rows::<1, 1>(isa, *dtype, w, [&q[..]], [&mut o1[..]]);
+                quant_rows::<2, 2>(isa, *dtype, w, [&q[..]; 2], [&mut o2[..], &mut o3[..]]);
+                out.iter()
+                    .flatten()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            let first = avx2.first().map(|&isa| run(isa));
+            for &isa in avx2.iter().skip(1) {
+                assert_eq!(Some(run(isa)), first, "{dtype} {isa:?}");
             }
         }
     }

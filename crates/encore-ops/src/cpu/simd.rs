@@ -31,9 +31,10 @@ pub(crate) struct Avx2Proof {
     avx512_vnni: Option<Avx512VnniProof>,
 }
 
-/// Evidence that the running CPU also supports AVX-512 (F and BW) with VNNI,
-/// so code holding it may call the `#[target_feature(enable =
-/// "avx512f,avx512bw,avx512vnni,...")]` kernels. Only [`Isa::detect`] makes one.
+/// Evidence that the running CPU also supports AVX-512 (F, BW and VL) with
+/// VNNI, so code holding it may call the `#[target_feature(enable =
+/// "avx512f,avx512bw,avx512vl,avx512vnni,...")]` kernels. Only [`Isa::detect`]
+/// makes one.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Avx512VnniProof(());
@@ -55,6 +56,7 @@ impl Isa {
         {
             let avx512_vnni = (is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni"))
             .then_some(Avx512VnniProof(()));
             return Isa::Avx2(Avx2Proof { avx512_vnni });
