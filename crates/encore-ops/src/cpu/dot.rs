@@ -155,9 +155,6 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
     if let Isa::Avx2(_) = isa {
         if fits {
             let (w, x) = (w.as_ptr(), x.map(<[ActivationBlock]>::as_ptr));
-            // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C; `w`
-            // holds `rows` rows of `nb` blocks and every `x[j]` `nb` blocks
-            // (checked just above).
             let kind = match dtype {
                 DType::Q8_0 => avx2::Q8_0,
                 DType::Q4_0 => avx2::Q4_0,
@@ -166,8 +163,10 @@ pub(crate) fn quant_rows<const NW: usize, const NX: usize>(
                 DType::Q5_1 => avx2::Q5_1,
                 _ => avx2::IQ4_NL,
             };
-            // SAFETY: as above; an Avx512VnniProof says the CPU also has
-            // AVX-512 F, BW, VL and VNNI.
+            // SAFETY: the Avx2 proof says the CPU has AVX2, FMA and F16C, an
+            // Avx512VnniProof that it also has AVX-512 F, BW, VL and VNNI; `w`
+            // holds `rows` rows of `nb` blocks of `kind` and every `x[j]` `nb`
+            // blocks (checked just above: `fits` admits the six kinds only).
             unsafe {
                 match isa.avx512_vnni() {
                     Some(p) => avx2::quant_rows_vnni::<NW, NX>(p, kind, w, rows, x, nb, out),
