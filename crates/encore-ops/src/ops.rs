@@ -401,7 +401,7 @@ impl Ops {
 
     /// Causal grouped-query attention of `rows` queries over the cache.
     /// Batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more with
-    /// a head size of [`prefill_attention::HEAD_DIMS`], no sliding window
+    /// a head size of the backend's [`prefill_attention::head_dims`], no sliding window
     /// and 16-byte aligned caches take the tiled kernel of [`prefill_attention`] where the
     /// device has it; the exact set's `attention` kernel takes every batch.
     #[allow(clippy::too_many_arguments)]
@@ -441,7 +441,7 @@ impl Ops {
         };
         let tiled = shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
             && shape.window == 0
-            && prefill_attention::HEAD_DIMS.contains(&head_dim)
+            && prefill_attention::head_dims(self.device.kind()).contains(&head_dim)
             && k.offset().is_multiple_of(16)
             && v.offset().is_multiple_of(16);
         let kernel = match &self.attention_prefill.kernel {

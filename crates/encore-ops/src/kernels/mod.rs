@@ -237,7 +237,7 @@ mod tests {
     /// Tensor-core variants have no CPU body: on the CPU they are
     /// unsupported, and `Ops` falls back to the general kernel.
     /// `attention_step` also runs on the CPU (the unfused ops' code) and on
-    /// wgpu.
+    /// wgpu; `attention_prefill` also on wgpu.
     #[test]
     fn variants_without_a_cpu_body_are_cuda_only() {
         let defs = KernelSet::Default.defs();
@@ -252,6 +252,8 @@ mod tests {
                     encore::BackendKind::Cuda,
                     encore::BackendKind::Wgpu,
                 ]
+            } else if def.name() == "attention_prefill" {
+                vec![encore::BackendKind::Cuda, encore::BackendKind::Wgpu]
             } else {
                 vec![encore::BackendKind::Cuda]
             };

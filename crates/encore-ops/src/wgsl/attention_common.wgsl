@@ -35,16 +35,7 @@
 // visible within a dispatch, so the rows it writes are never read back.
 
 // #include "f16.wgsl"
-
-struct AttnShape {
-    rows: u32,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    max_seq: u32,
-    scale: f32,
-    window: u32,
-}
+// #include "attn_shape.wgsl"
 
 const ATT_THREADS: u32 = 256u;
 const ATT_MAX_HEAD: u32 = 256u;

@@ -407,6 +407,19 @@ pub(crate) fn attention() -> WgpuKernel {
     ))
 }
 
+/// Query rows a workgroup of `attention_prefill` takes (`FA_ROWS` in
+/// `prefill_attention.wgsl`).
+const PREFILL_QUERY_ROWS: u32 = 16;
+
+/// One workgroup per (head, tile of [`PREFILL_QUERY_ROWS`] query rows).
+pub(crate) fn prefill_attention() -> WgpuKernel {
+    finite(WgpuKernel::new(
+        source("prefill_attention.wgsl"),
+        "attention_prefill",
+        |s: &AttnShape| linear_launch(s.heads.saturating_mul(s.rows.div_ceil(PREFILL_QUERY_ROWS))),
+    ))
+}
+
 /// Why `attention_step.wgsl` cannot take `s`, if it cannot: one query row,
 /// whole KV groups, a head of 1 to [`MAX_HEAD_DIM`] elements, an even head
 /// where a new row is stored (so that it is whole words of the cache), an
@@ -520,6 +533,7 @@ pub(crate) fn advance() -> WgpuKernel {
 const FILES: &[(&str, &str)] = &[
     // Headers.
     ("common.wgsl", include_str!("common.wgsl")),
+    ("attn_shape.wgsl", include_str!("attn_shape.wgsl")),
     (
         "attention_common.wgsl",
         include_str!("attention_common.wgsl"),
@@ -539,6 +553,10 @@ const FILES: &[(&str, &str)] = &[
     ("argmax.wgsl", include_str!("argmax.wgsl")),
     ("attention.wgsl", include_str!("attention.wgsl")),
     ("attention_step.wgsl", include_str!("attention_step.wgsl")),
+    (
+        "prefill_attention.wgsl",
+        include_str!("prefill_attention.wgsl"),
+    ),
     ("embed.wgsl", include_str!("embed.wgsl")),
     ("fused_matmul.wgsl", include_str!("fused_matmul.wgsl")),
     ("gelu_mul.wgsl", include_str!("gelu_mul.wgsl")),

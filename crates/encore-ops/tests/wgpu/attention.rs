@@ -90,6 +90,32 @@ fn attention_matches_cpu_for_decode_and_prefill() {
     }
 }
 
+/// Prefill batches that take the tiled kernel (`attention_prefill`: from
+/// 16 rows, heads of 16, 32 and 64): a whole tile of rows, rows that end
+/// inside a tile, many tiles over a longer history than the batch, and one
+/// KV head per query head; beside them a head of 128, which keeps the
+/// general kernel.
+#[test]
+fn tiled_prefill_attention_matches_cpu() {
+    let mut rng = Rng::new();
+    let pair = both();
+    for (rows, heads, kv_heads, head_dim, max_seq, pos) in [
+        (16usize, 9usize, 3usize, 64usize, 16usize, 0u32),
+        (33, 4, 2, 32, 100, 5),
+        (130, 9, 3, 64, 200, 0),
+        (64, 2, 1, 16, 80, 16),
+        (100, 8, 8, 64, 700, 555),
+        (40, 4, 4, 128, 64, 3),
+    ] {
+        check(
+            &pair,
+            &mut rng,
+            shape(rows, heads, kv_heads, head_dim, max_seq),
+            pos,
+        );
+    }
+}
+
 /// A sliding window (Gemma 3's local layers) on decode rows and on a
 /// prefill batch, with windows of one position, shorter than, across and
 /// past the history.
