@@ -394,8 +394,18 @@ impl Session {
             };
             let read = self.history.view((start + done) * 4, n * 4)?;
             if let Some((last, _)) = current.last() {
-                read.download_after(last, &mut tokens[..n])?;
-                self.decode[acts].logits.download_after(last, &mut logits)?;
+                // One copy for both, after which the device goes on to
+                // the next batch while the host takes these tokens.
+                encore::Buffer::download_all_after(
+                    last,
+                    &mut [
+                        (&read, bytemuck::cast_slice_mut(&mut tokens[..n])),
+                        (
+                            &self.decode[acts].logits,
+                            bytemuck::cast_slice_mut(&mut logits),
+                        ),
+                    ],
+                )?;
             }
             for (s, runs) in &current {
                 s.wait()?;

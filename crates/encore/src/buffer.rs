@@ -163,6 +163,25 @@ impl Buffer {
             .read_settled(self.alloc.mem, self.offset, bytes)
     }
 
+    /// [`Buffer::download_after`] of several buffers at once (`reads` pairs
+    /// each with the bytes it fills from its start), which the device
+    /// may make one copy: all of them on the device of `after`.
+    pub fn download_all_after(
+        after: &crate::Submission,
+        reads: &mut [(&Buffer, &mut [u8])],
+    ) -> Result<()> {
+        let mut ranges = Vec::with_capacity(reads.len());
+        for (buffer, out) in reads.iter_mut() {
+            buffer.check_range("download", 0, out.len())?;
+            if !after.device().same(&buffer.device) {
+                return Err(Error::WrongDevice("download_all_after"));
+            }
+            ranges.push((buffer.alloc.mem, buffer.offset, &mut **out));
+        }
+        after.wait()?;
+        after.device().backend().read_settled_many(&mut ranges)
+    }
+
     fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<usize> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(end),

@@ -487,7 +487,7 @@ fn adapters_are_listed_and_software_ones_are_opened_only_by_index() {
 /// A graph replay is held back until the next operation on the queue; the
 /// operations after it still see it in order: a write made after the
 /// replay does not reach it, an ordered read sees its result, and a read
-/// of what an earlier replay wrote (`download_after`) does not wait for
+/// of what an earlier replay wrote (`download_all_after`) goes ahead of
 /// it.
 #[test]
 fn held_replays_keep_queue_order() {
@@ -516,12 +516,20 @@ fn held_replays_keep_queue_order() {
     let first = exec.replay(&[("s", 2.0f32.to_bits())]).unwrap();
     first.wait().unwrap();
     let second = exec.replay(&[("s", 3.0f32.to_bits())]).unwrap();
-    // Ahead of the second replay: the first one's result, twice.
+    // Ahead of the second replay (which then starts): the first one's
+    // result, and with it its input, in one read.
     let mut early = vec![0f32; n as usize];
-    for _ in 0..2 {
-        y.download_after(&first, &mut early).unwrap();
-        assert_eq!(early, vec![3.0f32; n as usize]);
-    }
+    let mut input = vec![0f32; n as usize];
+    encore::Buffer::download_all_after(
+        &first,
+        &mut [
+            (&y, bytemuck::cast_slice_mut(&mut early)),
+            (&x, bytemuck::cast_slice_mut(&mut input)),
+        ],
+    )
+    .unwrap();
+    assert_eq!(early, vec![3.0f32; n as usize]);
+    assert_eq!(input, vec![1.5f32; n as usize]);
     // An upload after the second replay does not change what it reads.
     let third = exec.replay(&[("s", 4.0f32.to_bits())]).unwrap();
     x.upload(&vec![10.0f32; n as usize]).unwrap();

@@ -15,15 +15,17 @@
 // so that neighbouring invocations read neighbouring words and each has
 // ATT_K_BATCH loads in flight; the invocation of the position then adds
 // their parts in a fixed order), the workgroup
-// takes the chunk's maximum, and the running maximum `m`, sum `l` and
+// takes the chunk's maximum (of runs of ATT_RUN scores, then of the
+// runs'), and the running maximum `m`, sum `l` and
 // weighted sum of V are rescaled by `e^(m_old - m_new)` (the online
 // softmax, safe for any magnitude of scores) before the chunk's weights
 // `e^(s - m_new)` are added in. For the weighted sum the invocations
 // split the other way: a column of `att_width` dimensions each (eight, four
 // words, where the scores' lanes take rows together; else two) and the
 // chunk's positions dealt out among the invocations of a column (`lanes` of
-// them), each loading ATT_V_BATCH positions before adding any, whose sums
-// meet in shared memory at the end. The weighted sum is f32
+// them), each loading ATT_V_BATCH positions before adding any (with eight
+// dimensions, the chunk's first batch together with the K words, before
+// the scores), whose sums meet in shared memory at the end. The weighted sum is f32
 // where the CPU keeps it in f16 (llama.cpp's recurrence, below 64 rows), so
 // the two agree to about 2^-11 relative.
 //
@@ -46,6 +48,9 @@ var<workgroup> qs: array<f32, ATT_MAX_HEAD>;
 var<workgroup> k_row: array<f32, ATT_MAX_HEAD>;
 var<workgroup> v_row: array<f32, ATT_MAX_HEAD>;
 var<workgroup> red: array<f32, ATT_THREADS>;
+// The maxima of `red`'s runs of ATT_RUN scores.
+const ATT_RUN: u32 = 16u;
+var<workgroup> red_runs: array<f32, ATT_THREADS / ATT_RUN>;
 var<workgroup> probs: array<f32, ATT_THREADS>;
 var<workgroup> lsum: array<f32, ATT_THREADS>;
 // Invocations that take one position's row together for its score, and
@@ -219,6 +224,21 @@ fn add_v8(acc: array<vec4<f32>, 2>, p: f32, w: vec4<u32>) -> array<vec4<f32>, 2>
 // any: independent loads, whose latencies overlap.
 const ATT_V_BATCH: u32 = 8u;
 
+// A batch of a lane's positions for `att_width` 8: the column's words at
+// positions `base + j0 + u * lanes` for `u < ATT_V_BATCH` (zeros from
+// `end` on).
+fn v_batch8(v: VColumn, base: u32, j0: u32, lanes: u32, end: u32) -> array<vec4<u32>, ATT_V_BATCH> {
+    var vs: array<vec4<u32>, ATT_V_BATCH>;
+    for (var u = 0u; u < ATT_V_BATCH; u++) {
+        let j = j0 + u * lanes;
+        vs[u] = vec4<u32>(0u);
+        if j < end {
+            vs[u] = v_column8(v, base + j);
+        }
+    }
+    return vs;
+}
+
 // Attends with the query in `qs` (written before a barrier every
 // invocation has passed) at position `at`, taking position `at`'s K row
 // from `k_row` where `new_k` and its V row from `v_row` where `new_v`.
@@ -257,9 +277,17 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
     var acc = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
     for (var t0 = 0u; t0 < len; t0 += ATT_THREADS) {
         let t = t0 + tid;
+        let end = min(len - t0, ATT_THREADS);
+        // The weighted sum's first batch of V words, loaded with K's (they
+        // do not depend on the scores).
+        let column8 = VColumn(at, new_v, kv_dim, kv_off, c, true, aligned);
+        var first_vs: array<vec4<u32>, ATT_V_BATCH>;
+        if summing && wide {
+            first_vs = v_batch8(column8, first + t0, lane, lanes, end);
+        }
         var s_t = ATT_LOWEST;
         if lanes_score {
-            score_parts(first + t0, min(len - t0, ATT_THREADS), kv_dim / 2u, kv_off, hd, at, new_k, tid, k_batch);
+            score_parts(first + t0, end, kv_dim / 2u, kv_off, hd, at, new_k, tid, k_batch);
             workgroupBarrier();
             if t < len {
                 if new_k && first + t == at {
@@ -279,15 +307,21 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
                 s_t = s.scale * score((first + t) * kv_dim + kv_off, hd, aligned);
             }
         }
+        // The chunk's maximum: of runs of ATT_RUN, then of the runs' maxima.
         red[tid] = s_t;
-        for (var half = ATT_THREADS / 2u; half > 0u; half /= 2u) {
-            workgroupBarrier();
-            if tid < half {
-                red[tid] = max(red[tid], red[tid + half]);
+        workgroupBarrier();
+        if tid < ATT_THREADS / ATT_RUN {
+            var run = red[tid * ATT_RUN];
+            for (var i = 1u; i < ATT_RUN; i++) {
+                run = max(run, red[tid * ATT_RUN + i]);
             }
+            red_runs[tid] = run;
         }
         workgroupBarrier();
-        let m_new = max(m, red[0]);
+        var m_new = m;
+        for (var i = 0u; i < ATT_THREADS / ATT_RUN; i++) {
+            m_new = max(m_new, red_runs[i]);
+        }
         if t < len {
             probs[tid] = exp(s_t - m_new);
         }
@@ -298,27 +332,23 @@ fn attend(s: AttnShape, at: u32, kv_off: u32, tid: u32, new_k: bool, new_v: bool
         l *= alpha;
         m = m_new;
         if summing && wide {
-            let end = min(len - t0, ATT_THREADS);
-            let column = VColumn(at, new_v, kv_dim, kv_off, c, true, aligned);
-            var j = lane;
-            for (; j + (ATT_V_BATCH - 1u) * lanes < end; j += ATT_V_BATCH * lanes) {
-                var vs: array<vec4<u32>, ATT_V_BATCH>;
-                for (var u = 0u; u < ATT_V_BATCH; u++) {
-                    vs[u] = v_column8(column, first + t0 + j + u * lanes);
+            // A lane's positions `lane, lane + lanes, ...` in batches (the
+            // first loaded above), added in that order.
+            for (var j0 = lane; j0 < end; j0 += ATT_V_BATCH * lanes) {
+                var vs = first_vs;
+                if j0 != lane {
+                    vs = v_batch8(column8, first + t0, j0, lanes, end);
                 }
                 for (var u = 0u; u < ATT_V_BATCH; u++) {
-                    let pj = probs[j + u * lanes];
-                    acc = add_v8(acc, pj, vs[u]);
-                    l += pj;
+                    let j = j0 + u * lanes;
+                    if j < end {
+                        let pj = probs[j];
+                        acc = add_v8(acc, pj, vs[u]);
+                        l += pj;
+                    }
                 }
-            }
-            for (; j < end; j += lanes) {
-                let pj = probs[j];
-                acc = add_v8(acc, pj, v_column8(column, first + t0 + j));
-                l += pj;
             }
         } else if summing {
-            let end = min(len - t0, ATT_THREADS);
             let column = VColumn(at, new_v, kv_dim, kv_off, c, two, aligned);
             // A lane's positions `j, j + lanes, ...` in batches, added in
             // the same order as one at a time.

@@ -14,7 +14,7 @@
 // up weights at the same elements and multiplies both with one load of
 // `x`. The norm is folded into the product: each lane multiplies the input
 // by `g` and sums its squares, and a column's finished sums are scaled by
-// `1 / rms`. `MATMUL_COLS`, `MATMUL_TILE` and the `EPILOGUE_` constants come
+// `1 / rms`. `MATMUL_COLS`, `MATMUL_LANES`, `MATMUL_TILE` and the `EPILOGUE_` constants come
 // from Rust, prepended to the source (`wgsl/mod.rs`).
 
 // #include "quant.wgsl"
@@ -74,7 +74,6 @@ fn pick3(a: array<u32, 3>, i: u32) -> u32 {
     return select(select(a[2], a[1], i == 1u), a[0], i == 0u);
 }
 
-const MATMUL_LANES: u32 = 64u;
 const MATMUL_THREADS: u32 = MATMUL_COLS * MATMUL_LANES;
 
 // Each invocation's partial sums by tile row: products of the first and

@@ -22,7 +22,7 @@
 // and each invocation sums a 2-column by 4-row block out of both, so each
 // weight is decoded once per 32 rows and each activation read once per 32
 // columns. The tiles hold f32, or f16 on devices with f16 arithmetic
-// (gemm_stage.wgsl). `MATMUL_COLS`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
+// (gemm_stage.wgsl). `MATMUL_COLS`, `MATMUL_LANES`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
 // Rust, prepended to the source (`wgsl/mod.rs`), which launches the
 // workgroups of either path.
 
@@ -62,7 +62,6 @@ fn shape() -> MatmulShape {
     return args.s;
 }
 
-const MATMUL_LANES: u32 = 64u;
 const MATMUL_THREADS: u32 = MATMUL_COLS * MATMUL_LANES;
 // `gemm_tile` lays its 32 by 32 tile over exactly this many invocations.
 const_assert MATMUL_THREADS == 128u;

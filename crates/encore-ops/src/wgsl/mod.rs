@@ -87,11 +87,22 @@ fn weight_type(kernel: &str, id: u32) -> Result<DType, String> {
     }
 }
 
+/// Invocations a workgroup of `matmul` and `fused_matmul` (`MATMUL_THREADS`
+/// there; `gemm_tile` lays its tile over exactly this many).
+const MATMUL_THREADS: u32 = 128;
+
 /// Output columns a workgroup of `matmul` and `fused_matmul` computes, each
-/// with MATMUL_LANES (64) invocations: on an H200 through Vulkan, 2 columns
-/// of 64 lanes decoded faster than 4 of 32 (one row: 835 against 767 tok/s
-/// for the default model, BENCHMARKS.md) and 1 of 128 no faster.
+/// with `MATMUL_THREADS / MATMUL_COLS` lanes: on an H200 through Vulkan, 2
+/// columns of 64 lanes decoded faster than 4 of 32 (one row: 835 against
+/// 767 tok/s for the default model, BENCHMARKS.md) and 1 of 128 no faster.
 const MATMUL_COLS: u32 = 2;
+
+/// Columns a workgroup of a `matmul` variant for few rows and at least
+/// [`WIDE_MIN_COLUMNS`] columns (an output head) computes instead, 16 lanes
+/// each: with so many columns the device is full either way, and each lane
+/// has several weight blocks to read instead of one.
+const WIDE_COLS: u32 = 8;
+const WIDE_MIN_COLUMNS: u32 = 16_384;
 /// Activation rows those workgroups multiply per read of their weights.
 const MATMUL_TILE: u32 = 8;
 
@@ -101,9 +112,11 @@ const MATMUL_GEMM_ROWS: u32 = 32;
 
 /// The constants the products' sources take from Rust, with `tile` rows a
 /// workgroup (MATMUL_TILE, or fewer in a variant for fewer rows).
-fn matmul_constants(tile: u32) -> String {
+fn matmul_constants(tile: u32, cols: u32) -> String {
+    let lanes = MATMUL_THREADS / cols;
     format!(
-        "const MATMUL_COLS: u32 = {MATMUL_COLS}u;\nconst MATMUL_TILE: u32 = {tile}u;\n\
+        "const MATMUL_COLS: u32 = {cols}u;\nconst MATMUL_LANES: u32 = {lanes}u;\n\
+         const MATMUL_TILE: u32 = {tile}u;\n\
          const MATMUL_GEMM_ROWS: u32 = {MATMUL_GEMM_ROWS}u;\n\
          const EPILOGUE_STORE: u32 = {EPILOGUE_STORE}u;\n\
          const EPILOGUE_ACCUMULATE: u32 = {EPILOGUE_ACCUMULATE}u;\n\
@@ -119,9 +132,10 @@ fn variant_tile(rows: u32) -> u32 {
     rows.clamp(1, MATMUL_TILE)
 }
 
-/// Workgroups for `columns` output columns of `rows` activation rows.
-fn matmul_launch(columns: u32, rows: u32) -> Launch {
-    linear_launch(columns.div_ceil(MATMUL_COLS) * rows.div_ceil(MATMUL_TILE))
+/// Workgroups for `columns` output columns of `rows` activation rows, `cols`
+/// columns a workgroup.
+fn matmul_launch(columns: u32, rows: u32, cols: u32) -> Launch {
+    linear_launch(columns.div_ceil(cols) * rows.div_ceil(MATMUL_TILE))
 }
 
 /// The header a product's version swaps in for subgroup operations (the
@@ -135,7 +149,12 @@ const F16_HEADER: (&str, &str) = ("gemm_stage.wgsl", include_str!("gemm_stage_f1
 /// `enable f16;` comes first (a directive precedes every declaration).
 /// (WGSL's `enable subgroups;` would belong there too, but naga does not
 /// take it yet; wgpu enables them with the device feature.)
-fn product_source(file: &str, shape: &str, tile: u32, swaps: &[(&str, &'static str)]) -> String {
+fn product_source(
+    file: &str,
+    shape: &str,
+    (tile, cols): (u32, u32),
+    swaps: &[(&str, &'static str)],
+) -> String {
     let files: Vec<(&str, &'static str)> = FILES
         .iter()
         .map(|&(name, text)| {
@@ -152,7 +171,7 @@ fn product_source(file: &str, shape: &str, tile: u32, swaps: &[(&str, &'static s
         ""
     };
     enable.to_string()
-        + &matmul_constants(tile)
+        + &matmul_constants(tile, cols)
         + shape
         + &crate::include::expand(&files, file, |f| format!("no WGSL file {f};\n"))
 }
@@ -180,14 +199,14 @@ fn with_product_versions(
     kernel: WgpuKernel,
     file: &str,
     shape: &str,
-    tile: u32,
+    geometry: (u32, u32),
     stages: bool,
 ) -> WgpuKernel {
     let subgroups = WgslFeatures {
         subgroups: true,
         f16: false,
     };
-    let version = |swaps: &[(&str, &'static str)]| product_source(file, shape, tile, swaps);
+    let version = |swaps: &[(&str, &'static str)]| product_source(file, shape, geometry, swaps);
     if !stages {
         return kernel.with_version(subgroups, version(&[SUBGROUP_HEADER]));
     }
@@ -206,28 +225,28 @@ fn with_product_versions(
 }
 
 /// `matmul` for any shape, or specialized for one (`fields`, see
-/// [`shape_constants`]).
-fn matmul_kernel(fields: Option<String>, tile: u32) -> WgpuKernel {
+/// [`shape_constants`]), with `tile` rows and `cols` columns a workgroup.
+fn matmul_kernel(fields: Option<String>, tile: u32, cols: u32) -> WgpuKernel {
     let shape = shape_constants("MatmulShape", fields);
-    let source = product_source("matmul.wgsl", &shape, tile, &[]);
-    let kernel = WgpuKernel::checked(source, "matmul", |s: &MatmulShape| {
+    let source = product_source("matmul.wgsl", &shape, (tile, cols), &[]);
+    let kernel = WgpuKernel::checked(source, "matmul", move |s: &MatmulShape| {
         weight_type("matmul", s.dtype)?;
         if s.rows >= MATMUL_GEMM_ROWS && s.k.is_multiple_of(32) {
             return Ok(linear_launch(s.n.div_ceil(32) * s.rows.div_ceil(32)));
         }
-        Ok(matmul_launch(s.n, s.rows))
+        Ok(matmul_launch(s.n, s.rows, cols))
     });
     finite(with_product_versions(
         kernel,
         "matmul.wgsl",
         &shape,
-        tile,
+        (tile, cols),
         true,
     ))
 }
 
 pub(crate) fn matmul() -> WgpuKernel {
-    matmul_kernel(None, MATMUL_TILE)
+    matmul_kernel(None, MATMUL_TILE, MATMUL_COLS)
 }
 
 /// `matmul` specialized for the value `value` (a [`MatmulShape`]): the
@@ -235,14 +254,17 @@ pub(crate) fn matmul() -> WgpuKernel {
 pub(crate) fn matmul_for(value: &[u8]) -> Option<WgpuKernel> {
     let s: MatmulShape = bytemuck::try_pod_read_unaligned(value).ok()?;
     let fields = format!("{}u, {}u, {}u, {}u", s.rows, s.n, s.k, s.dtype);
-    Some(matmul_kernel(Some(fields), variant_tile(s.rows)))
+    let wide = s.rows < MATMUL_TILE && s.n >= WIDE_MIN_COLUMNS;
+    let cols = if wide { WIDE_COLS } else { MATMUL_COLS };
+    Some(matmul_kernel(Some(fields), variant_tile(s.rows), cols))
 }
 
 /// `fused_matmul` for any shape, or specialized for one (`fields`, see
 /// [`shape_constants`]).
 fn fused_matmul_kernel(fields: Option<String>, tile: u32) -> WgpuKernel {
     let shape = shape_constants("FusedShape", fields);
-    let source = product_source("fused_matmul.wgsl", &shape, tile, &[]);
+    let geometry = (tile, MATMUL_COLS);
+    let source = product_source("fused_matmul.wgsl", &shape, geometry, &[]);
     let kernel = WgpuKernel::checked(source, "fused_matmul", |s: &FusedShape| {
         let used = if s.epilogue == EPILOGUE_SWIGLU {
             2
@@ -268,7 +290,7 @@ fn fused_matmul_kernel(fields: Option<String>, tile: u32) -> WgpuKernel {
         kernel,
         "fused_matmul.wgsl",
         &shape,
-        tile,
+        geometry,
         false,
     ))
 }

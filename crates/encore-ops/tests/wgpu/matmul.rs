@@ -177,6 +177,39 @@ fn matmul_with_more_workgroups_than_a_grid_dimension_matches_the_exact_product()
     assert_within("matmul n=270000", &got, &exact, &scale, EXACT_TOL);
 }
 
+/// An output head's shape in a graph: few rows and at least 16,384
+/// columns, whose variant takes 8 columns of 16 lanes a workgroup instead
+/// of 2 of 64 (`WIDE_COLS` in `wgsl/mod.rs`); columns not a whole number
+/// of workgroups, rows of several weight blocks a lane.
+#[test]
+fn wide_matmul_variant_matches_the_exact_product() {
+    let mut rng = Rng::new();
+    let [_, ops] = both();
+    for (dtype, rows, n, k) in [
+        (DType::Q8_0, 1usize, 16_389usize, 576usize),
+        (DType::Q4_K, 3, 16_387, 512),
+        (DType::F16, 2, 20_000, 72),
+    ] {
+        let w = random_weights(&mut rng, dtype, n, k);
+        let x = rng.vec(rows * k);
+        let wf = dequantize(dtype, &w, n, k);
+        let (exact, scale) = exact_product(&wf, &x, rows, n, k);
+        let weight = weight(&ops, dtype, &w, n, k);
+        let xb = upload(&ops, &x);
+        let y = ops.device().alloc(rows * n * 4).unwrap();
+        let specialized = run_graph(&ops, &[&y], |o, e| {
+            o.matmul(e, &weight, &xb, &y, rows, "matmul")
+        });
+        let what = format!("matmul {dtype} rows={rows} n={n} k={k} (wgpu, specialized)");
+        assert_eq!(
+            specialized, 1,
+            "{what}: the graph's kernel is not specialized"
+        );
+        let got = y.download::<f32>().unwrap();
+        assert_within(&what, &got, &exact, &scale, EXACT_TOL);
+    }
+}
+
 /// `rms_norm(x) * g` as the CPU's `rms_norm` forms it (sum of squares in f64).
 fn rms_norm(x: &[f32], g: &[f32], rows: usize, k: usize, eps: f32) -> Vec<f32> {
     let mut out = vec![0f32; rows * k];

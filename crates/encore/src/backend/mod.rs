@@ -76,6 +76,15 @@ pub(crate) trait Backend: Send + Sync {
     fn read_settled(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
         self.read(mem, offset, out)
     }
+    /// [`Backend::read_settled`] of several ranges `(mem, offset, out)` at
+    /// once, which a backend that submits its copies (wgpu) makes one
+    /// submission.
+    fn read_settled_many(&self, reads: &mut [(RawMem, usize, &mut [u8])]) -> Result<()> {
+        for (mem, offset, out) in reads.iter_mut() {
+            self.read_settled(*mem, *offset, out)?;
+        }
+        Ok(())
+    }
     /// The launch geometry of a dispatch of `kernel` whose inline bytes
     /// (its value arguments, concatenated in order) are `value`: computed by
     /// the kernel's implementation for this backend. Backends without a

@@ -271,29 +271,39 @@ impl Shared {
             self.queue.write_buffer(&buffer, offset as u64, data);
         } else {
             let mut words = vec![0u8; end - start];
-            self.read(mem, start, &mut words, false)?;
+            self.read(&mut [(mem, start, &mut words[..])], false)?;
             words[offset - start..offset - start + data.len()].copy_from_slice(data);
             self.queue.write_buffer(&buffer, start as u64, &words);
         }
         self.scoped("writing a buffer", caught(scope))
     }
 
-    /// Copies `out.len()` bytes at `offset` of `mem` out, after all
-    /// submitted work, through a staging buffer. wgpu copies whole words
-    /// from word-aligned offsets, so the copy covers the words around the
-    /// range.
-    fn read(&self, mem: RawMem, offset: usize, out: &mut [u8], settled: bool) -> Result<()> {
+    /// Copies each range `(mem, offset, out)` out (`out.len()` bytes at
+    /// `offset` of `mem`), after all submitted work, through one staging
+    /// buffer and one submission. wgpu copies whole words from word-aligned
+    /// offsets, so each copy covers the words around its range.
+    ///
+    /// With `settled` (the caller has seen the work that wrote the ranges
+    /// complete), a held replay stays behind the copies and is submitted
+    /// right after them, before the wait: the device goes on to it at once
+    /// instead of idling until the host launches again.
+    fn read(&self, reads: &mut [(RawMem, usize, &mut [u8])], settled: bool) -> Result<()> {
         self.usable()?;
-        if out.is_empty() {
+        if reads.iter().all(|(_, _, out)| out.is_empty()) {
             return Ok(());
         }
         if !settled {
             self.flush();
         }
-        let src = self.buffer(mem)?;
-        let start = (offset as u64) & !3;
-        let end = (offset as u64 + out.len() as u64).next_multiple_of(4);
-        let size = end - start;
+        // Each range's words and their place in the staging buffer.
+        let mut copies = Vec::with_capacity(reads.len());
+        let mut size = 0u64;
+        for (mem, offset, out) in reads.iter() {
+            let start = (*offset as u64) & !3;
+            let end = (*offset as u64 + out.len() as u64).next_multiple_of(4);
+            copies.push((self.buffer(*mem)?, start, end - start, size));
+            size += end - start;
+        }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("encore read"),
@@ -304,8 +314,15 @@ impl Shared {
         let mut encoder = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        encoder.copy_buffer_to_buffer(&src, start, &staging, 0, size);
+        for (src, start, len, at) in &copies {
+            if *len > 0 {
+                encoder.copy_buffer_to_buffer(src, *start, &staging, *at, *len);
+            }
+        }
         let index = self.queue.submit([encoder.finish()]);
+        if settled {
+            self.flush();
+        }
         let mapped = Arc::new(Mutex::new(None));
         let done = mapped.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| *done.lock() = Some(r));
@@ -330,8 +347,10 @@ impl Shared {
             }
         }
         let copied = staging.get_mapped_range(..).map(|view| {
-            let skip = offset - start as usize;
-            out.copy_from_slice(&view[skip..skip + out.len()]);
+            for ((_, offset, out), (_, start, _, at)) in reads.iter_mut().zip(&copies) {
+                let skip = (*at + (*offset as u64 - start)) as usize;
+                out.copy_from_slice(&view[skip..skip + out.len()]);
+            }
         });
         staging.unmap();
         copied.map_err(|e| self.driver_error("mapping a buffer", e.to_string()))
@@ -728,11 +747,15 @@ impl Backend for WgpuBackend {
     }
 
     fn read(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.shared.read(mem, offset, out, false)
+        self.shared.read(&mut [(mem, offset, out)], false)
     }
 
     fn read_settled(&self, mem: RawMem, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.shared.read(mem, offset, out, true)
+        self.shared.read(&mut [(mem, offset, out)], true)
+    }
+
+    fn read_settled_many(&self, reads: &mut [(RawMem, usize, &mut [u8])]) -> Result<()> {
+        self.shared.read(reads, true)
     }
 
     fn compile(&self, def: &KernelDef) -> Result<Arc<dyn Any + Send + Sync>> {
