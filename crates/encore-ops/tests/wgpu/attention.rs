@@ -61,26 +61,12 @@ fn shape(rows: usize, heads: usize, kv_heads: usize, head_dim: usize, max_seq: u
     }
 }
 
-/// Decode (one row) and prefill (several rows) without a window: the
-/// default model's 9 query heads over 3 KV heads of 64, Gemma 3's head of
-/// 256, one KV head per query head, a head size that is not a multiple of
-/// anything, and contexts shorter and longer than a chunk of positions.
-#[test]
-fn attention_matches_cpu_for_decode_and_prefill() {
+/// [`check`] of each case `(rows, heads, kv_heads, head_dim, max_seq, pos)`
+/// without a window.
+fn check_cases(cases: &[(usize, usize, usize, usize, usize, u32)]) {
     let mut rng = Rng::new();
     let pair = both();
-    for (rows, heads, kv_heads, head_dim, max_seq, pos) in [
-        (1usize, 9usize, 3usize, 64usize, 256usize, 0u32),
-        (1, 9, 3, 64, 256, 37),
-        (1, 9, 3, 64, 600, 599),
-        (1, 4, 1, 256, 300, 280),
-        (6, 9, 3, 64, 256, 0),
-        (5, 4, 2, 64, 256, 100),
-        (3, 8, 8, 128, 64, 20),
-        (2, 4, 1, 256, 32, 7),
-        (2, 4, 2, 10, 32, 5),
-        (70, 9, 3, 64, 400, 300),
-    ] {
+    for &(rows, heads, kv_heads, head_dim, max_seq, pos) in cases {
         check(
             &pair,
             &mut rng,
@@ -90,6 +76,26 @@ fn attention_matches_cpu_for_decode_and_prefill() {
     }
 }
 
+/// Decode (one row) and prefill (several rows) without a window: the
+/// default model's 9 query heads over 3 KV heads of 64, Gemma 3's head of
+/// 256, one KV head per query head, a head size that is not a multiple of
+/// anything, and contexts shorter and longer than a chunk of positions.
+#[test]
+fn attention_matches_cpu_for_decode_and_prefill() {
+    check_cases(&[
+        (1, 9, 3, 64, 256, 0),
+        (1, 9, 3, 64, 256, 37),
+        (1, 9, 3, 64, 600, 599),
+        (1, 4, 1, 256, 300, 280),
+        (6, 9, 3, 64, 256, 0),
+        (5, 4, 2, 64, 256, 100),
+        (3, 8, 8, 128, 64, 20),
+        (2, 4, 1, 256, 32, 7),
+        (2, 4, 2, 10, 32, 5),
+        (70, 9, 3, 64, 400, 300),
+    ]);
+}
+
 /// Prefill batches that take the tiled kernel (`attention_prefill`: from
 /// 16 rows, heads of 16, 32 and 64): a whole tile of rows, rows that end
 /// inside a tile, many tiles over a longer history than the batch, and one
@@ -97,23 +103,14 @@ fn attention_matches_cpu_for_decode_and_prefill() {
 /// general kernel.
 #[test]
 fn tiled_prefill_attention_matches_cpu() {
-    let mut rng = Rng::new();
-    let pair = both();
-    for (rows, heads, kv_heads, head_dim, max_seq, pos) in [
-        (16usize, 9usize, 3usize, 64usize, 16usize, 0u32),
+    check_cases(&[
+        (16, 9, 3, 64, 16, 0),
         (33, 4, 2, 32, 100, 5),
         (130, 9, 3, 64, 200, 0),
         (64, 2, 1, 16, 80, 16),
         (100, 8, 8, 64, 700, 555),
         (40, 4, 4, 128, 64, 3),
-    ] {
-        check(
-            &pair,
-            &mut rng,
-            shape(rows, heads, kv_heads, head_dim, max_seq),
-            pos,
-        );
-    }
+    ]);
 }
 
 /// A sliding window (Gemma 3's local layers) on decode rows and on a

@@ -234,12 +234,13 @@ impl Shared {
     /// before. The next operation on the queue submits them first (a
     /// write, an ordered read, another launch, a wait or poll, a
     /// synchronization), except reads of what earlier work wrote
-    /// ([`Backend::read_settled`]), which go ahead of them. A decode loop
-    /// encodes its next replay before it reads the previous one's tokens
-    /// and logits; on one wgpu queue those reads would otherwise wait for
-    /// the next replay to finish, and the device would then idle while the
-    /// host encodes the one after. Held, the next replay starts when the
-    /// loop begins to launch the one after it, before encoding it.
+    /// ([`Backend::read_settled`]), which go ahead of them and submit them
+    /// right behind their copy. A decode loop encodes its next replay
+    /// before it reads the previous one's tokens and logits; on one wgpu
+    /// queue those reads would otherwise wait for the next replay to
+    /// finish. Held, the next replay starts right after the read's copy,
+    /// while the host takes the tokens, or else when the loop begins to
+    /// launch the one after it, before encoding it.
     fn hold(&self, commands: wgpu::CommandBuffer, slot: Arc<submit::Slot>) {
         self.flush();
         *self.held.lock() = Some((commands, slot));
