@@ -114,7 +114,7 @@ fn every_wgsl_kernel_translates_to_msl_with_the_binding_map() {
         translated.insert(kernel.entry.clone());
     }
     let on_disk = entry_points_on_disk();
-    assert_eq!(on_disk.len(), 16, "{on_disk:?}");
+    assert_eq!(on_disk.len(), 17, "{on_disk:?}");
     let missing: Vec<_> = on_disk.difference(&translated).collect();
     assert!(
         missing.is_empty(),
