@@ -153,14 +153,7 @@ impl Buffer {
         out: &mut [T],
     ) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        self.check_range("download", 0, bytes.len())?;
-        if !after.device().same(&self.device) {
-            return Err(Error::WrongDevice("download_after"));
-        }
-        after.wait()?;
-        self.device
-            .backend()
-            .read_settled(self.alloc.mem, self.offset, bytes)
+        Self::read_all_after("download_after", after, &mut [(self, bytes)])
     }
 
     /// [`Buffer::download_after`] of several buffers at once (`reads` pairs
@@ -170,11 +163,20 @@ impl Buffer {
         after: &crate::Submission,
         reads: &mut [(&Buffer, &mut [u8])],
     ) -> Result<()> {
+        Self::read_all_after("download_all_after", after, reads)
+    }
+
+    /// The reads of [`Buffer::download_all_after`], for the operation `what`.
+    fn read_all_after(
+        what: &'static str,
+        after: &crate::Submission,
+        reads: &mut [(&Buffer, &mut [u8])],
+    ) -> Result<()> {
         let mut ranges = Vec::with_capacity(reads.len());
         for (buffer, out) in reads.iter_mut() {
             buffer.check_range("download", 0, out.len())?;
             if !after.device().same(&buffer.device) {
-                return Err(Error::WrongDevice("download_all_after"));
+                return Err(Error::WrongDevice(what));
             }
             ranges.push((buffer.alloc.mem, buffer.offset, &mut **out));
         }

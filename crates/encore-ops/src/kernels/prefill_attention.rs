@@ -12,8 +12,9 @@
 //! attention weights are rounded to f16, so against the exact softmax the
 //! result differs by those roundings (2^-11 relative): with |v| < 1 it is
 //! within 1e-3 of the CPU's. wgpu: `wgsl/prefill_attention.wgsl`, f32
-//! sums throughout (the queries rounded to f16 as on the CPU), within 1e-4
-//! of the CPU's; the Metal backend translates the same WGSL (never run on
+//! sums throughout and the CPU's exponential, the queries rounded to f16
+//! where the CPU rounds them (batches below its tiled path's
+//! `FA_TILE_Q` rows), within 1e-4 of the CPU's from those rows on; the Metal backend translates the same WGSL (never run on
 //! Apple hardware). Each file's opening comment describes its tiling.
 
 use encore::KernelDef;

@@ -430,13 +430,16 @@ pub(crate) fn attention() -> WgpuKernel {
 }
 
 /// Query rows a workgroup of `attention_prefill` takes (`FA_ROWS` in
-/// `prefill_attention.wgsl`).
+/// `prefill_attention.wgsl`, which lays its invocations over 16).
 const PREFILL_QUERY_ROWS: u32 = 16;
 
 /// One workgroup per (head, tile of [`PREFILL_QUERY_ROWS`] query rows).
 pub(crate) fn prefill_attention() -> WgpuKernel {
     finite(WgpuKernel::new(
-        source("prefill_attention.wgsl"),
+        format!(
+            "const FA_ROWS: u32 = {PREFILL_QUERY_ROWS}u;\nconst FA_F32_ROWS: u32 = {}u;\n",
+            crate::cpu::kernels::attention::FA_TILE_Q
+        ) + &source("prefill_attention.wgsl"),
         "attention_prefill",
         |s: &AttnShape| linear_launch(s.heads.saturating_mul(s.rows.div_ceil(PREFILL_QUERY_ROWS))),
     ))

@@ -12,7 +12,8 @@
 // For each tile of positions: the workgroup converts the tile's K and V
 // rows to f32 in workgroup memory; invocation `(r, g)` (8 a query row)
 // scores positions `g` and `g + 8` of the tile against query row `r`
-// (rounded to f16, as on the CPU), masking those past the row's position;
+// (rounded to f16 in batches of fewer than FA_F32_ROWS rows, as the CPU
+// does below its tiled path's rows), masking those past the row's position;
 // the row's 8 invocations meet for the tile's maximum and turn the scores
 // into weights `e^(s - m)` against the running maximum `m`; then
 // invocation `(pair, c)` rescales the running sums of query rows `2 pair,
@@ -22,16 +23,22 @@
 // Tiles go the longest first (the last query rows see the most
 // positions), so the short ones fill the end of the launch.
 //
-// Sums are f32 throughout; against the CPU (f32 sums from 64 rows on, in
-// another order) the results agree to about 1e-6 for |q|, |k|, |v| < 1.
+// Sums are f32 throughout, and the weights are `ggml_expf`'s, the CPU's
+// exponential (WGSL's `exp` is coarser on some devices: lavapipe's put a
+// row of two positions 1e-4 off); against the CPU (f32 sums from 64 rows
+// on, in another order) the results agree to about 1e-6 for |q|, |k|,
+// |v| < 1.
 //
 // Shapes: a head of at most FA_HEAD elements, a multiple of 8; no sliding
 // window; heads a multiple of the KV heads (`Ops::attention` sends no
-// other shape here; another writes nothing).
+// other shape here; another writes nothing). FA_ROWS and FA_F32_ROWS come
+// from Rust, prepended to the source (`wgsl/mod.rs`), which launches a
+// workgroup per head and tile of rows.
 
 // #include "common.wgsl"
 // #include "f16.wgsl"
 // #include "attn_shape.wgsl"
+// #include "ggml_exp.wgsl"
 
 struct Args {
     off: array<u32, 16>,
@@ -45,7 +52,6 @@ struct Args {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(1) @binding(0) var<storage, read> args: Args;
 
-const FA_ROWS: u32 = 16u;
 const FA_KEYS: u32 = 16u;
 const FA_THREADS: u32 = 128u;
 const FA_HEAD: u32 = 64u;
@@ -153,14 +159,19 @@ fn attention_prefill(
     // The positions the tile's last row sees.
     let end = p + min(r0 + FA_ROWS, s.rows);
 
-    // The queries, rounded to f16 (rows past the batch are zeros).
+    // The queries, rounded to f16 below FA_F32_ROWS rows as on the CPU
+    // (rows past the batch are zeros).
+    let round = s.rows < FA_F32_ROWS;
     for (var e = tid; e < FA_ROWS * hd / 4u; e += FA_THREADS) {
         let r = e / (hd / 4u);
         let c = e % (hd / 4u);
         var qv = vec4<f32>(0.0);
         if r0 + r < s.rows {
             let b = args.off[0] + ((r0 + r) * s.heads + h) * hd + 4u * c;
-            qv = vec4<f32>(round_f16(q[b]), round_f16(q[b + 1u]), round_f16(q[b + 2u]), round_f16(q[b + 3u]));
+            qv = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+            if round {
+                qv = vec4<f32>(round_f16(qv.x), round_f16(qv.y), round_f16(qv.z), round_f16(qv.w));
+            }
         }
         fa_q[r * FA_STRIDE + c] = qv;
     }
@@ -203,15 +214,15 @@ fn attention_prefill(
         workgroupBarrier();
         let m_new = max(sm, tile_max(sr));
         sm = m_new;
-        fa_p[sr * FA_KEYS + g] = exp(s0 - m_new);
-        fa_p[sr * FA_KEYS + g + FA_SCORE_LANES] = exp(s1 - m_new);
+        fa_p[sr * FA_KEYS + g] = ggml_expf(s0 - m_new);
+        fa_p[sr * FA_KEYS + g + FA_SCORE_LANES] = ggml_expf(s1 - m_new);
         workgroupBarrier();
 
         if summing {
             let na = max(ma, tile_max(ra));
             let nb = max(mb, tile_max(ra + 1u));
-            let alpha_a = exp(ma - na);
-            let alpha_b = exp(mb - nb);
+            let alpha_a = ggml_expf(ma - na);
+            let alpha_b = ggml_expf(mb - nb);
             ma = na;
             mb = nb;
             acc_a *= alpha_a;
