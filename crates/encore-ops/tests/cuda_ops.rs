@@ -1029,8 +1029,8 @@ fn gemm_matches_the_exact_product_for_every_weight_type() {
     // f32: within 2e-5 of Σ|w·x| from that product taken in f64, and within
     // 1e-3 Σ|w·x| of the f32 product (f16 rounding is 2^-11 relative). BF16
     // and F32 weights are multiplied as bf16 parts: within 1e-4 Σ|w·x| of
-    // the exact product. The types the kernel decodes to f16 (Q5_0, Q5_1,
-    // IQ4_NL and the super-block types: `rounds_weights`) enter rounded to
+    // the exact product. The types the kernel decodes to f16 (Q5_1, IQ4_NL
+    // and the super-block types but Q4_K: `rounds_weights`) enter rounded to
     // f16 as well: within 1e-3 Σ|w·x| of the exact product. Against the CPU,
     // which quantizes activations to 8 bits for quantized weights: 5e-3
     // Σ|w·x| there, 1e-3 for float weights.
@@ -1113,7 +1113,11 @@ fn gemm_matches_the_exact_product_for_every_weight_type() {
 /// Whether `gemm` rounds the weights of `dtype` to f16 (the types it
 /// decodes as it loads them), rather than taking them exactly.
 fn rounds_weights(dtype: DType) -> bool {
-    dtype.is_quantized() && !matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+    dtype.is_quantized()
+        && !matches!(
+            dtype,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4_K
+        )
 }
 
 /// `|a - b| <= tol * rms(b)` elementwise, plus one f16 step of `b` when

@@ -7,11 +7,13 @@
 // activations rounded to f16 (F16 and quantized weights) or split into two
 // bf16 parts (BF16 and F32 weights); see kernels/gemm.rs for the precision.
 //
-// One block of `gemm_threads` threads per tile of GM_BM activation rows by
+// One block (`gemm_launch` in cuda/geometry.rs) per tile of GM_BM activation rows by
 // GM_BN outputs, walking `k` in steps of one GGUF block (32 positions) per
-// warp group: with two groups (all but BF16 and F32 weights) each multiplies
-// every other block into its own accumulators, which meet in shared memory
-// at the end; two warps per scheduler then hide each other's latencies.
+// warp group: with G groups (two for all but BF16 and F32 weights, four for
+// long rows in a grid too small to fill the GPU twice over: `gemm_warp_groups`
+// in cuda/geometry.rs) each multiplies every G-th block into its own
+// accumulators, which meet in shared memory at the end, in the groups'
+// order; two warps per scheduler then hide each other's latencies.
 //
 // Each step, every thread loads its share of the next step's activations
 // (f32, 16 bytes at a time when aligned) and weights (raw blocks) into
@@ -30,16 +32,21 @@
 // of the tile: 2 x 4 `m16n8` accumulators, 16 `mma` per GGUF block (32 for
 // BF16 and 64 for F32, one per pair of parts). For quantized weights the
 // step's products land in a second set of accumulators, which is then folded
-// in as `acc += d_j p + m_j Σ_block x_r` with the column's scale and (Q4_1)
-// minimum and the row's block sum of the f16 activations. Rows, columns and
+// in as `acc += d_j p + m_j Σ_block x_r` with the column's scale and (Q4_1,
+// Q4_K) minimum and the row's block sum of the f16 activations. Q5_0 enters
+// so (codes `q - 16`, five bits from the nibbles and `qh`), and so does
+// Q4_K, whose sub-blocks of 32 are the steps: `d_j = d sc`, `m_j = -dmin
+// mn` with the sub-block's 6-bit scale and minimum. Rows, columns and
 // (float weights) positions past the matrix are zero in shared memory and
 // never stored.
 //
-// The types of quant_codes.cuh (Q5_0, Q5_1, IQ4_NL, the super-blocks) enter
-// as F16 weights do: each thread decodes its 16 weights of a step to f32 as
-// the CPU dequantizes them and rounds them to f16 (one decoder for all of
-// them; Q2_K, Q3_K and Q6_K change scales every 16 positions, within a
-// step, so a block's scale after its products would not do).
+// The other types of quant_codes.cuh (Q5_1, IQ4_NL, the other super-blocks)
+// enter as F16 weights do: each thread decodes its 16 weights of a step to
+// f32 as the CPU dequantizes them and rounds them to f16 (one decoder for
+// all of them; Q2_K, Q3_K and Q6_K change scales every 16 positions, within
+// a step, so a block's scale after its products would not do). The decode
+// needs its loads before the step's products, so these types do not overlap
+// the loads with the products as the raw types do.
 
 #include "gguf.cuh"
 #include "quant_codes.cuh"
@@ -47,9 +54,9 @@
 #include "matmul_shape.cuh"
 
 // GM_BM (activation rows a tile), GM_BN (output columns a tile), GM_PITCH
-// (16-bit elements a tile row: 32 and 8 of padding) and GM_THREADS (threads
-// of a warp group) come from Rust, prepended to this source
-// (cuda/geometry.rs). A step is one GGUF block of positions.
+// (16-bit elements a tile row: 32 and 8 of padding), GM_THREADS (threads
+// of a warp group) and GM_MAX_GROUPS (warp groups a block at most) come
+// from Rust, prepended to this source (cuda/geometry.rs). A step is one GGUF block of positions.
 #define GM_BK 32
 
 // x = hi + lo in bf16: `hi` is x's top 16 bits, `lo` the rest rounded to
@@ -87,15 +94,20 @@ __device__ __forceinline__ unsigned int sub_f16x2(unsigned int a, unsigned int b
     return r;
 }
 
+// The four bytes of `q` (each at most 255) as two f16 pairs, bytes (0, 1)
+// and (2, 3), each value minus `bias`: `0x6400 | n` is the f16 1024 + n, so
+// subtracting the f16 pair `bias2` (1024 + bias) leaves n - bias exactly.
+__device__ __forceinline__ void bytes_f16(unsigned int q, unsigned int bias2, unsigned int* out) {
+    const unsigned int b01 = byte_perm(q, 0u, 0x4140u), b23 = byte_perm(q, 0u, 0x4342u);
+    out[0] = sub_f16x2(b01 | 0x64006400u, bias2);
+    out[1] = sub_f16x2(b23 | 0x64006400u, bias2);
+}
+
 // The low (HI false) or high nibbles of the four bytes of `q` as two f16
-// pairs, bytes (0, 1) and (2, 3), each value minus `bias`: `0x6400 | n` is
-// the f16 1024 + n, so subtracting the f16 pair `bias2` (1024 + bias) leaves
-// n - bias exactly.
+// pairs, each minus `bias` (see bytes_f16).
 template <bool HI>
 __device__ __forceinline__ void nibbles_f16(unsigned int q, unsigned int bias2, unsigned int* out) {
-    const unsigned int b01 = byte_perm(q, 0u, 0x4140u), b23 = byte_perm(q, 0u, 0x4342u);
-    out[0] = sub_f16x2((((HI ? b01 >> 4 : b01) & 0x000f000fu) | 0x64006400u), bias2);
-    out[1] = sub_f16x2((((HI ? b23 >> 4 : b23) & 0x000f000fu) | 0x64006400u), bias2);
+    bytes_f16(((HI ? q >> 4 : q) & 0x0f0f0f0fu), bias2, out);
 }
 
 // The four signed bytes of `q` as two f16 pairs: (q + 128) | 0x6400 is
@@ -106,45 +118,56 @@ __device__ __forceinline__ void int8_f16(unsigned int q, unsigned int* out) {
     out[1] = sub_f16x2(((b23 ^ 0x00800080u) | 0x64006400u), 0x64806480u);
 }
 
+// Byte `i` of a Q4_K super-block's 12 bytes of scales and minimums, from
+// the head words in w[4..8] (the scales start at word 5).
+__device__ __forceinline__ unsigned int scale_byte(const unsigned int* w, unsigned int i) {
+    return (w[5 + i / 4] >> (8 * (i % 4))) & 0xffu;
+}
+
 // One thread's share of a step, between its global loads and its shared stores.
 struct GemmStage {
     float4 x[4];           // activations: rows tid / 8 + 16 i, positions 4 (tid % 8)..+4
     unsigned int w[16];    // weights: raw words (layout per type, see gemm_load_w)
-    unsigned int head;     // a GGUF block's d (and m) bits
+    unsigned int head;     // a GGUF block's d (and m) bits; Q4_K: the sub-block of the step
 };
 
 template <unsigned int TYPE>
 struct GemmTraits {
-    static constexpr bool QUANT = TYPE == GGML_Q4_0 || TYPE == GGML_Q4_1 || TYPE == GGML_Q8_0;
+    // Integer codes, a scale (and minimum) per column and step.
+    static constexpr bool QUANT = TYPE == GGML_Q4_0 || TYPE == GGML_Q4_1 || TYPE == GGML_Q8_0 ||
+                                  TYPE == GGML_Q5_0 || TYPE == GGML_Q4_K || TYPE == GGML_Q6_K;
+    // Q4_1 and Q4_K: a minimum per column and step, times the activations' block sums.
+    static constexpr bool MIN = TYPE == GGML_Q4_1 || TYPE == GGML_Q4_K;
+    // Q6_K: a scale per column and half step (16 positions, one `mma`'s
+    // k), the first in `d`, the second in `m`.
+    static constexpr bool HALVES = TYPE == GGML_Q6_K;
     // Decoded to f16 as they are loaded (quant_codes.cuh).
-    static constexpr bool CODED = TYPE == GGML_Q5_0 || TYPE == GGML_Q5_1 || TYPE == GGML_IQ4_NL ||
-                                  TYPE == GGML_Q2_K || TYPE == GGML_Q3_K || TYPE == GGML_Q4_K ||
-                                  TYPE == GGML_Q5_K || TYPE == GGML_Q6_K || TYPE == GGML_IQ4_XS;
+    static constexpr bool CODED = TYPE == GGML_Q5_1 || TYPE == GGML_IQ4_NL || TYPE == GGML_Q2_K ||
+                                  TYPE == GGML_Q3_K || TYPE == GGML_Q5_K || TYPE == GGML_IQ4_XS;
     static constexpr bool BF = TYPE == GGML_BF16 || TYPE == GGML_F32;
     static constexpr int A_PARTS = BF ? 2 : 1;
     static constexpr int B_PARTS = TYPE == GGML_F32 ? 2 : 1;
-    // Warp groups of GM_THREADS threads, each taking one GGUF block of a step.
-    static constexpr int GROUPS = BF ? 1 : 2;
 };
 
 // Shared memory of one block (see `gemm_shared_bytes`), in slots: one per
-// stage and warp group (`stage * GROUPS + group`). A tiles, B tiles, then per slot d[GM_BN], m[GM_BN] and the
+// stage and warp group (`stage * groups + group`, `groups` the block's warp
+// groups). A tiles, B tiles, then per slot d[GM_BN], m[GM_BN] and the
 // activation block sums xs[GM_BM].
 template <unsigned int TYPE>
 struct GemmSmem {
-    static constexpr int SLOTS = 2 * GemmTraits<TYPE>::GROUPS;
-    unsigned short* a;  // [SLOTS][A_PARTS][GM_BM * GM_PITCH]
-    unsigned short* b;  // [SLOTS][B_PARTS][GM_BN * GM_PITCH]
-    float* d;           // [SLOTS][GM_BN]
-    float* m;           // [SLOTS][GM_BN]
-    float* xs;          // [SLOTS][GM_BM]
-    __device__ explicit GemmSmem(unsigned char* base) {
+    unsigned short* a;  // [slots][A_PARTS][GM_BM * GM_PITCH]
+    unsigned short* b;  // [slots][B_PARTS][GM_BN * GM_PITCH]
+    float* d;           // [slots][GM_BN]
+    float* m;           // [slots][GM_BN]
+    float* xs;          // [slots][GM_BM]
+    __device__ GemmSmem(unsigned char* base, unsigned int groups) {
         typedef GemmTraits<TYPE> T;
+        const unsigned int slots = 2 * groups;
         a = reinterpret_cast<unsigned short*>(base);
-        b = a + SLOTS * T::A_PARTS * GM_BM * GM_PITCH;
-        d = reinterpret_cast<float*>(b + SLOTS * T::B_PARTS * GM_BN * GM_PITCH);
-        m = d + SLOTS * GM_BN;
-        xs = m + SLOTS * GM_BN;
+        b = a + slots * T::A_PARTS * GM_BM * GM_PITCH;
+        d = reinterpret_cast<float*>(b + slots * T::B_PARTS * GM_BN * GM_PITCH);
+        m = d + slots * GM_BN;
+        xs = m + slots * GM_BN;
     }
     __device__ unsigned short* a_tile(int stage, int part) const {
         return a + (stage * GemmTraits<TYPE>::A_PARTS + part) * GM_BM * GM_PITCH;
@@ -183,7 +206,7 @@ __device__ __forceinline__ void gemm_load_x(const float* __restrict__ x, const M
 // decoded and rounded to f16 pairs, in w[0..8]. Quantized: thread
 // tid takes half tid % 2 of the block of row tid / 2 (Q4: codes bytes
 // 8h..8h+8 as two words; Q8_0: code bytes 16h..16h+16 as four words) and
-// its head. F16/BF16: rows (tid + 128 i) / 4, 8 elements at 8 (tid % 4) as a
+// its head (Q5_0 and Q4_K as the loads below say). F16/BF16: rows (tid + 128 i) / 4, 8 elements at 8 (tid % 4) as a
 // uint4, i < 2. F32: rows (tid + 128 i) / 8, 4 elements at 4 (tid % 8), i < 4.
 // VEC (float weights): w is 16-byte aligned and k a multiple of 8 (F16,
 // BF16) or 4 (F32).
@@ -205,11 +228,48 @@ __device__ __forceinline__ void gemm_load_w(const unsigned char* __restrict__ w,
     } else if (GemmTraits<TYPE>::QUANT) {
         const unsigned int row = n0 + tid / 2, h = tid % 2;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) st.w[i] = 0u;
+        for (int i = 0; i < 8; ++i) st.w[i] = 0u;
         st.head = 0u;
         if (row >= s.n || k0 >= s.k) return;
         const unsigned char* blk = w + row * row_bytes;
-        if (TYPE == GGML_Q4_1) {
+        if (TYPE == GGML_Q4_K) {
+            // The super-block's head (d and dmin, then the 12 bytes of
+            // scales and minimums) in w[4..8], the step's sub-block in
+            // `head`, and its codes 16h..16h+16 (one nibble each) in w[0..4].
+            const unsigned int j = (k0 % 256) / 32;
+            const unsigned int* sb = reinterpret_cast<const unsigned int*>(blk + (size_t)(k0 / 256) * 144);
+            st.head = j;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) st.w[4 + i] = sb[i];
+            const unsigned int* qs = sb + (16 + 32 * (j / 2) + 16 * h) / 4;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) st.w[i] = qs[i];
+        } else if (TYPE == GGML_Q6_K) {
+            // Weights 16h..16h+16 of sub-block j = 4 c + s (weight 128 c +
+            // 32 s + l): low bits in ql[64 c + 32 (s % 2) + l] (w[0..4]; high
+            // nibbles for s >= 2), high bits in qh[32 c + l] from bit 2 s
+            // (w[4..8]); the sub-block in `head`, d and the scales of
+            // groups 2 j and 2 j + 1 in w[8].
+            const unsigned int j = (k0 % 256) / 32, c = j / 4, sub = j % 4;
+            const unsigned char* sb = blk + (size_t)(k0 / 256) * 210;
+            const unsigned short* ql = reinterpret_cast<const unsigned short*>(sb + 64 * c + 32 * (sub % 2) + 16 * h);
+            const unsigned short* qh = reinterpret_cast<const unsigned short*>(sb + 128 + 32 * c + 16 * h);
+            st.head = j;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                st.w[i] = (unsigned int)ql[2 * i] | ((unsigned int)ql[2 * i + 1] << 16);
+                st.w[4 + i] = (unsigned int)qh[2 * i] | ((unsigned int)qh[2 * i + 1] << 16);
+            }
+            st.w[8] = (unsigned int)*reinterpret_cast<const unsigned short*>(sb + 208) |
+                      ((unsigned int)*reinterpret_cast<const unsigned short*>(sb + 192 + 2 * j) << 16);
+        } else if (TYPE == GGML_Q5_0) {
+            // d, the fifth bits (w[2]), and code bytes 8h..8h+8 (w[0..2]).
+            const unsigned short* p = reinterpret_cast<const unsigned short*>(blk + (size_t)(k0 / 32) * 22);
+            st.head = p[0];
+            st.w[2] = (unsigned int)p[1] | ((unsigned int)p[2] << 16);
+            st.w[0] = (unsigned int)p[3 + 4 * h] | ((unsigned int)p[4 + 4 * h] << 16);
+            st.w[1] = (unsigned int)p[5 + 4 * h] | ((unsigned int)p[6 + 4 * h] << 16);
+        } else if (TYPE == GGML_Q4_1) {
             blk += (size_t)(k0 / 32) * 20;
             st.head = *reinterpret_cast<const unsigned int*>(blk);
             st.w[0] = *reinterpret_cast<const unsigned int*>(blk + 4 + 8 * h);
@@ -277,7 +337,7 @@ __device__ __forceinline__ void gemm_store(const GemmSmem<TYPE>& sm, int stage, 
         } else {
             const unsigned int p0 = pack_f16(st.x[i].x, st.x[i].y), p1 = pack_f16(st.x[i].z, st.x[i].w);
             *reinterpret_cast<uint2*>(sm.a_tile(stage, 0) + at) = make_uint2(p0, p1);
-            if (TYPE == GGML_Q4_1) {
+            if (T::MIN) {
                 // The row's block sum of the f16 activations: eight threads share a row.
                 float sum = (f16_to_f32((f16_bits)(p0 & 0xffffu)) + f16_to_f32((f16_bits)(p0 >> 16)))
                     + (f16_to_f32((f16_bits)(p1 & 0xffffu)) + f16_to_f32((f16_bits)(p1 >> 16)));
@@ -298,6 +358,33 @@ __device__ __forceinline__ void gemm_store(const GemmSmem<TYPE>& sm, int stage, 
             for (int i = 0; i < 4; ++i) int8_f16(st.w[i], v + 2 * i);
             *reinterpret_cast<uint4*>(dst + 16 * h) = make_uint4(v[0], v[1], v[2], v[3]);
             *reinterpret_cast<uint4*>(dst + 16 * h + 8) = make_uint4(v[4], v[5], v[6], v[7]);
+        } else if (TYPE == GGML_Q4_K) {
+            // Weights 16h..16h+16 of the sub-block, one nibble a byte.
+            const unsigned int shift = 4 * (st.head % 2);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) bytes_f16((st.w[i] >> shift) & 0x0f0f0f0fu, 0x64006400u, v + 2 * i);
+            *reinterpret_cast<uint4*>(dst + 16 * h) = make_uint4(v[0], v[1], v[2], v[3]);
+            *reinterpret_cast<uint4*>(dst + 16 * h + 8) = make_uint4(v[4], v[5], v[6], v[7]);
+        } else if (TYPE == GGML_Q6_K) {
+            // Weights 16h..16h+16 of the sub-block, six bits each; q - 32.
+            const unsigned int sub = st.head % 4, shift = sub >= 2 ? 4 : 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                bytes_f16(((st.w[i] >> shift) & 0x0f0f0f0fu) | (((st.w[4 + i] >> (2 * sub)) & 0x03030303u) << 4),
+                          0x64206420u, v + 2 * i);
+            *reinterpret_cast<uint4*>(dst + 16 * h) = make_uint4(v[0], v[1], v[2], v[3]);
+            *reinterpret_cast<uint4*>(dst + 16 * h + 8) = make_uint4(v[4], v[5], v[6], v[7]);
+        } else if (TYPE == GGML_Q5_0) {
+            // Byte j of the codes holds weight j (low nibble) and j + 16
+            // (high), their fifth bits bits j and j + 16 of qh: codes
+            // 8h..8h+8 and 16+8h..; q - 16.
+            const unsigned int qh = st.w[2], bias = 0x64106410u;
+            bytes_f16((st.w[0] & 0x0f0f0f0fu) | fifth_bits4(qh, 2 * h), bias, v);
+            bytes_f16((st.w[1] & 0x0f0f0f0fu) | fifth_bits4(qh, 2 * h + 1), bias, v + 2);
+            bytes_f16(((st.w[0] >> 4) & 0x0f0f0f0fu) | fifth_bits4(qh, 4 + 2 * h), bias, v + 4);
+            bytes_f16(((st.w[1] >> 4) & 0x0f0f0f0fu) | fifth_bits4(qh, 5 + 2 * h), bias, v + 6);
+            *reinterpret_cast<uint4*>(dst + 8 * h) = make_uint4(v[0], v[1], v[2], v[3]);
+            *reinterpret_cast<uint4*>(dst + 16 + 8 * h) = make_uint4(v[4], v[5], v[6], v[7]);
         } else {
             // Byte j of the codes holds weight j (low nibble) and j + 16 (high).
             const unsigned int bias = TYPE == GGML_Q4_0 ? 0x64086408u : 0x64006400u;
@@ -308,9 +395,26 @@ __device__ __forceinline__ void gemm_store(const GemmSmem<TYPE>& sm, int stage, 
             *reinterpret_cast<uint4*>(dst + 8 * h) = make_uint4(v[0], v[1], v[2], v[3]);
             *reinterpret_cast<uint4*>(dst + 16 + 8 * h) = make_uint4(v[4], v[5], v[6], v[7]);
         }
-        if (h == 0) {
-            sm.d[stage * GM_BN + row] = f16_to_f32((f16_bits)(st.head & 0xffffu));
-            sm.m[stage * GM_BN + row] = TYPE == GGML_Q4_1 ? f16_to_f32((f16_bits)(st.head >> 16)) : 0.f;
+        if (TYPE == GGML_Q6_K) {
+            // The scale of the thread's 16 weights (group 2 j + h): d sc.
+            const float d = f16_to_f32((f16_bits)(st.w[8] & 0xffffu));
+            const float sc = (float)(signed char)((st.w[8] >> (16 + 8 * h)) & 0xffu);
+            (h == 0 ? sm.d : sm.m)[stage * GM_BN + row] = __fmul_rn(d, sc);
+        } else if (h == 0) {
+            if (TYPE == GGML_Q4_K) {
+                // Sub-block j's 6-bit scale and minimum (as decode8 takes
+                // them) times d and dmin: weight d sc q - dmin mn.
+                const unsigned int j = st.head;
+                const unsigned int a = scale_byte(st.w, j % 4), b = scale_byte(st.w, j % 4 + 4);
+                const unsigned int c = scale_byte(st.w, j % 4 + 8);
+                const unsigned int sc = j < 4 ? a & 63u : (c & 15u) | ((a >> 6) << 4);
+                const unsigned int mn = j < 4 ? b & 63u : (c >> 4) | ((b >> 6) << 4);
+                sm.d[stage * GM_BN + row] = __fmul_rn(f16_to_f32((f16_bits)(st.w[4] & 0xffffu)), (float)sc);
+                sm.m[stage * GM_BN + row] = -__fmul_rn(f16_to_f32((f16_bits)(st.w[4] >> 16)), (float)mn);
+            } else {
+                sm.d[stage * GM_BN + row] = f16_to_f32((f16_bits)(st.head & 0xffffu));
+                sm.m[stage * GM_BN + row] = TYPE == GGML_Q4_1 ? f16_to_f32((f16_bits)(st.head >> 16)) : 0.f;
+            }
         }
     } else if (T::CODED) {
         unsigned short* dst = sm.b_tile(stage, 0) + (tid / 2) * GM_PITCH + 16 * (tid % 2);
@@ -333,6 +437,43 @@ __device__ __forceinline__ void gemm_store(const GemmSmem<TYPE>& sm, int stage, 
             const unsigned int e = tid + GM_THREADS * i, at = (e / 4) * GM_PITCH + 8 * (e % 4);
             *reinterpret_cast<uint4*>(sm.b_tile(stage, 0) + at) =
                 make_uint4(st.w[4 * i], st.w[4 * i + 1], st.w[4 * i + 2], st.w[4 * i + 3]);
+        }
+    }
+}
+
+// Folds a step's products `part` into `acc` with the columns' scales
+// `scale` (and, with minimums, `sm.m` times the rows' block sums), then
+// clears `part`. Thread (g, t) = (lane / 4, lane % 4) holds rows g and g + 8
+// and columns 2t and 2t + 1 of each m16n8 tile.
+template <unsigned int TYPE>
+__device__ __forceinline__ void gemm_fold(const GemmSmem<TYPE>& sm, int stage, const float* scale, unsigned int lane,
+                                          unsigned int wm, unsigned int wn, float (*part)[4][4],
+                                          float (*acc)[4][4]) {
+    typedef GemmTraits<TYPE> T;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+        const unsigned int col = wn * 32 + nt * 8 + 2 * (lane % 4);
+        const float d0 = scale[stage * GM_BN + col], d1 = scale[stage * GM_BN + col + 1];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            float* c = acc[mt][nt];
+            float* p = part[mt][nt];
+            if (T::MIN) {
+                const unsigned int row = wm * 32 + mt * 16 + lane / 4;
+                const float m0 = sm.m[stage * GM_BN + col], m1 = sm.m[stage * GM_BN + col + 1];
+                const float s0 = sm.xs[stage * GM_BM + row], s1 = sm.xs[stage * GM_BM + row + 8];
+                c[0] += fmaf(d0, p[0], m0 * s0);
+                c[1] += fmaf(d1, p[1], m1 * s0);
+                c[2] += fmaf(d0, p[2], m0 * s1);
+                c[3] += fmaf(d1, p[3], m1 * s1);
+            } else {
+                c[0] = fmaf(d0, p[0], c[0]);
+                c[1] = fmaf(d1, p[1], c[1]);
+                c[2] = fmaf(d0, p[2], c[2]);
+                c[3] = fmaf(d1, p[3], c[3]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[i] = 0.f;
         }
     }
 }
@@ -385,54 +526,25 @@ __device__ __forceinline__ void gemm_multiply(const GemmSmem<TYPE>& sm, int stag
                     mma16816<T::BF>(c, a[T::A_PARTS - 1][mt], b[T::B_PARTS - 1][nt][0], b[T::B_PARTS - 1][nt][1]);
                 }
             }
+        // Q6_K: each half step has its own scales.
+        if (T::HALVES) gemm_fold<TYPE>(sm, stage, kk == 0 ? sm.d : sm.m, lane, wm, wn, part, acc);
     }
-    if (T::QUANT) {
-        // Thread (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 and
-        // columns 2t and 2t + 1 of each m16n8 tile.
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-            const unsigned int col = wn * 32 + nt * 8 + 2 * (lane % 4);
-            const float d0 = sm.d[stage * GM_BN + col], d1 = sm.d[stage * GM_BN + col + 1];
-            const float m0 = sm.m[stage * GM_BN + col], m1 = sm.m[stage * GM_BN + col + 1];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                const unsigned int row = wm * 32 + mt * 16 + lane / 4;
-                float s0 = 0.f, s1 = 0.f;
-                if (TYPE == GGML_Q4_1) {
-                    s0 = sm.xs[stage * GM_BM + row];
-                    s1 = sm.xs[stage * GM_BM + row + 8];
-                }
-                float* c = acc[mt][nt];
-                const float* p = part[mt][nt];
-                if (TYPE == GGML_Q4_1) {
-                    c[0] += fmaf(d0, p[0], m0 * s0);
-                    c[1] += fmaf(d1, p[1], m1 * s0);
-                    c[2] += fmaf(d0, p[2], m0 * s1);
-                    c[3] += fmaf(d1, p[3], m1 * s1);
-                } else {
-                    c[0] = fmaf(d0, p[0], c[0]);
-                    c[1] = fmaf(d1, p[1], c[1]);
-                    c[2] = fmaf(d0, p[2], c[2]);
-                    c[3] = fmaf(d1, p[3], c[3]);
-                }
-            }
-        }
-    }
+    if (T::QUANT && !T::HALVES) gemm_fold<TYPE>(sm, stage, sm.d, lane, wm, wn, part, acc);
 }
 
 template <unsigned int TYPE, bool VEC>
 __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                            const MatmulShape& s, unsigned char* smem) {
-    typedef GemmTraits<TYPE> T;
-    const GemmSmem<TYPE> sm(smem);
     // Warp group `group` takes positions 32 group..+32 of each step of
-    // 32 GROUPS; `tid` is the thread's index within its group.
+    // 32 groups; `tid` is the thread's index within its group.
+    const unsigned int groups = blockDim.x / GM_THREADS;
+    const GemmSmem<TYPE> sm(smem, groups);
     const unsigned int group = threadIdx.x / GM_THREADS, tid = threadIdx.x % GM_THREADS;
     const unsigned int lane = tid & 31u, warp = tid >> 5;
     const unsigned int wm = warp / 2, wn = warp % 2;
     const unsigned int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
-    const unsigned int step_k = GM_BK * T::GROUPS, steps = (s.k + step_k - 1) / step_k;
+    const unsigned int step_k = GM_BK * groups, steps = (s.k + step_k - 1) / step_k;
     float acc[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -447,7 +559,7 @@ __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __r
     gemm_store<TYPE>(sm, group, tid, st);
     __syncthreads();
     for (unsigned int step = 0; step < steps; ++step) {
-        const int slot = (step & 1) * T::GROUPS + group, next = ((step + 1) & 1) * T::GROUPS + group;
+        const int slot = (step & 1) * groups + group, next = ((step + 1) & 1) * groups + group;
         const bool more = step + 1 < steps;
         if (more) {
             const unsigned int k0 = (step + 1) * step_k + GM_BK * group;
@@ -458,18 +570,23 @@ __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __r
         if (more) gemm_store<TYPE>(sm, next, tid, st);
         __syncthreads();
     }
-    if (T::GROUPS == 2) {
-        // The second group's sums join the first's through shared memory
-        // (free now: the loop ended on a barrier), fragment by fragment.
+    if (groups > 1) {
+        // The other groups' sums join the first's through shared memory
+        // (free now: the loop ended on a barrier), fragment by fragment, in
+        // the groups' order.
         float* red = reinterpret_cast<float*>(smem);
-        if (group == 1) {
+        if (group > 0) {
+            float* mine = red + (group - 1) * 32 * GM_THREADS;
 #pragma unroll
-            for (int i = 0; i < 32; ++i) red[i * GM_THREADS + tid] = acc[i / 16][(i / 4) % 4][i % 4];
+            for (int i = 0; i < 32; ++i) mine[i * GM_THREADS + tid] = acc[i / 16][(i / 4) % 4][i % 4];
         }
         __syncthreads();
-        if (group == 1) return;
+        if (group > 0) return;
+        for (unsigned int g = 1; g < groups; ++g) {
+            const float* theirs = red + (g - 1) * 32 * GM_THREADS;
 #pragma unroll
-        for (int i = 0; i < 32; ++i) acc[i / 16][(i / 4) % 4][i % 4] += red[i * GM_THREADS + tid];
+            for (int i = 0; i < 32; ++i) acc[i / 16][(i / 4) % 4][i % 4] += theirs[i * GM_THREADS + tid];
+        }
     }
 
 #pragma unroll
@@ -499,7 +616,7 @@ __device__ __forceinline__ void gemm_typed(const unsigned char* __restrict__ w, 
     else gemm_tiles<TYPE, false>(w, x, y, s, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(2 * GM_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(GM_MAX_GROUPS * GM_THREADS, 1)
 gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, MatmulShape s) {
     extern __shared__ uint4 gm_smem[];
     // The weights are read-only: ask for this block's rows in L2 while the

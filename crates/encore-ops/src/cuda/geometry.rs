@@ -189,28 +189,46 @@ const GEMM_TILE_PITCH: u32 = 40;
 /// of the tile (`GM_THREADS`).
 const GEMM_GROUP_THREADS: u32 = 128;
 
-/// Warp groups a block of `gemm` for weights of `dtype`: each group takes
-/// one GGUF block of 32 positions of every step, so two groups halve the
-/// steps. BF16 and F32 weights, whose tiles take two parts, keep one group
-/// within the 48 KiB of shared memory a launch gets without opting in.
-fn gemm_warp_groups(dtype: DType) -> u32 {
+/// Warp groups a block of `gemm` takes at most (`GM_MAX_GROUPS`).
+const GEMM_MAX_GROUPS: u32 = 4;
+
+/// Rows (`k`) from which a small grid of `gemm` takes [`GEMM_MAX_GROUPS`]
+/// warp groups a block.
+const GEMM_DEEP_MIN_K: u32 = 2048;
+
+/// Tiles up to which a grid of `gemm` counts as small: two blocks for each
+/// of an H100's or H200's 132 multiprocessors would be 264.
+const GEMM_DEEP_MAX_TILES: u32 = 256;
+
+/// Warp groups a block of `gemm` of `rows` activation rows and `n` outputs
+/// over rows of `k` takes: each group takes one GGUF block of 32 positions
+/// of every step, so G groups divide the steps by G. BF16 and F32 weights,
+/// whose tiles take two parts, keep one group within the 48 KiB of shared
+/// memory a launch gets without opting in; other types take two, and four
+/// for long rows in a grid too small to give every multiprocessor two
+/// blocks (a feed-forward down product of a small model: Qwen2.5-0.5B's
+/// 896 outputs are 14 tiles a row of tiles), which puts twice the warps on
+/// each multiprocessor the grid reaches and halves its walk along `k`.
+fn gemm_warp_groups(dtype: DType, rows: u32, n: u32, k: u32) -> u32 {
     match dtype {
         DType::BF16 | DType::F32 => 1,
+        _ if k >= GEMM_DEEP_MIN_K && gemm_tiles(rows, n) <= GEMM_DEEP_MAX_TILES => GEMM_MAX_GROUPS,
         _ => 2,
     }
 }
 
-/// Threads a block of `gemm` for weights of `dtype`.
-pub fn gemm_threads(dtype: DType) -> u32 {
-    GEMM_GROUP_THREADS * gemm_warp_groups(dtype)
+/// Tiles (blocks) of a `gemm` of `rows` activation rows and `n` outputs.
+fn gemm_tiles(rows: u32, n: u32) -> u32 {
+    n.div_ceil(GEMM_TILE_COLUMNS).max(1) * rows.div_ceil(GEMM_TILE_ROWS)
 }
 
-/// Dynamic shared memory of one `gemm` block for weights of `dtype`: per
-/// stage (two) and warp group, the activation tile (one or two 16-bit
-/// parts), the weight tile (one or two parts), and the per-column scales
-/// and minimums and per-row activation sums. Must match `GemmSmem` in
-/// `gemm.cu`.
-pub fn gemm_shared_bytes(dtype: DType) -> u32 {
+/// Dynamic shared memory of one `gemm` block for weights of `dtype` and
+/// `groups` warp groups: per stage (two) and warp group, the activation
+/// tile (one or two 16-bit parts), the weight tile (one or two parts), and
+/// the per-column scales and minimums and per-row activation sums. Must
+/// match `GemmSmem` in `gemm.cu`. At the end the groups but the first
+/// write their sums into the same memory, which holds them: 16 KiB a group.
+fn gemm_shared_bytes(dtype: DType, groups: u32) -> u32 {
     let (a_parts, b_parts) = match dtype {
         DType::BF16 => (2, 1),
         DType::F32 => (2, 2),
@@ -218,20 +236,25 @@ pub fn gemm_shared_bytes(dtype: DType) -> u32 {
     };
     let tiles = (a_parts * GEMM_TILE_ROWS + b_parts * GEMM_TILE_COLUMNS) * GEMM_TILE_PITCH * 2;
     let vectors = (2 * GEMM_TILE_COLUMNS + GEMM_TILE_ROWS) * 4;
-    2 * gemm_warp_groups(dtype) * (tiles + vectors)
+    let stages = 2 * groups * (tiles + vectors);
+    let sums = (groups - 1) * 32 * GEMM_GROUP_THREADS * 4;
+    debug_assert!(sums <= stages, "gemm: the groups' sums outgrow the stages");
+    stages
 }
 
-/// `gemm` of `rows` activation rows and `n` output columns: a block a tile.
-pub fn gemm_launch(rows: u32, n: u32, dtype: DType) -> Launch {
+/// `gemm` of `rows` activation rows and `n` output columns over rows of
+/// `k`: a block a tile.
+pub fn gemm_launch(rows: u32, n: u32, k: u32, dtype: DType) -> Launch {
+    let groups = gemm_warp_groups(dtype, rows, n, k);
     Launch::grid3(
         [
             n.div_ceil(GEMM_TILE_COLUMNS).max(1),
             rows.div_ceil(GEMM_TILE_ROWS),
             1,
         ],
-        [gemm_threads(dtype), 1, 1],
+        [GEMM_GROUP_THREADS * groups, 1, 1],
     )
-    .with_shared(gemm_shared_bytes(dtype))
+    .with_shared(gemm_shared_bytes(dtype, groups))
 }
 
 /// The defines of `gemm`: the tile shape and a warp group's threads.
@@ -241,6 +264,7 @@ pub(crate) fn gemm_defines() -> Vec<(&'static str, String)> {
         ("GM_BN", GEMM_TILE_COLUMNS.to_string()),
         ("GM_PITCH", GEMM_TILE_PITCH.to_string()),
         ("GM_THREADS", GEMM_GROUP_THREADS.to_string()),
+        ("GM_MAX_GROUPS", GEMM_MAX_GROUPS.to_string()),
     ]
 }
 

@@ -148,7 +148,7 @@ pub(crate) fn gemm() -> CudaKernel {
         "gemm",
         |s: &MatmulShape| {
             let dtype = weight_type("gemm", s.dtype)?;
-            Ok(geometry::gemm_launch(s.rows, s.n, dtype))
+            Ok(geometry::gemm_launch(s.rows, s.n, s.k, dtype))
         },
     )
 }

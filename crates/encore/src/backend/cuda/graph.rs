@@ -81,6 +81,7 @@ impl CudaGraph {
         for d in &program.dispatches {
             let kernel = params.build(&program, d)?;
             let l = &d.launch;
+            kernel.allow_shared(l.shared_bytes)?;
             let node_params = sys::CUDA_KERNEL_NODE_PARAMS {
                 func: kernel.function,
                 gridDimX: l.grid[0],

@@ -64,7 +64,7 @@ impl CudaKernel {
     }
 
     /// Raises the function's dynamic shared memory limit when a launch needs more.
-    fn allow_shared(&self, bytes: u32) -> Result<()> {
+    pub(super) fn allow_shared(&self, bytes: u32) -> Result<()> {
         if bytes <= DEFAULT_SHARED_LIMIT || bytes <= self.shared_limit.load(Ordering::Relaxed) {
             return Ok(());
         }
