@@ -24,6 +24,7 @@
 //! | `ENCORE_CACHE_DIR` | [`Config::cache_dir`] | directory for compiled kernels and fetched models | the user cache dir + `/encore` |
 //! | `ENCORE_CAPTURE` | [`Config::capture`] | path of a one-shot trace capture; on CUDA also a profiler range and NVTX ranges, on Metal a `.gputrace` path gets a GPU trace document (below) | unset |
 //! | `ENCORE_CAPTURE_AT` | [`Config::capture_at`] | which graph replay to capture, `1` to `18446744073709551615` | `1` |
+//! | `ENCORE_AMX` | read by `encore-ops` once per process | `0` keeps the CPU's products of several rows of the super-block types (K-quants, IQ4_XS) off AMX tiles, on the AVX-512 VNNI ones | on where the CPU has AMX-INT8 and Linux grants it |
 //! | `ENCORE_EXACT` | `encore_llm::EngineOptions::kernels` | `1` loads the exact kernel set: GPU kernels compute the CPU backend's results bit for bit, slower | `0` |
 //! | `ENCORE_GRAPHS` | `encore_llm::EngineOptions::graphs` | `0` runs decode steps eagerly instead of replaying graphs | `1` |
 //!

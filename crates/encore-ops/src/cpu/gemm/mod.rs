@@ -27,6 +27,8 @@
 //! a time: 16 accumulators stay in registers while the tile's weights serve 4
 //! activation rows and each activation register 4 weight rows.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
 pub(crate) mod blocks;
 
 use std::arch::x86_64::*;
@@ -154,8 +156,24 @@ fn has_offset(dtype: DType) -> bool {
 
 /// `y = x · Wᵀ` for `rows` rows of `dtype` weights (whole rows, checked by
 /// the caller, as are `x`'s format and `y`'s length) and the `x.rows()`
-/// activation rows of `x`.
+/// activation rows of `x`: on AMX where the process may use it
+/// ([`amx::detect`]), else on the VNNI tiles.
 pub(crate) fn multiply(
+    proof: Avx512VnniProof,
+    dtype: DType,
+    weights: &[u8],
+    rows: usize,
+    x: &QuantizedActivations,
+    y: &mut [f32],
+) {
+    match amx::detect() {
+        Some(amx) => amx::multiply(amx, dtype, weights, rows, x, y),
+        None => multiply_vnni(proof, dtype, weights, rows, x, y),
+    }
+}
+
+/// [`multiply`] on the AVX-512 VNNI tiles.
+fn multiply_vnni(
     proof: Avx512VnniProof,
     dtype: DType,
     weights: &[u8],
@@ -624,25 +642,21 @@ mod tests {
     use crate::cpu::testing::{random_activations, random_weights, reference};
     use rand::{rngs::StdRng, SeedableRng};
 
-    /// Every quantized type against the f64 reference, on shapes off every
-    /// tile (rows, activation rows), with an odd number of blocks of 32, and
-    /// with rows long enough to be taken in slices (3,072 and 4,864 values).
-    #[test]
-    fn products_of_several_rows_match_the_reference() {
-        let Some(proof) = Isa::detect().avx512_vnni() else {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI");
-            return;
-        };
+    /// `multiply` of every super-block type against the f64 reference, on
+    /// shapes off every tile of both paths (rows and activation rows off 4
+    /// and 16), with an odd number of blocks of 32, and with rows long
+    /// enough to be taken in slices (3,072 and 4,864 values).
+    fn check_products(multiply: impl Fn(DType, &[u8], usize, &QuantizedActivations, &mut [f32])) {
         let mut rng = StdRng::seed_from_u64(31);
         for dtype in DType::ALL.into_iter().filter(|&t| supports(t)) {
-            for (rows, cols, m) in [(9, 256, 2), (6, 3072, 5), (5, 4864, 4)] {
+            for (rows, cols, m) in [(9, 256, 2), (6, 3072, 5), (5, 4864, 4), (19, 512, 17)] {
                 let w = random_weights(&mut rng, dtype, rows, cols);
                 let x = random_activations(&mut rng, m * cols);
                 let format = ActivationFormat::of(dtype).unwrap();
                 let mut q = QuantizedActivations::new();
                 q.quantize_on(Isa::detect(), format, &x, cols).unwrap();
                 let mut y = vec![f32::NAN; m * rows];
-                multiply(proof, dtype, &w, rows, &q, &mut y);
+                multiply(dtype, &w, rows, &q, &mut y);
                 let (exact, tol) = reference(dtype, &w, rows, cols, &x);
                 for (k, ((got, want), tol)) in y.iter().zip(&exact).zip(&tol).enumerate() {
                     let err = (f64::from(*got) - want).abs();
@@ -653,5 +667,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn vnni_products_of_several_rows_match_the_reference() {
+        let Some(proof) = Isa::detect().avx512_vnni() else {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        };
+        check_products(|dtype, w, rows, q, y| multiply_vnni(proof, dtype, w, rows, q, y));
+    }
+
+    #[test]
+    fn amx_products_of_several_rows_match_the_reference() {
+        let Some(proof) = amx::detect() else {
+            eprintln!("skipped: this CPU has no AMX-INT8, or the kernel did not grant it");
+            return;
+        };
+        check_products(|dtype, w, rows, q, y| amx::multiply(proof, dtype, w, rows, q, y));
     }
 }
