@@ -136,6 +136,12 @@ struct Activations {
 }
 
 impl Activations {
+    /// The memory the buffers hold.
+    fn bytes(&self) -> usize {
+        self.b.capacity() * 256
+            + (self.bias.capacity() + self.d.capacity() + self.sums.capacity()) * 4 * TILE
+    }
+
     fn pack(&mut self, x: &QuantizedActivations, offsets: bool) {
         let supers = x.cols() / SUPER;
         let groups = supers * GROUPS_PER_SUPER;
@@ -195,7 +201,6 @@ pub(crate) fn multiply(
     let offsets = super::has_offset(dtype);
     ACTIVATIONS.with_borrow_mut(|acts| {
         acts.pack(x, offsets);
-        let acts = &*acts;
         let row_bytes = weights.len().checked_div(rows).unwrap_or(0);
         super::super::matmul::for_each_task(weights, row_bytes, m, y, |w, out| {
             with_scratch(&WEIGHTS, |unpacked| {
@@ -204,6 +209,10 @@ pub(crate) fn multiply(
                 unsafe { multiply_task(proof, dtype, w, row_bytes, acts, unpacked, out) }
             });
         });
+        // As the parent module's buffers: a long prompt's are not kept.
+        if acts.bytes() > super::KEEP_BYTES {
+            *acts = Activations::default();
+        }
     });
 }
 
