@@ -324,6 +324,38 @@ pub(super) mod avx512 {
             &mut y[body..n],
         );
     }
+
+    /// [`gelu_mul_rows`](super::gelu_mul_rows), 16 elements at a time (each
+    /// input rounded to f16 as `half` rounds it, to nearest even, its table
+    /// entry gathered as a 32-bit word whose low half it is) and the rest
+    /// one at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F and DQ; `table` must be
+    /// `gelu_table()`, with its padding entry.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn gelu_mul_rows(table: &[half::f16], g: &[f32], u: &[f32], y: &mut [f32]) {
+        let n = y.len().min(g.len()).min(u.len());
+        let body = n - n % 16;
+        let (low, high) = (_mm512_set1_ps(-10.0), _mm512_set1_ps(10.0));
+        for i in (0..body).step_by(16) {
+            // SAFETY: i + 16 <= n for all three slices; accesses are
+            // unaligned; each gathered word lies within the table (65 537
+            // entries of 2 bytes, the last one padding).
+            unsafe {
+                let x = _mm512_loadu_ps(g.as_ptr().add(i));
+                let bits = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+                let at = _mm512_cvtepu16_epi32(bits);
+                let words = _mm512_i32gather_epi32::<2>(at, table.as_ptr().cast());
+                let v = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+                let v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, high), v, x);
+                let v = _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, low), v);
+                let r = _mm512_mul_ps(v, _mm512_loadu_ps(u.as_ptr().add(i)));
+                _mm512_storeu_ps(y.as_mut_ptr().add(i), r);
+            }
+        }
+        super::gelu_mul_rows(&g[body..n], &u[body..n], &mut y[body..n]);
+    }
 }
 
 /// `y[i] += x[i]`.
@@ -420,15 +452,35 @@ pub fn gelu_like_ggml(v: f32) -> f32 {
 }
 
 /// [`gelu`] of every f16 value, rounded to f16, by the value's bits: built
-/// once (65 536 entries, 128 KiB), so that GELU costs a lookup.
+/// once (65 536 entries, 128 KiB), so that GELU costs a lookup. One zero
+/// entry follows, so that a 32-bit gather of the last entry stays within it.
 fn gelu_table() -> &'static [half::f16] {
     use half::f16;
     static TABLE: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
             .map(|bits| f16::from_f32(gelu(f16::from_bits(bits).to_f32())))
+            .chain([f16::ZERO])
             .collect()
     })
+}
+
+/// `y[i] = gelu_like_ggml(g[i]) * u[i]`, 16 lanes at a time where the CPU
+/// has AVX-512 (the table looked up with a gather: the same bits).
+pub fn gelu_mul_into(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if GgmlVector::detect() == GgmlVector::Avx512 {
+        // SAFETY: `detect` found AVX-512 F and DQ; the table has its padding entry.
+        unsafe { avx512::gelu_mul_rows(gelu_table(), g, u, y) };
+        return;
+    }
+    gelu_mul_rows(g, u, y);
+}
+
+fn gelu_mul_rows(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((y, g), u) in y.iter_mut().zip(g).zip(u) {
+        *y = gelu_like_ggml(*g) * u;
+    }
 }
 
 /// The CPU body of `gelu_mul`.
@@ -447,9 +499,8 @@ pub(crate) fn gelu_mul(a: &CpuArgs<'_>) -> Result<(), String> {
     const CHUNK: usize = 4096;
     encore::parallel::for_each_chunk_mut(&mut y[..n], CHUNK, |c, y| {
         let at = c * CHUNK;
-        for ((y, g), u) in y.iter_mut().zip(&g[at..]).zip(&u[at..]) {
-            *y = gelu_like_ggml(*g) * u;
-        }
+        let len = y.len();
+        gelu_mul_into(&g[at..at + len], &u[at..at + len], y);
     });
     Ok(())
 }
@@ -468,20 +519,22 @@ pub(crate) fn scale(a: &CpuArgs<'_>) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// Uniform values in `[-1, 1)` from a linear congruential generator.
+    fn uniform(seed: u32) -> impl FnMut() -> f32 {
+        let mut seed = seed;
+        move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
     #[test]
     fn vector_and_scalar_silu_mul_agree_bit_for_bit() {
-        let mut seed = 11u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            seed
-        };
+        let mut next = uniform(11);
         // Typical activations, and magnitudes past both of ggml_expf's
         // special ranges (|n| > 126 and > 192), signed zeros and infinities.
         let mut g: Vec<f32> = (0..4000)
-            .map(|i| {
-                let r = (next() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0;
-                r * [4.0, 30.0, 100.0, 150.0, 250.0][i % 5]
-            })
+            .map(|i| next() * [4.0, 30.0, 100.0, 150.0, 250.0][i % 5])
             .collect();
         g.extend([
             0.0,
@@ -496,9 +549,7 @@ mod tests {
             -1e-40,
             3.0,
         ]);
-        let u: Vec<f32> = (0..g.len())
-            .map(|_| (next() >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0)
-            .collect();
+        let u: Vec<f32> = (0..g.len()).map(|_| next() * 2.0).collect();
         let mut scalar = vec![0.0; g.len()];
         silu_mul_rows(GgmlVector::detect(), &g, &u, &mut scalar);
         let mut fast = vec![0.0; g.len()];
@@ -597,6 +648,26 @@ mod tests {
             (f32::NEG_INFINITY, 0),
         ] {
             assert_eq!(ggml_expf(x).to_bits(), bits, "e^{x}");
+        }
+    }
+
+    #[test]
+    fn vector_and_scalar_gelu_mul_agree_bit_for_bit() {
+        let mut next = uniform(7);
+        // Typical activations, the table's ends, both cut-offs and values
+        // past them, f16's subnormals and overflow, signed zeros.
+        let mut g: Vec<f32> = (0..4000).map(|_| next() * 15.0).collect();
+        g.extend([
+            -10.0, 10.0, -9.999, 9.999, -10.001, 10.001, 0.0, -0.0, 1e-7, -1e-7, 65504.0, 70000.0,
+            -70000.0, 3e-5, -6e-8,
+        ]);
+        let u: Vec<f32> = (0..g.len()).map(|_| next() * 2.0).collect();
+        let mut want = vec![0.0; g.len()];
+        gelu_mul_rows(&g, &u, &mut want);
+        let mut got = vec![0.0; g.len()];
+        gelu_mul_into(&g, &u, &mut got);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "gelu({}) * {}", g[i], u[i]);
         }
     }
 

@@ -62,16 +62,66 @@ fn rope_head_with(
             Some(f) => theta / f[i],
             None => theta,
         };
-        let (s, c) = angle.sin_cos();
-        let (ia, ib) = if neox {
-            (i, i + half)
-        } else {
-            (2 * i, 2 * i + 1)
-        };
-        let (a, b) = (x[ia], x[ib]);
-        x[ia] = a.mul_add(c, -(b * s));
-        x[ib] = a.mul_add(s, b * c);
+        rotate_pair(x, i, half, neox, angle.sin_cos());
         theta *= theta_scale;
+    }
+}
+
+/// Rotates pair `i` of a head (of `half` pairs) by the angle whose sine
+/// and cosine are `(s, c)`.
+#[inline(always)]
+fn rotate_pair(x: &mut [f32], i: usize, half: usize, neox: bool, (s, c): (f32, f32)) {
+    let (ia, ib) = if neox {
+        (i, i + half)
+    } else {
+        (2 * i, 2 * i + 1)
+    };
+    let (a, b) = (x[ia], x[ib]);
+    x[ia] = a.mul_add(c, -(b * s));
+    x[ib] = a.mul_add(s, b * c);
+}
+
+/// The sines and cosines of one position's pair angles, as
+/// [`rope_head_scaled`] computes them, into `out` (`rope_dim / 2` pairs).
+fn angles(out: &mut [(f32, f32)], pos: u32, rope_dim: usize, base: f32, factors: Option<&[f32]>) {
+    let theta_scale = theta_scale(base, rope_dim);
+    let mut theta = pos as f32;
+    for (i, o) in out.iter_mut().enumerate() {
+        let angle = match factors {
+            Some(f) => theta / f[i],
+            None => theta,
+        };
+        *o = angle.sin_cos();
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates every head of `row` (heads of `head_dim`) by the pair angles
+/// `cs`: [`rope_head_scaled`] of each, its angles computed once.
+fn rotate_row(row: &mut [f32], head_dim: usize, cs: &[(f32, f32)], neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU feature was just detected.
+        unsafe { rotate_row_fma(row, head_dim, cs, neox) };
+        return;
+    }
+    rotate_row_with(row, head_dim, cs, neox);
+}
+
+/// [`rotate_row`] compiled with FMA, so `mul_add` is one instruction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn rotate_row_fma(row: &mut [f32], head_dim: usize, cs: &[(f32, f32)], neox: bool) {
+    rotate_row_with(row, head_dim, cs, neox);
+}
+
+#[inline(always)]
+fn rotate_row_with(row: &mut [f32], head_dim: usize, cs: &[(f32, f32)], neox: bool) {
+    let half = cs.len();
+    for head in row.chunks_exact_mut(head_dim) {
+        for (i, &sc) in cs.iter().enumerate() {
+            rotate_pair(head, i, half, neox, sc);
+        }
     }
 }
 
@@ -103,11 +153,19 @@ pub(crate) fn rope(a: &CpuArgs<'_>) -> Result<(), String> {
             Some(&f[..rd / 2])
         }
     };
-    for (r, row) in x[..n].chunks_exact_mut(s.heads as usize * hd).enumerate() {
-        for head in row.chunks_exact_mut(hd) {
-            rope_head_scaled(head, pos + r as u32, rd, s.base, s.neox != 0, factors);
-        }
+    // Rows across the worker threads; each row's angles once for its heads.
+    let dim = s.heads as usize * hd;
+    if dim == 0 {
+        return Ok(());
     }
+    const ROWS: usize = 8;
+    encore::parallel::for_each_chunk_mut(&mut x[..n], ROWS * dim, |c, rows| {
+        let mut cs = vec![(0f32, 0f32); rd / 2];
+        for (r, row) in rows.chunks_exact_mut(dim).enumerate() {
+            angles(&mut cs, pos + (c * ROWS + r) as u32, rd, s.base, factors);
+            rotate_row(row, hd, &cs, s.neox != 0);
+        }
+    });
     Ok(())
 }
 
@@ -148,6 +206,37 @@ pub(crate) fn rope_store(a: &CpuArgs<'_>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rows_angles_once_rotate_each_head_as_alone() {
+        // `rope` computes a row's angles once for all its heads: the same
+        // bits as rotating each head on its own, in both layouts, with and
+        // without frequency factors, with a partial rotation.
+        let (heads, hd, rd, base) = (3usize, 64usize, 48usize, 10_000f32);
+        let factors: Vec<f32> = (0..rd / 2).map(|i| 1.0 + (i % 5) as f32 * 0.5).collect();
+        let row0: Vec<f32> = (0..heads * hd)
+            .map(|i| ((i * 53 % 29) as f32 - 14.0) / 7.0)
+            .collect();
+        for (neox, f) in [(false, None), (true, None), (true, Some(&factors[..]))] {
+            for pos in [0u32, 1, 77, 4095] {
+                let mut want = row0.clone();
+                for head in want.chunks_exact_mut(hd) {
+                    rope_head_scaled(head, pos, rd, base, neox, f);
+                }
+                let mut cs = vec![(0f32, 0f32); rd / 2];
+                angles(&mut cs, pos, rd, base, f);
+                let mut got = row0.clone();
+                rotate_row(&mut got, hd, &cs, neox);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "neox={neox} pos={pos} factors={}",
+                    f.is_some()
+                );
+            }
+        }
+    }
 
     #[test]
     fn frequency_factors_divide_each_pairs_angle() {
