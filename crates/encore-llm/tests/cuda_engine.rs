@@ -412,6 +412,7 @@ fn catalog_shaped_models_on_cuda_match_cpu() {
     // default kernels (fused and not) and the exact ones. With
     // `ENCORE_SYNTHETIC_DIR` set, each model is also written there for
     // `encore bench` and llama.cpp's `llama-bench`.
+    let mut exact_steps = Vec::new();
     for template in model_templates() {
         let name = template.file_name().unwrap().to_string_lossy().to_string();
         let bytes = synthetic_like(&GgufFile::open(&template).unwrap(), 3);
@@ -466,10 +467,9 @@ fn catalog_shaped_models_on_cuda_match_cpu() {
         // Qwen-shaped model's steps ran at 3e-3 to 1e-2 with three steps at
         // 5e-2 to 0.17, exact at 0 throughout), so they are held to greedy
         // agreement, not to a per-step bound.
-        assert_eq!(
-            exact_equal, steps,
-            "{name}: exact kernels differ from the CPU"
-        );
+        // The default kernels' checks first, for every model: the exact
+        // kernels' are held to the end, so that a host where they cannot
+        // match (an AVX-512 CPU: README) still checks the rest.
         assert!(
             err <= REAL_LOGITS_TOLERANCE,
             "{name}: prefill logits differ by {err:.2e}"
@@ -479,6 +479,10 @@ fn catalog_shaped_models_on_cuda_match_cpu() {
             "{name}: only {}/{steps} greedy tokens equal",
             f.agreed
         );
+        exact_steps.push((name, exact_equal));
+    }
+    for (name, exact_equal) in exact_steps {
+        assert_eq!(exact_equal, 16, "{name}: exact kernels differ from the CPU");
     }
 }
 
