@@ -1029,8 +1029,8 @@ fn gemm_matches_the_exact_product_for_every_weight_type() {
     // f32: within 2e-5 of Σ|w·x| from that product taken in f64, and within
     // 1e-3 Σ|w·x| of the f32 product (f16 rounding is 2^-11 relative). BF16
     // and F32 weights are multiplied as bf16 parts: within 1e-4 Σ|w·x| of
-    // the exact product. The types the kernel decodes to f16 (Q5_1, IQ4_NL
-    // and the super-block types but Q4_K: `rounds_weights`) enter rounded to
+    // the exact product. The types the kernel decodes to f16 (Q5_1, IQ4_NL,
+    // Q2_K, Q3_K, Q5_K and IQ4_XS: `rounds_weights`) enter rounded to
     // f16 as well: within 1e-3 Σ|w·x| of the exact product. Against the CPU,
     // which quantizes activations to 8 bits for quantized weights: 5e-3
     // Σ|w·x| there, 1e-3 for float weights.
@@ -1046,6 +1046,10 @@ fn gemm_matches_the_exact_product_for_every_weight_type() {
         (64, 192, 576, 0),
         (64, 64, 512, 0),
         (128, 96, 256, 1),
+        // Long rows of few outputs: four warp groups a block (88 KiB of
+        // shared memory); the blocks of 32 only, then every type.
+        (16, 100, 2080, 1),
+        (64, 896, 4864, 0),
         // Float weights only: k not a whole number of blocks or vectors.
         (20, 33, 100, 0),
         (65, 130, 36, 1),
@@ -1116,7 +1120,7 @@ fn rounds_weights(dtype: DType) -> bool {
     dtype.is_quantized()
         && !matches!(
             dtype,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4_K
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q4_K | DType::Q6_K
         )
 }
 
@@ -1733,9 +1737,10 @@ fn tiled_row_products_are_row_invariant_at_any_row_count() {
     // product, the tolerance of the test above (1e-3 Σ|w·x|).
     let cuda = open("cuda");
     let mut rng = Rng::new();
-    // k a whole number of the K-quants' super-blocks of 256.
-    let (n, k, rows) = (200, 512, 77);
-    for dtype in [
+    // k a whole number of the K-quants' super-blocks of 256; the longer
+    // rows take four warp groups a block.
+    let (n, rows) = (200, 77);
+    let types = [
         DType::Q4_1,
         DType::Q8_0,
         DType::Q4_K,
@@ -1743,7 +1748,11 @@ fn tiled_row_products_are_row_invariant_at_any_row_count() {
         DType::Q5_0,
         DType::F16,
         DType::F32,
-    ] {
+    ];
+    for (dtype, k) in [512usize, 2304]
+        .into_iter()
+        .flat_map(|k| types.map(|t| (t, k)))
+    {
         let bytes = random_weights(&mut rng, dtype, n, k);
         let x = rng.vec(rows * k);
         let product = |x: &[f32], rows: usize| -> Vec<f32> {
@@ -1765,7 +1774,7 @@ fn tiled_row_products_are_row_invariant_at_any_row_count() {
             assert_eq!(
                 &all[r * n..(r + count) * n],
                 &part[..],
-                "{dtype} rows {r}..{}",
+                "{dtype} k={k} rows {r}..{}",
                 r + count
             );
         }

@@ -36,17 +36,18 @@
 // Q4_K) minimum and the row's block sum of the f16 activations. Q5_0 enters
 // so (codes `q - 16`, five bits from the nibbles and `qh`), and so does
 // Q4_K, whose sub-blocks of 32 are the steps: `d_j = d sc`, `m_j = -dmin
-// mn` with the sub-block's 6-bit scale and minimum. Rows, columns and
-// (float weights) positions past the matrix are zero in shared memory and
-// never stored.
+// mn` with the sub-block's 6-bit scale and minimum; and Q6_K (codes
+// `q - 32`), whose scales change every 16 positions: each `mma` of 16 is
+// folded in with its own, `d sc` of the group. Rows, columns and (float
+// weights) positions past the matrix are zero in shared memory and never
+// stored.
 //
-// The other types of quant_codes.cuh (Q5_1, IQ4_NL, the other super-blocks)
-// enter as F16 weights do: each thread decodes its 16 weights of a step to
-// f32 as the CPU dequantizes them and rounds them to f16 (one decoder for
-// all of them; Q2_K, Q3_K and Q6_K change scales every 16 positions, within
-// a step, so a block's scale after its products would not do). The decode
-// needs its loads before the step's products, so these types do not overlap
-// the loads with the products as the raw types do.
+// The other types of quant_codes.cuh (Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K,
+// IQ4_XS) enter as F16 weights do: each thread decodes its 16 weights of a
+// step to f32 as the CPU dequantizes them and rounds them to f16 (one
+// decoder for all of them). The decode needs its loads before the step's
+// products, so these types do not overlap the loads with the products as
+// the raw types do.
 
 #include "gguf.cuh"
 #include "quant_codes.cuh"
@@ -128,7 +129,7 @@ __device__ __forceinline__ unsigned int scale_byte(const unsigned int* w, unsign
 struct GemmStage {
     float4 x[4];           // activations: rows tid / 8 + 16 i, positions 4 (tid % 8)..+4
     unsigned int w[16];    // weights: raw words (layout per type, see gemm_load_w)
-    unsigned int head;     // a GGUF block's d (and m) bits; Q4_K: the sub-block of the step
+    unsigned int head;     // a GGUF block's d (and m) bits; Q4_K and Q6_K: the sub-block of the step
 };
 
 template <unsigned int TYPE>
@@ -206,7 +207,7 @@ __device__ __forceinline__ void gemm_load_x(const float* __restrict__ x, const M
 // decoded and rounded to f16 pairs, in w[0..8]. Quantized: thread
 // tid takes half tid % 2 of the block of row tid / 2 (Q4: codes bytes
 // 8h..8h+8 as two words; Q8_0: code bytes 16h..16h+16 as four words) and
-// its head (Q5_0 and Q4_K as the loads below say). F16/BF16: rows (tid + 128 i) / 4, 8 elements at 8 (tid % 4) as a
+// its head (Q5_0, Q4_K and Q6_K as the loads below say). F16/BF16: rows (tid + 128 i) / 4, 8 elements at 8 (tid % 4) as a
 // uint4, i < 2. F32: rows (tid + 128 i) / 8, 4 elements at 4 (tid % 8), i < 4.
 // VEC (float weights): w is 16-byte aligned and k a multiple of 8 (F16,
 // BF16) or 4 (F32).
@@ -228,7 +229,7 @@ __device__ __forceinline__ void gemm_load_w(const unsigned char* __restrict__ w,
     } else if (GemmTraits<TYPE>::QUANT) {
         const unsigned int row = n0 + tid / 2, h = tid % 2;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) st.w[i] = 0u;
+        for (int i = 0; i < 9; ++i) st.w[i] = 0u;
         st.head = 0u;
         if (row >= s.n || k0 >= s.k) return;
         const unsigned char* blk = w + row * row_bytes;

@@ -192,34 +192,33 @@ const GEMM_GROUP_THREADS: u32 = 128;
 /// Warp groups a block of `gemm` takes at most (`GM_MAX_GROUPS`).
 const GEMM_MAX_GROUPS: u32 = 4;
 
-/// Rows (`k`) from which a small grid of `gemm` takes [`GEMM_MAX_GROUPS`]
-/// warp groups a block.
+/// Rows (`k`) from which a narrow `gemm` takes [`GEMM_MAX_GROUPS`] warp
+/// groups a block.
 const GEMM_DEEP_MIN_K: u32 = 2048;
 
-/// Tiles up to which a grid of `gemm` counts as small: two blocks for each
-/// of an H100's or H200's 132 multiprocessors would be 264.
-const GEMM_DEEP_MAX_TILES: u32 = 256;
+/// Outputs (`n`) up to which a `gemm` counts as narrow: 32 tiles of 64
+/// columns, a fourth of an H100's or H200's 132 multiprocessors for each
+/// tile of 64 activation rows.
+const GEMM_DEEP_MAX_N: u32 = 32 * GEMM_TILE_COLUMNS;
 
-/// Warp groups a block of `gemm` of `rows` activation rows and `n` outputs
-/// over rows of `k` takes: each group takes one GGUF block of 32 positions
-/// of every step, so G groups divide the steps by G. BF16 and F32 weights,
-/// whose tiles take two parts, keep one group within the 48 KiB of shared
-/// memory a launch gets without opting in; other types take two, and four
-/// for long rows in a grid too small to give every multiprocessor two
-/// blocks (a feed-forward down product of a small model: Qwen2.5-0.5B's
-/// 896 outputs are 14 tiles a row of tiles), which puts twice the warps on
-/// each multiprocessor the grid reaches and halves its walk along `k`.
-fn gemm_warp_groups(dtype: DType, rows: u32, n: u32, k: u32) -> u32 {
+/// Warp groups a block of `gemm` of `n` outputs over rows of `k` takes:
+/// each group takes one GGUF block of 32 positions of every step, so G
+/// groups divide the steps by G. BF16 and F32 weights, whose tiles take two
+/// parts, keep one group within the 48 KiB of shared memory a launch gets
+/// without opting in; other types take two, and four for long rows and few
+/// outputs (a feed-forward down product of a small model: Qwen2.5-0.5B's
+/// 896 outputs, rows of 4864, are 14 tiles a row of tiles, 112 for a
+/// 512-row prompt), which puts twice the warps on each multiprocessor the
+/// grid reaches and halves its walk along `k`. The choice depends on the
+/// weights' shape alone, never on the activation rows: each row's sums are
+/// then the same whatever rows share its product (a prompt split into
+/// chunks, a serving step's rows).
+fn gemm_warp_groups(dtype: DType, n: u32, k: u32) -> u32 {
     match dtype {
         DType::BF16 | DType::F32 => 1,
-        _ if k >= GEMM_DEEP_MIN_K && gemm_tiles(rows, n) <= GEMM_DEEP_MAX_TILES => GEMM_MAX_GROUPS,
+        _ if k >= GEMM_DEEP_MIN_K && n <= GEMM_DEEP_MAX_N => GEMM_MAX_GROUPS,
         _ => 2,
     }
-}
-
-/// Tiles (blocks) of a `gemm` of `rows` activation rows and `n` outputs.
-fn gemm_tiles(rows: u32, n: u32) -> u32 {
-    n.div_ceil(GEMM_TILE_COLUMNS).max(1) * rows.div_ceil(GEMM_TILE_ROWS)
 }
 
 /// Dynamic shared memory of one `gemm` block for weights of `dtype` and
@@ -245,7 +244,7 @@ fn gemm_shared_bytes(dtype: DType, groups: u32) -> u32 {
 /// `gemm` of `rows` activation rows and `n` output columns over rows of
 /// `k`: a block a tile.
 pub fn gemm_launch(rows: u32, n: u32, k: u32, dtype: DType) -> Launch {
-    let groups = gemm_warp_groups(dtype, rows, n, k);
+    let groups = gemm_warp_groups(dtype, n, k);
     Launch::grid3(
         [
             n.div_ceil(GEMM_TILE_COLUMNS).max(1),

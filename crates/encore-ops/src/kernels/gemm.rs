@@ -11,11 +11,12 @@
 //! [`MatmulArgs`](super::matmul::MatmulArgs).
 //!
 //! Precision. The weights enter the products exactly: F16 weights as they
-//! are, quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K) as their integer
-//! codes (`q`, `q - 8` for Q4_0, `q - 16` for Q5_0), each GGUF block's scale
-//! `d` (and Q4_1's minimum `m`) applied per output in f32 after the block's
-//! products: `sum_block = d Σ q x + m Σ x`; Q4_K's sub-blocks of 32 take
-//! `d sc` and `-dmin mn` there. With F16
+//! are, quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) as their
+//! integer codes (`q`, `q - 8` for Q4_0, `q - 16` for Q5_0, `q - 32` for
+//! Q6_K), each GGUF block's scale `d` (and Q4_1's minimum `m`) applied per
+//! output in f32 after the block's products: `sum_block = d Σ q x + m Σ x`;
+//! Q4_K's sub-blocks of 32 take `d sc` and `-dmin mn` there, Q6_K's groups
+//! of 16 `d sc`. With F16
 //! and quantized weights the activations are rounded to f16 (nearest even):
 //! the result is the exact product of the weights with `f16(x)`, summed in
 //! f32, so it is within about `2^-11 Σ|w x|` of the f32 product. The
@@ -28,10 +29,9 @@
 //! by part (four products): within about `2^-15 Σ|w x|` of the f32
 //! product, over f32's whole range.
 //!
-//! Q5_1, IQ4_NL and the other super-block types (K-quants, IQ4_XS) are
-//! decoded to f32 as the CPU dequantizes them and rounded to f16 as they
-//! are loaded (one decoder for all of them; Q2_K, Q3_K and Q6_K change
-//! scales every 16 positions, within a step), then multiplied as F16
+//! Q5_1, IQ4_NL and the other super-block types (Q2_K, Q3_K, Q5_K,
+//! IQ4_XS) are decoded to f32 as the CPU dequantizes them and rounded to
+//! f16 as they are loaded (one decoder for all of them), then multiplied as F16
 //! weights are: weights and activations
 //! each within `2^-12` of their values, so the result is within about
 //! `2^-11 Σ|w x|` of the f32 product. Model weights lie far inside f16's

@@ -183,6 +183,20 @@ thread_local! {
     static WEIGHTS: RefCell<Rows<WeightPair>> = RefCell::new(Rows::default());
 }
 
+/// `f` on this thread's packed activations, or on fresh ones if they are in
+/// use (as the parent module's `with_scratch`).
+fn with_activations(f: impl FnOnce(&mut Activations)) {
+    let mut f = Some(f);
+    let _ = ACTIVATIONS.try_with(|cell| {
+        if let (Ok(mut acts), Some(f)) = (cell.try_borrow_mut(), f.take()) {
+            f(&mut acts);
+        }
+    });
+    if let Some(f) = f {
+        f(&mut Activations::default());
+    }
+}
+
 /// `y = x · Wᵀ` as the parent module's `multiply`, on AMX.
 pub(crate) fn multiply(
     proof: AmxProof,
@@ -199,7 +213,7 @@ pub(crate) fn multiply(
         return;
     }
     let offsets = super::has_offset(dtype);
-    ACTIVATIONS.with_borrow_mut(|acts| {
+    with_activations(|acts| {
         acts.pack(x, offsets);
         let row_bytes = weights.len().checked_div(rows).unwrap_or(0);
         super::super::matmul::for_each_task(weights, row_bytes, m, y, |w, out| {
@@ -288,6 +302,9 @@ unsafe fn tile(
     #[repr(C, align(64))]
     struct Sums([[i32; TILE]; 2 * TILE]);
     let mut c = Sums([[0; TILE]; 2 * TILE]);
+    let c0 = c.0.as_mut_ptr();
+    // SAFETY: the second tile's rows start 16 rows on, within `c`.
+    let c1 = unsafe { c0.add(TILE) };
     let mut acc = [_mm512_setzero_ps(); TILE];
     for s in 0..supers {
         let mut part = [_mm512_setzero_ps(); TILE];
@@ -317,8 +334,8 @@ unsafe fn tile(
                     a1 = in(reg) a(g + 1),
                     b0 = in(reg) b(g),
                     b1 = in(reg) b(g + 1),
-                    c0 = in(reg) c.0.as_mut_ptr(),
-                    c1 = in(reg) c.0[TILE..].as_mut_ptr(),
+                    c0 = in(reg) c0,
+                    c1 = in(reg) c1,
                     sa = in(reg) stride,
                     sb = in(reg) 64usize,
                     options(nostack),
@@ -343,8 +360,8 @@ unsafe fn tile(
                             if offsets { *row.1.add(g) } else { 0.0 },
                         )
                     };
-                    // SAFETY: a 64-byte-aligned row of 16 sums.
-                    let sum = unsafe { _mm512_load_si512(c.0[TILE * h + i].as_ptr().cast()) };
+                    // SAFETY: a 64-byte-aligned row of 16 sums within `c`.
+                    let sum = unsafe { _mm512_load_si512(c0.add(TILE * h + i).cast()) };
                     let dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, bias));
                     *p = _mm512_fmadd_ps(dot, _mm512_set1_ps(scale), *p);
                     if let Some(sums) = sums {
