@@ -54,17 +54,31 @@ fn rope_head_with(
     neox: bool,
     factors: Option<&[f32]>,
 ) {
+    let half = rope_dim / 2;
+    for (i, sc) in pair_angles(pos, rope_dim, base, factors).enumerate() {
+        rotate_pair(x, i, half, neox, sc);
+    }
+}
+
+/// The sines and cosines of one position's `rope_dim / 2` pair angles,
+/// the angles advancing by repeated multiplication in f32 (as ggml's).
+#[inline(always)]
+fn pair_angles(
+    pos: u32,
+    rope_dim: usize,
+    base: f32,
+    factors: Option<&[f32]>,
+) -> impl Iterator<Item = (f32, f32)> + '_ {
     let theta_scale = theta_scale(base, rope_dim);
     let mut theta = pos as f32;
-    let half = rope_dim / 2;
-    for i in 0..half {
+    (0..rope_dim / 2).map(move |i| {
         let angle = match factors {
             Some(f) => theta / f[i],
             None => theta,
         };
-        rotate_pair(x, i, half, neox, angle.sin_cos());
         theta *= theta_scale;
-    }
+        angle.sin_cos()
+    })
 }
 
 /// Rotates pair `i` of a head (of `half` pairs) by the angle whose sine
@@ -81,18 +95,13 @@ fn rotate_pair(x: &mut [f32], i: usize, half: usize, neox: bool, (s, c): (f32, f
     x[ib] = a.mul_add(s, b * c);
 }
 
-/// The sines and cosines of one position's pair angles, as
-/// [`rope_head_scaled`] computes them, into `out` (`rope_dim / 2` pairs).
+/// [`pair_angles`] into `out` (`rope_dim / 2` pairs), once for a row's heads.
 fn angles(out: &mut [(f32, f32)], pos: u32, rope_dim: usize, base: f32, factors: Option<&[f32]>) {
-    let theta_scale = theta_scale(base, rope_dim);
-    let mut theta = pos as f32;
-    for (i, o) in out.iter_mut().enumerate() {
-        let angle = match factors {
-            Some(f) => theta / f[i],
-            None => theta,
-        };
-        *o = angle.sin_cos();
-        theta *= theta_scale;
+    for (o, sc) in out
+        .iter_mut()
+        .zip(pair_angles(pos, rope_dim, base, factors))
+    {
+        *o = sc;
     }
 }
 
