@@ -117,6 +117,16 @@ __device__ __forceinline__ float ggml_expf(float x) {
 // silu(v) = v / (1 + e^-v), as the CPU computes it.
 __device__ __forceinline__ float silu(float v) { return v / __fadd_rn(1.0f, ggml_expf(-v)); }
 
+// Byte `i` (0..3) of `word`, an integer from 0 to 255, minus `bias` (an
+// integer), as a float, exactly: the byte becomes the low mantissa bits of
+// 2^23 (one byte permute) and 2^23 + bias is subtracted. The decode
+// products convert every weight code this way: Hopper's conversion
+// instructions (I2F) issue at a quarter of the rate of the permute and the
+// add, and were the busiest unit of the products.
+__device__ __forceinline__ float byte_minus(unsigned int word, unsigned int i, float bias) {
+    return __int_as_float(__byte_perm(word, 0x4b000000u, 0x7440u | i)) - (8388608.0f + bias);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -29,9 +29,11 @@
 // (the CPU's dequantized values) and multiplies them with the activations,
 // 256 a warp step; several columns take one pass each (dot_cols_coded).
 // Q5_0 against one activation row (decode) goes as Q4_0 does instead
-// (dot_cols_quant): `d Σ (q - 16) x`, its codes formed as signed bytes
-// from the nibbles and the fifth bits; Q4_K and Q6_K as dot_q4_k and
-// dot_q6_k say.
+// (dot_cols_quant): `d Σ (q - 16) x`, its codes formed from the nibbles
+// and the fifth bits; Q4_K and Q6_K as dot_q4_k and dot_q6_k say. In these
+// decode paths each code becomes a float through byte_minus (gguf.cuh), a
+// byte permute and an add, not a conversion instruction: the same values,
+// at four times the rate.
 
 #include "matmul_dots.cuh"
 #include "quant_codes.cuh"
@@ -378,11 +380,12 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
             for (int c = 0; c < N; ++c) {
                 const float d = f16_to_f32((f16_bits)(w.head[c][u] & 0xffffu));
                 if (TYPE == GGML_Q8_0) {
+                    // Signed codes with their sign bits flipped: the code plus 128.
                     float dot = 0.f;
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
-                        const unsigned int word = i < 4 ? w.lo[c][u] : w.hi[c][u];
-                        dot = fmaf((float)(signed char)((word >> (8 * (i & 3))) & 0xffu), xv[u][i], dot);
+                        const unsigned int word = (i < 4 ? w.lo[c][u] : w.hi[c][u]) ^ 0x80808080u;
+                        dot = fmaf(byte_minus(word, i & 3, 128.f), xv[u][i], dot);
                     }
                     acc[c] = live[u] ? fmaf(d, dot, acc[c]) : acc[c];
                 } else if (TYPE == GGML_Q5_0) {
@@ -390,24 +393,23 @@ __device__ __forceinline__ void dot_cols_quant(const unsigned char* const* rows,
                     // of qh, weights 16+4s.. the high nibbles and bits 16+4s..
                     const unsigned int sub = lane & 3;
                     const unsigned int qh = w.hi[c][u];
-                    const unsigned int nl = w.lo[c][u] & 0x0f0f0f0fu, nh = (w.lo[c][u] >> 4) & 0x0f0f0f0fu;
-                    // q - 16 as a signed byte: the nibble where the fifth bit
-                    // is set, else the nibble with its byte's top four bits set.
-                    const unsigned int ql = nl | ((~fifth_bits4(qh, sub) & 0x10101010u) * 15u);
-                    const unsigned int qu = nh | ((~fifth_bits4(qh, 4 + sub) & 0x10101010u) * 15u);
+                    // The codes q (0..31): nibbles and fifth bits; q - 16 multiplies.
+                    const unsigned int ql = (w.lo[c][u] & 0x0f0f0f0fu) | fifth_bits4(qh, sub);
+                    const unsigned int qu = ((w.lo[c][u] >> 4) & 0x0f0f0f0fu) | fifth_bits4(qh, 4 + sub);
                     float dot = 0.f;
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        dot = fmaf((float)(signed char)((ql >> (8 * i)) & 0xffu), xv[u][i], dot);
-                        dot = fmaf((float)(signed char)((qu >> (8 * i)) & 0xffu), xv[u][4 + i], dot);
+                        dot = fmaf(byte_minus(ql, i, 16.f), xv[u][i], dot);
+                        dot = fmaf(byte_minus(qu, i, 16.f), xv[u][4 + i], dot);
                     }
                     acc[c] = live[u] ? fmaf(d, dot, acc[c]) : acc[c];
                 } else {
+                    const unsigned int nl = w.lo[c][u] & 0x0f0f0f0fu, nh = (w.lo[c][u] >> 4) & 0x0f0f0f0fu;
                     float nx = 0.f;
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        nx = fmaf((float)((w.lo[c][u] >> (8 * i)) & 15u), xv[u][i], nx);
-                        nx = fmaf((float)((w.lo[c][u] >> (8 * i + 4)) & 15u), xv[u][4 + i], nx);
+                        nx = fmaf(byte_minus(nl, i, 0.f), xv[u][i], nx);
+                        nx = fmaf(byte_minus(nh, i, 0.f), xv[u][4 + i], nx);
                     }
                     const float part = TYPE == GGML_Q4_1 ? fmaf(d, nx, f16_to_f32((f16_bits)(w.head[c][u] >> 16)) * sx)
                                                          : d * fmaf(-8.f, sx, nx);
@@ -492,7 +494,7 @@ __device__ __forceinline__ void dot_q6_k(const unsigned char* __restrict__ row, 
                 const unsigned int q =
                     ((lo[u][w] >> low_shift) & 0x0f0f0f0fu) | (((hi[u][w] >> (2 * s)) & 0x03030303u) << 4);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) dot = fmaf((float)((int)((q >> (8 * i)) & 0xffu) - 32), xv[u][4 * w + i], dot);
+                for (int i = 0; i < 4; ++i) dot = fmaf(byte_minus(q, i, 32.f), xv[u][4 * w + i], dot);
             }
             const float d = f16_to_f32((f16_bits)(head[u] & 0xffffu));
             const float sc = (float)(signed char)(head[u] >> 16);
@@ -549,7 +551,7 @@ __device__ __forceinline__ void dot_q4_k(const unsigned char* __restrict__ row, 
                 const unsigned int q = (codes[u][w] >> (4 * hi)) & 0x0f0f0f0fu;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    dot = fmaf((float)((q >> (8 * i)) & 0xffu), xv[u][4 * w + i], dot);
+                    dot = fmaf(byte_minus(q, i, 0.f), xv[u][4 * w + i], dot);
                     sx += xv[u][4 * w + i];
                 }
             }
