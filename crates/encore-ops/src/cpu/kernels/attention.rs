@@ -426,11 +426,190 @@ pub fn attend_head_tiled(
 ) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: the CPU features were just detected.
-        unsafe { attend_head_tiled_avx2(q, kt, v, span, kv_dim, kv_off, scale, out) };
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU features were just detected.
+            unsafe { tiled_avx512::attend(q, kt, v, span, kv_dim, kv_off, scale, out) };
+        } else {
+            // SAFETY: as above.
+            unsafe { attend_head_tiled_avx2(q, kt, v, span, kv_dim, kv_off, scale, out) };
+        }
         return;
     }
-    attend_head_tiled_with(q, kt, v, span, kv_dim, kv_off, scale, out);
+    attend_head_tiled_with(
+        q,
+        kt,
+        v,
+        span,
+        kv_dim,
+        kv_off,
+        scale,
+        out,
+        tile_scores,
+        tile_weigh,
+    );
+}
+
+/// A tile's scores before the scale: `p[j] = Σ_d kt[d][j] q[d]`, each a
+/// chain of fused multiply-adds over the dimensions in order.
+#[inline(always)]
+fn tile_scores(p: &mut [f32; FA_TILE_KV], tile: &[f32], q: &[f32]) {
+    for (kd, &qd) in tile.chunks_exact(FA_TILE_KV).zip(q) {
+        for (s, k) in p.iter_mut().zip(kd) {
+            *s = k.mul_add(qd, *s);
+        }
+    }
+}
+
+/// Adds a tile's weighted V rows to the accumulator, position after
+/// position, each element fused: `acc = v[t] p[t] + acc`. Row `t` of V
+/// starts at `v[rows.0 + t * rows.1]`; `n` positions.
+#[inline(always)]
+fn tile_weigh(acc: &mut [f32], v: &[f32], rows: (usize, usize), p: &[f32; FA_TILE_KV], n: usize) {
+    let hd = acc.len();
+    for (t, &pt) in p[..n].iter().enumerate() {
+        let base = rows.0 + t * rows.1;
+        for (a, x) in acc.iter_mut().zip(&v[base..base + hd]) {
+            *a = x.mul_add(pt, *a);
+        }
+    }
+}
+
+/// The tiled attention's two loops over a tile held in AVX-512 registers:
+/// the 64 scores in four vectors across all dimensions, and the
+/// accumulator in blocks of 128 dimensions across all the tile's positions,
+/// instead of reading and writing them at every step. Each element sees the
+/// same fused operations in the same order as [`tile_scores`] and
+/// [`tile_weigh`], so the results are theirs bit for bit.
+#[cfg(target_arch = "x86_64")]
+mod tiled_avx512 {
+    use super::{attend_head_tiled_with, tile_weigh, FA_TILE_KV};
+    use std::arch::x86_64::*;
+
+    /// [`attend_head_tiled`](super::attend_head_tiled) with these loops.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F, AVX2, FMA and F16C.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn attend(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        span: std::ops::Range<usize>,
+        kv_dim: usize,
+        kv_off: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        attend_head_tiled_with(
+            q,
+            kt,
+            v,
+            span,
+            kv_dim,
+            kv_off,
+            scale,
+            out,
+            // SAFETY: this function only runs where the features were detected.
+            |p, tile, q| unsafe { scores(p, tile, q) },
+            // SAFETY: as above.
+            |acc, v, rows, p, n| unsafe { weigh(acc, v, rows, p, n) },
+        );
+    }
+
+    /// [`tile_scores`](super::tile_scores).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scores(p: &mut [f32; FA_TILE_KV], tile: &[f32], q: &[f32]) {
+        let dims = q.len().min(tile.len() / FA_TILE_KV);
+        // SAFETY: `p` holds 64 floats; the loads are unaligned.
+        let mut s: [__m512; 4] =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(p.as_ptr().add(16 * i)) });
+        let kp = tile.as_ptr();
+        for (d, &qd) in q[..dims].iter().enumerate() {
+            let qv = _mm512_set1_ps(qd);
+            for (i, r) in s.iter_mut().enumerate() {
+                // SAFETY: row d of the tile, 64 floats, lies within `tile`
+                // (d < dims); the load is unaligned.
+                let k = unsafe { _mm512_loadu_ps(kp.add(d * FA_TILE_KV + 16 * i)) };
+                *r = _mm512_fmadd_ps(k, qv, *r);
+            }
+        }
+        for (i, r) in s.iter().enumerate() {
+            // SAFETY: as for the loads.
+            unsafe { _mm512_storeu_ps(p.as_mut_ptr().add(16 * i), *r) };
+        }
+    }
+
+    /// [`tile_weigh`](super::tile_weigh).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weigh(
+        acc: &mut [f32],
+        v: &[f32],
+        rows: (usize, usize),
+        p: &[f32; FA_TILE_KV],
+        n: usize,
+    ) {
+        let hd = acc.len();
+        let n = n.min(FA_TILE_KV);
+        if n == 0 || v.len() < rows.0 + (n - 1) * rows.1 + hd {
+            tile_weigh(acc, v, rows, p, n);
+            return;
+        }
+        let mut d = 0;
+        while d + 128 <= hd {
+            // SAFETY: dimensions d..d + 128 lie in `acc` and in every row
+            // read (the bound checked above).
+            unsafe { block::<8>(acc, v, rows, p, n, d) };
+            d += 128;
+        }
+        while d + 16 <= hd {
+            // SAFETY: as above, for d..d + 16.
+            unsafe { block::<1>(acc, v, rows, p, n, d) };
+            d += 16;
+        }
+        for d in d..hd {
+            for (t, &pt) in p[..n].iter().enumerate() {
+                acc[d] = v[rows.0 + t * rows.1 + d].mul_add(pt, acc[d]);
+            }
+        }
+    }
+
+    /// Dimensions `d..d + 16 * N` over the tile's `n` positions.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F; `d + 16 * N <= acc.len()` and `v`
+    /// must hold `rows.0 + (n - 1) * rows.1 + d + 16 * N` elements.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block<const N: usize>(
+        acc: &mut [f32],
+        v: &[f32],
+        rows: (usize, usize),
+        p: &[f32; FA_TILE_KV],
+        n: usize,
+        d: usize,
+    ) {
+        // SAFETY: d + 16 * i + 16 <= acc.len(); the loads are unaligned.
+        let mut regs: [__m512; N] =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(acc.as_ptr().add(d + 16 * i)) });
+        let vp = v.as_ptr();
+        for (t, &pt) in p[..n].iter().enumerate() {
+            let w = _mm512_set1_ps(pt);
+            let row = rows.0 + t * rows.1 + d;
+            for (i, r) in regs.iter_mut().enumerate() {
+                // SAFETY: row + 16 * i + 16 <= v.len() (the caller's bound);
+                // the load is unaligned.
+                let x = unsafe { _mm512_loadu_ps(vp.add(row + 16 * i)) };
+                *r = _mm512_fmadd_ps(x, w, *r);
+            }
+        }
+        for (i, r) in regs.iter().enumerate() {
+            // SAFETY: as for the loads.
+            unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(d + 16 * i), *r) };
+        }
+    }
 }
 
 /// [`attend_head_tiled`] compiled with FMA, so the fused steps are single
@@ -448,7 +627,18 @@ unsafe fn attend_head_tiled_avx2(
     scale: f32,
     out: &mut [f32],
 ) {
-    attend_head_tiled_with(q, kt, v, span, kv_dim, kv_off, scale, out);
+    attend_head_tiled_with(
+        q,
+        kt,
+        v,
+        span,
+        kv_dim,
+        kv_off,
+        scale,
+        out,
+        tile_scores,
+        tile_weigh,
+    );
 }
 
 #[inline(always)]
@@ -462,6 +652,8 @@ fn attend_head_tiled_with(
     kv_off: usize,
     scale: f32,
     out: &mut [f32],
+    scores: impl Fn(&mut [f32; FA_TILE_KV], &[f32], &[f32]),
+    weigh: impl Fn(&mut [f32], &[f32], (usize, usize), &[f32; FA_TILE_KV], usize),
 ) {
     const T: usize = FA_TILE_KV;
     let hd = q.len().min(out.len());
@@ -481,12 +673,7 @@ fn attend_head_tiled_with(
         let t0 = t * T;
         let n = (len - t0).min(T);
         p.fill(0.0);
-        for (d, kd) in tile.chunks_exact(T).enumerate() {
-            let qd = q[d];
-            for (s, k) in p.iter_mut().zip(kd) {
-                *s = k.mul_add(qd, *s);
-            }
-        }
+        scores(&mut p, tile, &q[..hd]);
         p.iter_mut().for_each(|s| *s *= scale);
         p[n..].fill(f32::NEG_INFINITY);
         if t0 < first {
@@ -502,12 +689,7 @@ fn attend_head_tiled_with(
         m = m_new;
         let total = softmax_weights(form, &mut p, m);
         sum = (f64::from(sum) + total) as f32;
-        for (j, &pj) in p[..n].iter().enumerate() {
-            let base = (t0 + j) * kv_dim + kv_off;
-            for (a, x) in acc.iter_mut().zip(&v[base..base + hd]) {
-                *a = x.mul_add(pj, *a);
-            }
-        }
+        weigh(acc, v, (t0 * kv_dim + kv_off, kv_dim), &p, n);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     acc.iter_mut().for_each(|a| *a *= inv);
@@ -787,6 +969,51 @@ mod tests {
                 attend_head_tiled(&q, kt, &v, 0..n, kv_dim, g * hd, 0.125, &mut b);
                 for (x, y) in a.iter().zip(&b) {
                     assert!((x - y).abs() < 2e-3, "len {n} head {g}: {x} vs {y}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_attention_equals_its_portable_loops_bit_for_bit() {
+        // Whatever vector loops this CPU takes (AVX-512 registers across a
+        // tile, or AVX2), every element must come out as the portable
+        // loops make it. Head sizes on and off the 128- and 16-wide blocks;
+        // spans that start inside a tile and end on either side of one.
+        let mut seed = 5u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        for (hd, kv_heads) in [(64usize, 2usize), (72, 1), (136, 1), (256, 1)] {
+            let kv_dim = kv_heads * hd;
+            let len = 150;
+            let k: Vec<f32> = (0..len * kv_dim).map(|_| rnd() * 2.0).collect();
+            let v: Vec<f32> = (0..len * kv_dim).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..hd).map(|_| rnd() * 2.0).collect();
+            let mut kt = Vec::new();
+            transpose_k_tiles(&k, len, kv_heads, hd, &mut kt);
+            let head_tiles = len.div_ceil(FA_TILE_KV) * hd * FA_TILE_KV;
+            for g in 0..kv_heads {
+                let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
+                for span in [0..1, 0..64, 0..65, 10..150, 70..128] {
+                    let (mut fast, mut plain) = (vec![0.0; hd], vec![0.0; hd]);
+                    attend_head_tiled(&q, kt, &v, span.clone(), kv_dim, g * hd, 0.1, &mut fast);
+                    attend_head_tiled_with(
+                        &q,
+                        kt,
+                        &v,
+                        span.clone(),
+                        kv_dim,
+                        g * hd,
+                        0.1,
+                        &mut plain,
+                        tile_scores,
+                        tile_weigh,
+                    );
+                    let fast: Vec<u32> = fast.iter().map(|x| x.to_bits()).collect();
+                    let plain: Vec<u32> = plain.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(fast, plain, "head size {hd}, KV head {g}, span {span:?}");
                 }
             }
         }
