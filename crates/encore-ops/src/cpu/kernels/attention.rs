@@ -413,40 +413,33 @@ pub fn transpose_k_tiles(k: &[f32], len: usize, kv_heads: usize, hd: usize, kt: 
 /// the weights are `e^x` of the score minus the maximum, in this CPU's
 /// [`GgmlVector`] form, summed a vector at a time into an f64 total; each
 /// output element adds the tile's `weight * V` in position order, fused.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_head_tiled(
-    q: &[f32],
-    kt: &[f32],
-    v: &[f32],
-    span: std::ops::Range<usize>,
-    kv_dim: usize,
-    kv_off: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
+pub fn attend_head_tiled(head: &TiledHead<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU features were just detected.
-            unsafe { tiled_avx512::attend(q, kt, v, span, kv_dim, kv_off, scale, out) };
+            unsafe { tiled_avx512::attend(head, out) };
         } else {
             // SAFETY: as above.
-            unsafe { attend_head_tiled_avx2(q, kt, v, span, kv_dim, kv_off, scale, out) };
+            unsafe { attend_head_tiled_avx2(head, out) };
         }
         return;
     }
-    attend_head_tiled_with(
-        q,
-        kt,
-        v,
-        span,
-        kv_dim,
-        kv_off,
-        scale,
-        out,
-        tile_scores,
-        tile_weigh,
-    );
+    attend_head_tiled_with(head, out, tile_scores, tile_weigh);
+}
+
+/// What [`attend_head_tiled`] attends with: one query head `q`, its KV
+/// head's K in tiles `kt` ([`transpose_k_tiles`]), the cache's V widened to
+/// f32 (`[span.end, kv_dim]`, the head's slice at `kv_off`), the positions
+/// `span` it sees, and the scores' `scale`.
+pub struct TiledHead<'a> {
+    pub q: &'a [f32],
+    pub kt: &'a [f32],
+    pub v: &'a [f32],
+    pub span: std::ops::Range<usize>,
+    pub kv_dim: usize,
+    pub kv_off: usize,
+    pub scale: f32,
 }
 
 /// A tile's scores before the scale: `p[j] = Σ_d kt[d][j] q[d]`, each a
@@ -482,33 +475,17 @@ fn tile_weigh(acc: &mut [f32], v: &[f32], rows: (usize, usize), p: &[f32; FA_TIL
 /// [`tile_weigh`], so the results are theirs bit for bit.
 #[cfg(target_arch = "x86_64")]
 mod tiled_avx512 {
-    use super::{attend_head_tiled_with, tile_weigh, FA_TILE_KV};
+    use super::{attend_head_tiled_with, tile_weigh, TiledHead, FA_TILE_KV};
     use std::arch::x86_64::*;
 
     /// [`attend_head_tiled`](super::attend_head_tiled) with these loops.
     ///
     /// # Safety
     /// The CPU must support AVX-512 F, AVX2, FMA and F16C.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn attend(
-        q: &[f32],
-        kt: &[f32],
-        v: &[f32],
-        span: std::ops::Range<usize>,
-        kv_dim: usize,
-        kv_off: usize,
-        scale: f32,
-        out: &mut [f32],
-    ) {
+    pub(super) unsafe fn attend(head: &TiledHead<'_>, out: &mut [f32]) {
         attend_head_tiled_with(
-            q,
-            kt,
-            v,
-            span,
-            kv_dim,
-            kv_off,
-            scale,
+            head,
             out,
             // SAFETY: this function only runs where the features were detected.
             |p, tile, q| unsafe { scores(p, tile, q) },
@@ -615,47 +592,28 @@ mod tiled_avx512 {
 /// [`attend_head_tiled`] compiled with FMA, so the fused steps are single
 /// instructions and the loops over a tile vectorize.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_head_tiled_avx2(
-    q: &[f32],
-    kt: &[f32],
-    v: &[f32],
-    span: std::ops::Range<usize>,
-    kv_dim: usize,
-    kv_off: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    attend_head_tiled_with(
-        q,
-        kt,
-        v,
-        span,
-        kv_dim,
-        kv_off,
-        scale,
-        out,
-        tile_scores,
-        tile_weigh,
-    );
+unsafe fn attend_head_tiled_avx2(head: &TiledHead<'_>, out: &mut [f32]) {
+    attend_head_tiled_with(head, out, tile_scores, tile_weigh);
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn attend_head_tiled_with(
-    q: &[f32],
-    kt: &[f32],
-    v: &[f32],
-    span: std::ops::Range<usize>,
-    kv_dim: usize,
-    kv_off: usize,
-    scale: f32,
+    head: &TiledHead<'_>,
     out: &mut [f32],
     scores: impl Fn(&mut [f32; FA_TILE_KV], &[f32], &[f32]),
     weigh: impl Fn(&mut [f32], &[f32], (usize, usize), &[f32; FA_TILE_KV], usize),
 ) {
     const T: usize = FA_TILE_KV;
+    let TiledHead {
+        q,
+        kt,
+        v,
+        ref span,
+        kv_dim,
+        kv_off,
+        scale,
+    } = *head;
     let hd = q.len().min(out.len());
     let acc = &mut out[..hd];
     acc.fill(0.0);
@@ -812,8 +770,16 @@ pub(crate) fn attend_rows(
             let qh = &q[i * hd..(i + 1) * hd];
             let g = h / group;
             let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
-            let span = s.first_visible(pos, r)..pos + r + 1;
-            attend_head_tiled(qh, kt, vf, span, kv_dim, g * hd, s.scale, o);
+            let head = TiledHead {
+                q: qh,
+                kt,
+                v: vf,
+                span: s.first_visible(pos, r)..pos + r + 1,
+                kv_dim,
+                kv_off: g * hd,
+                scale: s.scale,
+            };
+            attend_head_tiled(&head, o);
         });
     }
     WIDE.with(|c| c.replace(w));
@@ -966,7 +932,16 @@ mod tests {
                 let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
                 attend_head(&q, &k16, &v16, n, kv_dim, g * hd, 0.125, &mut a);
                 let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
-                attend_head_tiled(&q, kt, &v, 0..n, kv_dim, g * hd, 0.125, &mut b);
+                let head = TiledHead {
+                    q: &q,
+                    kt,
+                    v: &v,
+                    span: 0..n,
+                    kv_dim,
+                    kv_off: g * hd,
+                    scale: 0.125,
+                };
+                attend_head_tiled(&head, &mut b);
                 for (x, y) in a.iter().zip(&b) {
                     assert!((x - y).abs() < 2e-3, "len {n} head {g}: {x} vs {y}");
                 }
@@ -998,19 +973,17 @@ mod tests {
                 let kt = &kt[g * head_tiles..(g + 1) * head_tiles];
                 for span in [0..1, 0..64, 0..65, 10..150, 70..128] {
                     let (mut fast, mut plain) = (vec![0.0; hd], vec![0.0; hd]);
-                    attend_head_tiled(&q, kt, &v, span.clone(), kv_dim, g * hd, 0.1, &mut fast);
-                    attend_head_tiled_with(
-                        &q,
+                    let head = TiledHead {
+                        q: &q,
                         kt,
-                        &v,
-                        span.clone(),
+                        v: &v,
+                        span: span.clone(),
                         kv_dim,
-                        g * hd,
-                        0.1,
-                        &mut plain,
-                        tile_scores,
-                        tile_weigh,
-                    );
+                        kv_off: g * hd,
+                        scale: 0.1,
+                    };
+                    attend_head_tiled(&head, &mut fast);
+                    attend_head_tiled_with(&head, &mut plain, tile_scores, tile_weigh);
                     let fast: Vec<u32> = fast.iter().map(|x| x.to_bits()).collect();
                     let plain: Vec<u32> = plain.iter().map(|x| x.to_bits()).collect();
                     assert_eq!(fast, plain, "head size {hd}, KV head {g}, span {span:?}");
