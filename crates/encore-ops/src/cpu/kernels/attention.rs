@@ -400,12 +400,11 @@ pub fn transpose_k_tiles(k: &[f32], len: usize, kv_heads: usize, hd: usize, kt: 
     }
 }
 
-/// Attention of one query head over the positions `span`, as llama.cpp's tiled
-/// CPU flash attention computes it for batches of [`FA_TILE_Q`] rows or more.
-/// `kt` holds this head's KV head in tiles ([`transpose_k_tiles`]); `v` is the
-/// cache widened to f32 (`[span.end, kv_dim]`), read at `kv_off`. Tiles
-/// wholly before `span.start` are skipped, and the positions before it in
-/// the first tile weigh nothing.
+/// Attention of one query head over the positions `head.span` ([`TiledHead`]),
+/// as llama.cpp's tiled CPU flash attention computes it for batches of
+/// [`FA_TILE_Q`] rows or more, into `out`. Tiles wholly before
+/// `span.start` are skipped, and the positions before it in the first tile
+/// weigh nothing.
 ///
 /// Per tile of [`FA_TILE_KV`] positions: f32 scores, each a chain of fused
 /// multiply-adds over the dimensions, times `scale`; the running maximum
