@@ -797,6 +797,10 @@ const WIDE_HEAD: usize = encore_ops::cuda::geometry::MATMUL_WIDE_MIN_COLUMNS as 
 fn matmul_with_a_large_output_matches_the_exact_product() {
     // An output head's shape, Q8_0, decode and a prefill tile: wide enough
     // for two columns a warp in decode, and odd, so the last warp has one.
+    // The prefill tile multiplies f32 activations: within 1e-5 of Σ|w·x|
+    // of the exact product. Decode quantizes them to 8 bits first
+    // (`geometry::eight_bit_activations`), as the CPU does: within the
+    // CPU comparison's 5e-3 of Σ|w·x|.
     let mut rng = Rng::new();
     let ops = open("cuda");
     let (n, k, dtype) = (WIDE_HEAD, 576usize, DType::Q8_0);
@@ -815,9 +819,14 @@ fn matmul_with_a_large_output_matches_the_exact_product() {
         let y = ops.device().alloc(rows * n * 4).unwrap();
         run(&ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "output"));
         let gpu = y.download::<f32>().unwrap();
+        let tol = if eight_bit_products(dtype, rows) {
+            5e-3
+        } else {
+            1e-5
+        };
         for (i, (g, (e, s))) in gpu.iter().zip(exact.iter().zip(&scale)).enumerate() {
             assert!(
-                (g - e).abs() <= 1e-5 * s + 1e-7,
+                (g - e).abs() <= tol * s + 1e-7,
                 "rows={rows}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
             );
         }
@@ -1201,18 +1210,45 @@ const BLOCK_OUTPUTS: [&str; 4] = ["residual", "attention", "k cache", "v cache"]
 /// moved to its neighbour moves the output by about that step (seed
 /// 0x18eaf6e4d5e94839 puts a Q5_1 element 2.3e-4 off, 2.1e-3 of the rms,
 /// one f16 step of its value being 2.4e-4).
-fn assert_block_outputs_close(what: &str, fused: &[Vec<f32>], plain: &[Vec<f32>]) {
+///
+/// Where the fused products take 8-bit activations ([`eight_bit_products`])
+/// and the unfused `matmul` f32 ones, every output within
+/// [`EIGHT_BIT_RMS_TOLERANCE`] of the rms instead.
+fn assert_block_outputs_close(what: &str, fused: &[Vec<f32>], plain: &[Vec<f32>], eight_bit: bool) {
     for (i, name) in BLOCK_OUTPUTS.iter().enumerate() {
         let f16 = i >= 2;
+        let tol = if eight_bit {
+            EIGHT_BIT_RMS_TOLERANCE
+        } else if f16 {
+            1e-4
+        } else {
+            2e-3
+        };
         assert_close_to_rms(
             &format!("{what} {name} fused vs unfused"),
             &fused[i],
             &plain[i],
-            if f16 { 1e-4 } else { 2e-3 },
+            tol,
             f16 || *name == "attention",
         );
     }
 }
+
+/// Whether CUDA's fused products (and output heads) of one activation row
+/// and weights of `dtype` quantize their input to 8 bits
+/// (`geometry::eight_bit_activations`: the weights in blocks of 32), where
+/// the unfused `matmul` multiplies f32 activations.
+fn eight_bit_products(dtype: DType, rows: usize) -> bool {
+    rows == 1 && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0)
+}
+
+/// 8-bit against f32 activations, as a fraction of the outputs' rms: each
+/// input element moves by up to half a step of its block's `max|v| / 127`,
+/// which on random inputs moves a product by about 0.6% of the outputs'
+/// rms (measured up to 1% in the residual of a block graph, the largest of
+/// hundreds of outputs); a wrong column, bias or norm scale moves outputs
+/// by the order of the rms itself.
+const EIGHT_BIT_RMS_TOLERANCE: f32 = 5e-2;
 
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
@@ -1248,7 +1284,7 @@ fn fused_block_graph_matches_unfused_and_cpu() {
         );
         assert_eq!(cpu_stats.after.nodes, fused_nodes(rows));
         let what = format!("{dtype} rows={rows} bias={bias}");
-        assert_block_outputs_close(&what, fused, &plain);
+        assert_block_outputs_close(&what, fused, &plain, eight_bit_products(dtype, rows));
         if dtype.is_quantized() {
             continue;
         }
@@ -1358,7 +1394,7 @@ fn split_decode_products_match_the_unfused_graph() {
         for (&(dtype, bias), ((fused, stats), (plain, _))) in cases.iter().zip(runs) {
             assert_eq!(stats.after.nodes, fused_nodes(1), "{dtype}: {stats:?}");
             let what = format!("{dtype} bias={bias} width={width} specialize={specialize}");
-            assert_block_outputs_close(&what, &fused, &plain);
+            assert_block_outputs_close(&what, &fused, &plain, eight_bit_products(dtype, 1));
         }
     }
 }
@@ -1692,7 +1728,8 @@ fn row_fused_products_are_row_invariant_and_match_unfused() {
     // must get, bit for bit, what it gets in a batch of one (so a
     // sequence's tokens do not depend on its batch), and the fused products
     // must match the unfused ones within the rounding of folding the norm
-    // in (1e-4 of the rms, as the fused block graph above).
+    // in (1e-4 of the rms, as the fused block graph above), or where the
+    // fused products take 8-bit activations, within EIGHT_BIT_RMS_TOLERANCE.
     let cuda = open("cuda");
     let mut rng = Rng::new();
     let seed = rng.next();
@@ -1709,7 +1746,11 @@ fn row_fused_products_are_row_invariant_and_match_unfused() {
                 &format!("{dtype} {name} fused vs unfused"),
                 &fused[i],
                 &plain[i],
-                1e-4,
+                if eight_bit_products(dtype, 1) {
+                    EIGHT_BIT_RMS_TOLERANCE
+                } else {
+                    1e-4
+                },
                 false,
             );
         }

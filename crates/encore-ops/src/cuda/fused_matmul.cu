@@ -16,7 +16,9 @@
 //
 // The default version folds the norm into the product: each warp sums the
 // squares of the activations it reads anyway and scales its finished dot
-// product by `1 / rms` (quant_dots_fast.cuh). MM_THREADS and MM_COLS
+// product by `1 / rms` (quant_dots_fast.cuh). For one activation row and
+// weights in blocks of 32 (MM_Q8), the block quantizes the input times the
+// norm weights to 8 bits once and sums the squares while it does. MM_THREADS and MM_COLS
 // (cuda/geometry.rs) and the EPILOGUE_* values (kernels/fused.rs) come from
 // Rust, prepended to this source.
 

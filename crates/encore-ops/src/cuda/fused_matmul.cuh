@@ -175,6 +175,23 @@ __device__ __forceinline__ bool fused_sums(float* v, float sq, unsigned int spli
 }
 #endif
 
+// The epilogue of the warp's `cols` finished columns `v` (the up
+// products after the gate's in SwiGLU) into the activation row at `y`;
+// `old` is lane i's residual for column c.j + i (accumulate). Lane i
+// stores column c.j + i.
+__device__ __forceinline__ void fused_store(const Column& c, unsigned int cols, const float* v, float old,
+                                            const FusedShape& s, float* y, unsigned int lane) {
+#pragma unroll
+    for (int i = 0; i < MM_COLS; ++i) {
+        if (lane == (unsigned int)i && (unsigned int)i < cols) {
+            float* out = y + c.j + i;
+            if (s.epilogue == EPILOGUE_SWIGLU) *out = __fmul_rn(silu(v[i]), v[MM_COLS + i]);
+            else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old + v[i];
+            else *out = stored(c, c.j + i, v[i]);
+        }
+    }
+}
+
 // Activation row `r` at `x`: the warp's `cols` columns from `c.j` on
 // (MM_COLS at most), the input loaded once for all of them, and in the
 // SwiGLU epilogue for the gate and the up rows together, over `k` elements
@@ -217,16 +234,35 @@ __device__ __forceinline__ void fused_cols(const Column& c, unsigned int cols, c
                                     (const QuantPass<MM_COLS>*)nullptr);
     }
 #endif
-#pragma unroll
-    for (int i = 0; i < MM_COLS; ++i) {
-        if (lane == (unsigned int)i && (unsigned int)i < cols) {
-            float* out = y + c.j + i;
-            if (swiglu) *out = __fmul_rn(silu(v[i]), v[MM_COLS + i]);
-            else if (s.epilogue == EPILOGUE_ACCUMULATE) *out = old + v[i];
-            else *out = stored(c, c.j + i, v[i]);
-        }
-    }
+    fused_store(c, cols, v, old, s, y, lane);
 }
+
+#if MM_Q8
+// fused_cols for one activation row of the types of q8_activations, the
+// row quantized by the block (`xq`, `xd`; `inv` the norm's 1 / rms, else
+// 1): see quant_dots_fast.cuh.
+__device__ __forceinline__ void fused_cols_x8(const Column& c, unsigned int cols, const unsigned char* const* rows,
+                                              const QuantPass<MM_COLS>& first,
+                                              const QuantPass<2 * MM_COLS>& first_both, const int* xq,
+                                              const float* xd, float inv, const FusedShape& s, unsigned int lane) {
+    const bool swiglu = s.epilogue == EPILOGUE_SWIGLU;
+    float v[2 * MM_COLS];
+    float old = 0.f;
+    if (s.epilogue == EPILOGUE_ACCUMULATE && lane < cols) old = c.y[c.j + lane];
+    if (fused_together(s, c)) {
+        dot_cols_x8_of<2 * MM_COLS>(c.dtype, rows, xq, xd, s.k, lane, v, &first_both);
+    } else {
+        dot_cols_x8_of<MM_COLS>(c.dtype, rows, xq, xd, s.k, lane, v, &first);
+        if (swiglu)
+            dot_cols_x8_of<MM_COLS>(c.dtype2, rows + MM_COLS, xq, xd, s.k, lane, v + MM_COLS,
+                                    (const QuantPass<MM_COLS>*)nullptr);
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * MM_COLS; ++i)
+        if (i < MM_COLS || swiglu) v[i] = warp_sum(v[i]) * inv;
+    fused_store(c, cols, v, old, s, c.y, lane);
+}
+#endif
 
 // One of three values by a run-time index, without an array (an array
 // indexed at run time lives in local memory). Where the three are equal
@@ -319,13 +355,37 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     const unsigned char* rows[2 * MM_COLS];
     QuantPass<MM_COLS> first;
     QuantPass<2 * MM_COLS> first_both;
+#if MM_Q8
+    // One activation row against weights of blocks of 32 only: the block
+    // quantizes the row once (the same test in every warp of the block).
+    __shared__ __align__(16) int xq[Q8X_MAX_K / 4];
+    __shared__ float xd[Q8X_MAX_K / 32];
+    bool x8 = s.rows == 1 && split == 1 && s.k % 32 == 0 && s.k <= Q8X_MAX_K;
+#pragma unroll
+    for (unsigned int t = 0; t < 3; ++t)
+        if (t < min(s.weights, 3u)) x8 = x8 && q8_activations(s.dtype[t]);
+#else
+    const bool x8 = false;
+#endif
     if (live && by_column) {
         fused_col_rows(c, cols, row_bytes, row_bytes2, rows);
-        const float* gn = s.norm ? g : nullptr;
+        const float* gn = s.norm && !x8 ? g : nullptr;
         if (fused_together(s, c)) quant_pass_first<2 * MM_COLS>(dtype, rows, gn, k, lane, first_both);
         else quant_pass_first<MM_COLS>(dtype, rows, gn, k, lane, first);
     }
     encore_grid_wait();
+#if MM_Q8
+    if (x8) {
+        const bool vec = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
+        float inv;
+        if (s.norm) inv = vec ? quantize_x8<true, true>(x, g, s.k, s.eps, xq, xd)
+                              : quantize_x8<true, false>(x, g, s.k, s.eps, xq, xd);
+        else inv = vec ? quantize_x8<false, true>(x, g, s.k, s.eps, xq, xd)
+                       : quantize_x8<false, false>(x, g, s.k, s.eps, xq, xd);
+        if (live) fused_cols_x8(c, cols, rows, first, first_both, xq, xd, inv, s, lane);
+        return;
+    }
+#endif
     if (!live) return;  // the whole warp leaves together
     const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;

@@ -111,15 +111,25 @@ pub fn fused_split(shape: &FusedShape, exact: bool) -> u32 {
     }
 }
 
+/// `MM_Q8`, whether a kernel's one-row products of weights in blocks of 32
+/// quantize their input to 8 bits once a block and multiply it with `dp4a`
+/// (quant_dots_fast.cuh): in the default version, where a decode step's
+/// products were bound by the instructions each weight cost; never in the
+/// exact one, which keeps the CPU's arithmetic.
+fn eight_bit_activations(exact: bool) -> String {
+    u32::from(!exact).to_string()
+}
+
 /// The defines of `fused_matmul`: `MM_THREADS`, `MM_COLS`
 /// ([`FUSED_COLUMNS_PER_WARP`]), `MM_SPLIT` and `MM_SPLIT_MIN_K`
-/// ([`fused_split`]).
+/// ([`fused_split`]), `MM_Q8` ([`eight_bit_activations`]).
 pub(crate) fn fused_matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
     let split = if exact { 1 } else { FUSED_SPLIT_WARPS };
     let mut defines = product_defines(FUSED_COLUMNS_PER_WARP);
     defines.extend([
         ("MM_SPLIT", format!("{split}u")),
         ("MM_SPLIT_MIN_K", format!("{FUSED_SPLIT_MIN_K}u")),
+        ("MM_Q8", eight_bit_activations(exact)),
     ]);
     defines
 }
@@ -160,10 +170,12 @@ pub fn fused_matmul_rows_launch(shape: &FusedShape, exact: bool) -> Result<Launc
 }
 
 /// The defines of `matmul`: `MM_THREADS` (threads a block), `MM_COLS`
-/// ([`MATMUL_COLUMNS_PER_WARP`]) and `MM_WIDE_N` ([`MATMUL_WIDE_MIN_COLUMNS`]).
-pub(crate) fn matmul_defines() -> Vec<(&'static str, String)> {
+/// ([`MATMUL_COLUMNS_PER_WARP`]), `MM_WIDE_N` ([`MATMUL_WIDE_MIN_COLUMNS`])
+/// and `MM_Q8` ([`eight_bit_activations`]; output heads only).
+pub(crate) fn matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
     let mut defines = product_defines(MATMUL_COLUMNS_PER_WARP);
     defines.push(("MM_WIDE_N", format!("{MATMUL_WIDE_MIN_COLUMNS}u")));
+    defines.push(("MM_Q8", eight_bit_activations(exact)));
     defines
 }
 
@@ -496,7 +508,8 @@ mod tests {
     #[test]
     fn prepended_defines_are_defined_only_here() {
         let defines = [
-            matmul_defines(),
+            matmul_defines(false),
+            matmul_defines(true),
             fused_matmul_defines(false),
             fused_matmul_defines(true),
             gemm_defines(),

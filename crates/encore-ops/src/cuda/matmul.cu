@@ -8,9 +8,10 @@
 //
 // The default version: quantized weights are dequantized and multiplied
 // with f32 activations (quant_dots_fast.cuh), within the activation
-// quantization error of the CPU's results. matmul_exact.cu is the same
-// kernel with the CPU's bits. MM_THREADS and MM_COLS come from Rust,
-// prepended to this source (cuda/geometry.rs).
+// quantization error of the CPU's results; an output head of weights in
+// blocks of 32 takes 8-bit activations (MM_Q8). matmul_exact.cu is the same
+// kernel with the CPU's bits. MM_THREADS, MM_COLS, MM_WIDE_N and MM_Q8 come
+// from Rust, prepended to this source (cuda/geometry.rs).
 
 #include "gguf.cuh"
 #include "matmul_dots.cuh"

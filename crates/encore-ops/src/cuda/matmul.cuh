@@ -10,7 +10,10 @@
 // row instead, each quantized on its own as the CPU does, with the first
 // pass of weights kept in registers for all rows). Each warp reads its input
 // itself: staging it in shared memory once per block was slower, since the
-// barrier puts a second memory round trip on the path of every warp.
+// barrier puts a second memory round trip on the path of every warp. The
+// exception is an output head of weights in blocks of 32 (MM_Q8): there the
+// block quantizes its input to 8 bits once, and the `dp4a` products that
+// follow saved more than the barrier cost.
 
 #include "matmul_shape.cuh"
 
@@ -86,6 +89,25 @@ __device__ __forceinline__ void matmul_body(const unsigned char* __restrict__ w,
         quant_pass_first<N>(s.dtype, rows, nullptr, s.k, lane, first);
     }
     encore_grid_wait();
+#if MM_Q8
+    // An output head of weights in blocks of 32: the block quantizes the
+    // activation row once (quant_dots_fast.cuh).
+    if (s.rows == 1 && s.n >= MM_WIDE_N && s.k % 32 == 0 && s.k <= Q8X_MAX_K && q8_activations(s.dtype)) {
+        __shared__ __align__(16) int xq[Q8X_MAX_K / 4];
+        __shared__ float xd[Q8X_MAX_K / 32];
+        if (((size_t)x & 15u) == 0) quantize_x8<false, true>(x, nullptr, s.k, 0.f, xq, xd);
+        else quantize_x8<false, false>(x, nullptr, s.k, 0.f, xq, xd);
+        if (cols == 0) return;
+        float out[N];
+        dot_cols_x8_of<N>(s.dtype, rows, xq, xd, s.k, lane, out, &first);
+#pragma unroll
+        for (int c = 0; c < N; ++c) {
+            out[c] = warp_sum(out[c]);
+            if (lane == (unsigned int)c && (unsigned int)c < cols) y[j0 + c] = out[c];
+        }
+        return;
+    }
+#endif
     if (cols == 0) return;  // the whole warp leaves together
     const bool x16 = ((size_t)x & 15u) == 0;
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;

@@ -126,7 +126,7 @@ fn matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
     } else {
         "matmul.cu"
     };
-    let mut defines = geometry::matmul_defines();
+    let mut defines = geometry::matmul_defines(exact);
     defines.push(("MM_ROW_INVARIANT", u32::from(row_invariant).to_string()));
     CudaKernel::checked(
         source_with(file, &defines),

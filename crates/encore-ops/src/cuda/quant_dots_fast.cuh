@@ -34,6 +34,10 @@
 // decode paths each code becomes a float through byte_minus (gguf.cuh), a
 // byte permute and an add, not a conversion instruction: the same values,
 // at four times the rate.
+//
+// With MM_Q8 (the end of this file), the one-row products of Q4_0, Q4_1,
+// Q5_0 and Q8_0 in `fused_matmul` and in output heads take 8-bit
+// activations instead, as ggml's CPU and CUDA products do.
 
 #include "matmul_dots.cuh"
 #include "quant_codes.cuh"
@@ -445,8 +449,11 @@ __device__ __forceinline__ void lane_x8_norm(float* xv, const float* gv, float& 
     }
 }
 
-// Super-blocks of Q6_K a pass of dot_q6_k.
-#define Q6_STEPS 4
+// Super-blocks of Q6_K a pass of dot_q6_k: five, so that each warp's part
+// of a split row of Qwen2.5's down products (19 super-blocks among four
+// warps) is one pass, one memory round trip (four made three of the four
+// warps wait for a second).
+#define Q6_STEPS 5
 
 // Q6_K against one activation row: per-lane partial sums of one weight row
 // (`acc`; with NORM, the squares of the activations in `sq`). Lane `l` takes
@@ -503,8 +510,8 @@ __device__ __forceinline__ void dot_q6_k(const unsigned char* __restrict__ row, 
     }
 }
 
-// Super-blocks of Q4_K a pass of dot_q4_k.
-#define Q4K_STEPS 4
+// Super-blocks of Q4_K a pass of dot_q4_k (five, as Q6_STEPS).
+#define Q4K_STEPS 5
 
 // Q4_K against one activation row: per-lane partial sums of one weight row
 // (`acc`; with NORM, the squares of the activations in `sq`). Lane `l` takes
@@ -654,4 +661,177 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
     float sq;
     dot_cols_lanes<NORM, N>(dtype, rows, x, g, k, lane, x16, vec_float, out, sq, first);
     dot_cols_finish<NORM, N>(out, sq, k, eps);
+}
+
+// ---- Decode products with 8-bit activations (`fused_matmul`, MM_Q8) ----
+//
+// For one activation row and weights in blocks of 32 (Q4_0, Q4_1, Q5_0,
+// Q8_0), a block first quantizes its input once into shared memory as
+// ggml's Q8_0 does (per 32 elements `d = max|v| / 127`, `q = round(v / d)`;
+// the scale kept in f32), with a norm the input times its weights (the
+// 1 / rms scale, the same for the whole row, applies to the finished sums).
+// Each lane then multiplies 8 weight codes with 8 activation bytes in two
+// `dp4a`, where the f32 products spent a permute, an add and a multiply-add
+// on every weight: the decode products were bound by those instructions.
+// The lanes take the weights of dot_cols_quant, whose first pass the kernel
+// loads before its wait. The results are within the activations'
+// quantization error of the f32 products, as the CPU's, which quantizes
+// its activations the same way.
+
+// Longest row whose activations a block quantizes (8 KiB of shared memory).
+#define Q8X_MAX_K 8192u
+
+// dot(a, b) + c over four byte lanes: signed by signed, unsigned by signed.
+__device__ __forceinline__ int dp4a_ss(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dp4a_us(unsigned int a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Whether the decode products of `dtype` take 8-bit activations.
+__device__ __forceinline__ bool q8_activations(unsigned int dtype) {
+    return dtype == GGML_Q4_0 || dtype == GGML_Q4_1 || dtype == GGML_Q5_0 || dtype == GGML_Q8_0;
+}
+
+// The block's activation row `x` of `k` elements (a multiple of 32, at
+// most Q8X_MAX_K), times `g` with NORM, quantized into `xq` (k signed
+// bytes) and `xd` (a scale per 32): every thread of the block calls this.
+// Thread t takes elements 8t..8t+8 of each run of 8 MM_THREADS, so the four
+// threads of a 32-element block are neighbours in one warp. Returns
+// 1 / rms of `x` with NORM (for every thread), else 1.
+template <bool NORM, bool VEC>
+__device__ __forceinline__ float quantize_x8(const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
+                                             float eps, int* xq, float* xd) {
+    __shared__ float squares[MM_THREADS / 32];
+    float sq = 0.f;
+    for (unsigned int base = 0; base < k / 8; base += MM_THREADS) {
+        const unsigned int e8 = base + threadIdx.x;
+        const bool in = e8 < k / 8;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.f;
+        if (in) {
+            load4<VEC>(x + 8 * e8, v);
+            load4<VEC>(x + 8 * e8 + 4, v + 4);
+            if (NORM) {
+                float gv[8];
+                load4<VEC>(g + 8 * e8, gv);
+                load4<VEC>(g + 8 * e8 + 4, gv + 4);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    sq = fmaf(v[i], v[i], sq);
+                    v[i] *= gv[i];
+                }
+            }
+        }
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float id = amax > 0.f ? 127.f / amax : 0.f;
+        // Rounded to the nearest integer by adding 1.5 * 2^23, whose low
+        // mantissa byte is then the code (two's complement for |q| <= 127):
+        // one multiply-add, where the converter issues at a quarter rate.
+        int q[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = __float_as_int(fmaf(v[i], id, 12582912.0f));
+        if (in) {
+            const unsigned int lo = __byte_perm(__byte_perm(q[0], q[1], 0x0040u), __byte_perm(q[2], q[3], 0x0040u), 0x5410u);
+            const unsigned int hi = __byte_perm(__byte_perm(q[4], q[5], 0x0040u), __byte_perm(q[6], q[7], 0x0040u), 0x5410u);
+            reinterpret_cast<int2*>(xq)[e8] = make_int2((int)lo, (int)hi);
+            if ((threadIdx.x & 3u) == 0) xd[e8 / 4] = amax / 127.f;
+        }
+    }
+    if (NORM) {
+        sq = warp_sum(sq);
+        if ((threadIdx.x & 31u) == 0) squares[threadIdx.x >> 5] = sq;
+    }
+    __syncthreads();
+    if (!NORM) return 1.f;
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < MM_THREADS / 32; ++w) total += squares[w];
+    return 1.0f / sqrtf(total / (float)k + eps);
+}
+
+// Q4_0, Q4_1, Q5_0 and Q8_0 against the block's 8-bit activations (`xq`,
+// `xd`): per-lane partial sums of N weight rows in `acc` (zeroed here), in
+// the lane layout and passes of dot_cols_quant. Per block and lane,
+// with the lane's 8 activation codes `a` (sum `Σa`) and the weight codes
+// `q`: Q8_0 `d dx Σ q a`; Q4_0 `d dx (Σ q a - 8 Σa)`; Q5_0 the same with 16;
+// Q4_1 `dx (d Σ q a + m Σa)`.
+template <unsigned int TYPE, int N>
+__device__ __forceinline__ void dot_cols_x8(const unsigned char* const* rows, const int* __restrict__ xq,
+                                            const float* __restrict__ xd, unsigned int k, unsigned int lane,
+                                            float* acc, const QuantPass<N>* first) {
+    const unsigned int nb = k / 32, sub = lane & 3;
+#pragma unroll
+    for (int c = 0; c < N; ++c) acc[c] = 0.f;
+    for (unsigned int base = 0; base < nb; base += 8 * DOT_STEPS) {
+        QuantPass<N> w;
+        if (first != nullptr && base == 0) w = *first;
+        else quant_pass_load<TYPE, N>(rows, nb, base, lane, w);
+#pragma unroll
+        for (int u = 0; u < DOT_STEPS; ++u) {
+            if (base + 8 * u >= nb) break;
+            const unsigned int b = base + 8 * u + (lane >> 2);
+            const bool live = b < nb;
+            const unsigned int bc = live ? b : nb - 1;
+            // The activations of the lane's weights: 8 consecutive (Q8_0),
+            // or 4 and the 4 that sit 16 further.
+            int xa, xb;
+            if (TYPE == GGML_Q8_0) {
+                const int2 t = reinterpret_cast<const int2*>(xq)[4 * bc + sub];
+                xa = t.x;
+                xb = t.y;
+            } else {
+                xa = xq[8 * bc + sub];
+                xb = xq[8 * bc + 4 + sub];
+            }
+            const float dx = xd[bc];
+            const int sa = TYPE == GGML_Q8_0 ? 0 : dp4a_ss(0x01010101, xa, dp4a_ss(0x01010101, xb, 0));
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                const float d = f16_to_f32((f16_bits)(w.head[c][u] & 0xffffu));
+                float part;
+                if (TYPE == GGML_Q8_0) {
+                    part = d * dx * (float)dp4a_ss((int)w.lo[c][u], xa, dp4a_ss((int)w.hi[c][u], xb, 0));
+                } else {
+                    unsigned int ql = w.lo[c][u] & 0x0f0f0f0fu, qu = (w.lo[c][u] >> 4) & 0x0f0f0f0fu;
+                    if (TYPE == GGML_Q5_0) {
+                        ql |= fifth_bits4(w.hi[c][u], sub);
+                        qu |= fifth_bits4(w.hi[c][u], 4 + sub);
+                    }
+                    const int offset = TYPE == GGML_Q5_0 ? -16 * sa : TYPE == GGML_Q4_0 ? -8 * sa : 0;
+                    const int s = dp4a_us(ql, xa, dp4a_us(qu, xb, offset));
+                    part = TYPE == GGML_Q4_1
+                               ? dx * fmaf(d, (float)s, f16_to_f32((f16_bits)(w.head[c][u] >> 16)) * (float)sa)
+                               : d * dx * (float)s;
+                }
+                acc[c] = live ? acc[c] + part : acc[c];
+            }
+        }
+    }
+}
+
+// N weight rows of type `dtype` (q8_activations) against the block's 8-bit
+// activations: per-lane partial sums in `out`.
+template <int N>
+__device__ __forceinline__ void dot_cols_x8_of(unsigned int dtype, const unsigned char* const* rows,
+                                               const int* __restrict__ xq, const float* __restrict__ xd,
+                                               unsigned int k, unsigned int lane, float* out,
+                                               const QuantPass<N>* first) {
+    switch (dtype) {
+        GGML_CASE(GGML_Q4_1) dot_cols_x8<GGML_Q4_1, N>(rows, xq, xd, k, lane, out, first); return;
+        GGML_CASE(GGML_Q4_0) dot_cols_x8<GGML_Q4_0, N>(rows, xq, xd, k, lane, out, first); return;
+        GGML_CASE(GGML_Q8_0) dot_cols_x8<GGML_Q8_0, N>(rows, xq, xd, k, lane, out, first); return;
+        GGML_CASE(GGML_Q5_0) dot_cols_x8<GGML_Q5_0, N>(rows, xq, xd, k, lane, out, first); return;
+        default: return;
+    }
 }
