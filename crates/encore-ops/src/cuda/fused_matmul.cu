@@ -18,9 +18,10 @@
 // squares of the activations it reads anyway and scales its finished dot
 // product by `1 / rms` (quant_dots_fast.cuh). For one activation row and
 // weights in blocks of 32 (MM_Q8), the block quantizes the input times the
-// norm weights to 8 bits once and sums the squares while it does. MM_THREADS and MM_COLS
-// (cuda/geometry.rs) and the EPILOGUE_* values (kernels/fused.rs) come from
-// Rust, prepended to this source.
+// norm weights to 8 bits once and sums the squares while it does.
+// MM_THREADS, MM_COLS, MM_SPLIT and MM_Q8 (cuda/geometry.rs) and the
+// EPILOGUE_* values (kernels/fused.rs) come from Rust, prepended to this
+// source.
 
 #include "gguf.cuh"
 #include "matmul_dots.cuh"

@@ -742,9 +742,13 @@ __device__ __forceinline__ float quantize_x8(const float* __restrict__ x, const 
 #pragma unroll
         for (int i = 0; i < 8; ++i) q[i] = __float_as_int(fmaf(v[i], id, 12582912.0f));
         if (in) {
-            const unsigned int lo = __byte_perm(__byte_perm(q[0], q[1], 0x0040u), __byte_perm(q[2], q[3], 0x0040u), 0x5410u);
-            const unsigned int hi = __byte_perm(__byte_perm(q[4], q[5], 0x0040u), __byte_perm(q[6], q[7], 0x0040u), 0x5410u);
-            reinterpret_cast<int2*>(xq)[e8] = make_int2((int)lo, (int)hi);
+            // The low bytes of four codes into one word.
+            unsigned int word[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                word[h] = __byte_perm(__byte_perm(q[4 * h], q[4 * h + 1], 0x0040u),
+                                      __byte_perm(q[4 * h + 2], q[4 * h + 3], 0x0040u), 0x5410u);
+            reinterpret_cast<int2*>(xq)[e8] = make_int2((int)word[0], (int)word[1]);
             if ((threadIdx.x & 3u) == 0) xd[e8 / 4] = amax / 127.f;
         }
     }
