@@ -360,7 +360,7 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     // quantizes the row once (the same test in every warp of the block).
     __shared__ __align__(16) int xq[Q8X_MAX_K / 4];
     __shared__ float xd[Q8X_MAX_K / 32];
-    bool x8 = s.rows == 1 && split == 1 && s.k % 32 == 0 && s.k <= Q8X_MAX_K;
+    bool x8 = s.rows == 1 && split == 1 && q8_row_fits(s.k);
 #pragma unroll
     for (unsigned int t = 0; t < 3; ++t)
         if (t < min(s.weights, 3u)) x8 = x8 && q8_activations(s.dtype[t]);

@@ -92,7 +92,7 @@ __device__ __forceinline__ void matmul_body(const unsigned char* __restrict__ w,
 #if MM_Q8
     // An output head of weights in blocks of 32: the block quantizes the
     // activation row once (quant_dots_fast.cuh).
-    if (s.rows == 1 && s.n >= MM_WIDE_N && s.k % 32 == 0 && s.k <= Q8X_MAX_K && q8_activations(s.dtype)) {
+    if (s.rows == 1 && s.n >= MM_WIDE_N && q8_row_fits(s.k) && q8_activations(s.dtype)) {
         __shared__ __align__(16) int xq[Q8X_MAX_K / 4];
         __shared__ float xd[Q8X_MAX_K / 32];
         if (((size_t)x & 15u) == 0) quantize_x8<false, true>(x, nullptr, s.k, 0.f, xq, xd);

@@ -698,6 +698,10 @@ __device__ __forceinline__ bool q8_activations(unsigned int dtype) {
     return dtype == GGML_Q4_0 || dtype == GGML_Q4_1 || dtype == GGML_Q5_0 || dtype == GGML_Q8_0;
 }
 
+// Whether a block can quantize an activation row of `k` elements (whole
+// blocks of 32, at most Q8X_MAX_K).
+__device__ __forceinline__ bool q8_row_fits(unsigned int k) { return k % 32 == 0 && k <= Q8X_MAX_K; }
+
 // The block's activation row `x` of `k` elements (a multiple of 32, at
 // most Q8X_MAX_K), times `g` with NORM, quantized into `xq` (k signed
 // bytes) and `xd` (a scale per 32): every thread of the block calls this.
