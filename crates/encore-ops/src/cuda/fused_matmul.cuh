@@ -2,7 +2,8 @@
 // quant_dots_fast.cuh (fused_matmul.cu) or quant_dots_exact.cuh
 // (fused_matmul_exact.cu), which the source includes before this file.
 //
-// Warps and blocks as `matmul`; for one activation row each warp computes
+// Warps as `matmul`, in blocks whose size cuda/geometry.rs picks for the
+// shape (MM_THREADS threads at most); for one activation row each warp computes
 // `MM_COLS` output columns from one load of the input, for more rows one
 // column. In the store and accumulate epilogues the warps of all weights are
 // laid end to end, so one launch covers Q, K and V; in the SwiGLU epilogue a

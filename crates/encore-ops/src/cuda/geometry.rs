@@ -19,8 +19,9 @@ pub fn rms_norm_launch(rows: u32) -> Launch {
     Launch::new(rows.max(1), RMS_NORM_BLOCK)
 }
 
-/// Warps a block of `matmul` and `fused_matmul`: four a block were faster
-/// for decode-shaped products than two or eight.
+/// Warps a block of `matmul` and of the exact `fused_matmul`: four a block
+/// were faster for decode-shaped products on f32 activations than two or
+/// eight (and for output heads on 8-bit ones than eight or sixteen).
 pub const MATMUL_WARPS_PER_BLOCK: u32 = 4;
 
 /// Output columns a warp of `fused_matmul` computes for one activation row
@@ -63,7 +64,7 @@ pub fn matmul_warps(rows: u32, n: u32) -> u32 {
     product_warps(rows, n, columns)
 }
 
-/// `matmul` or `fused_matmul` run by `warps` warps, [`MATMUL_WARPS_PER_BLOCK`] a block.
+/// `matmul` run by `warps` warps, [`MATMUL_WARPS_PER_BLOCK`] a block.
 pub fn matmul_launch(warps: u32) -> Launch {
     Launch::new(
         warps.div_ceil(MATMUL_WARPS_PER_BLOCK).max(1),
@@ -89,8 +90,26 @@ pub fn matmul_rows_launch(rows: u32, n: u32) -> Result<Launch, String> {
 
 /// Warps of one block that share a column of a decode `fused_matmul` over
 /// long rows, each taking a run of its row (`MM_SPLIT`): with few columns
-/// and long rows, one warp a column leaves too few loads in flight.
-pub const FUSED_SPLIT_WARPS: u32 = 4;
+/// and long rows, one warp a column leaves too few loads in flight. On
+/// Qwen2.5's down products (rows of 4864) two gained over four and eight,
+/// which spend more of the product meeting in shared memory.
+pub const FUSED_SPLIT_WARPS: u32 = 2;
+
+/// Warps a block of the default `fused_matmul` (the exact one keeps
+/// [`MATMUL_WARPS_PER_BLOCK`]). A decode product on 8-bit activations
+/// quantizes its input once a block, so eight warps halve that work (and
+/// the input's reads) against four; sixteen were slower.
+pub const FUSED_WARPS_PER_BLOCK: u32 = 8;
+
+/// Columns a block of a split `fused_matmul` takes ([`fused_split`] warps
+/// each): two, rather than the four that [`FUSED_WARPS_PER_BLOCK`] warps
+/// would hold, or one.
+pub const FUSED_SPLIT_COLUMNS_PER_BLOCK: u32 = 2;
+
+/// Most threads a block of `fused_matmul` has (`MM_THREADS` in its source,
+/// which sizes its shared arrays and launch bounds; the kernel reads a
+/// launch's own size from `blockDim`).
+const FUSED_MAX_THREADS: u32 = 32 * FUSED_WARPS_PER_BLOCK;
 
 /// The shortest rows whose columns [`FUSED_SPLIT_WARPS`] warps share
 /// (`MM_SPLIT_MIN_K`). Qwen2.5's down products (rows of 4864) gained;
@@ -120,12 +139,15 @@ fn eight_bit_activations(exact: bool) -> String {
     u32::from(!exact).to_string()
 }
 
-/// The defines of `fused_matmul`: `MM_THREADS`, `MM_COLS`
-/// ([`FUSED_COLUMNS_PER_WARP`]), `MM_SPLIT` and `MM_SPLIT_MIN_K`
+/// The defines of `fused_matmul`: `MM_THREADS` (its largest block),
+/// `MM_COLS` ([`FUSED_COLUMNS_PER_WARP`]), `MM_SPLIT` and `MM_SPLIT_MIN_K`
 /// ([`fused_split`]), `MM_Q8` ([`eight_bit_activations`]).
 pub(crate) fn fused_matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
     let split = if exact { 1 } else { FUSED_SPLIT_WARPS };
-    let mut defines = product_defines(FUSED_COLUMNS_PER_WARP);
+    let mut defines = vec![
+        ("MM_THREADS", FUSED_MAX_THREADS.to_string()),
+        ("MM_COLS", FUSED_COLUMNS_PER_WARP.to_string()),
+    ];
     defines.extend([
         ("MM_SPLIT", format!("{split}u")),
         ("MM_SPLIT_MIN_K", format!("{FUSED_SPLIT_MIN_K}u")),
@@ -153,6 +175,30 @@ pub fn fused_matmul_warps(shape: &FusedShape, exact: bool) -> u32 {
     }
 }
 
+/// Warps a block of a `fused_matmul` of `shape`: the exact version's
+/// [`MATMUL_WARPS_PER_BLOCK`]; in the default one, the warps of
+/// [`FUSED_SPLIT_COLUMNS_PER_BLOCK`] columns of a split product, else
+/// [`FUSED_WARPS_PER_BLOCK`].
+pub fn fused_block_warps(shape: &FusedShape, exact: bool) -> u32 {
+    let split = fused_split(shape, exact);
+    if exact {
+        MATMUL_WARPS_PER_BLOCK
+    } else if split > 1 {
+        split * FUSED_SPLIT_COLUMNS_PER_BLOCK
+    } else {
+        FUSED_WARPS_PER_BLOCK
+    }
+}
+
+/// `fused_matmul` of `shape`.
+pub fn fused_matmul_launch(shape: &FusedShape, exact: bool) -> Launch {
+    let block = fused_block_warps(shape, exact);
+    Launch::new(
+        fused_matmul_warps(shape, exact).div_ceil(block).max(1),
+        32 * block,
+    )
+}
+
 /// `fused_matmul_rows` of `shape`: the one-row grid, once a row along the
 /// grid's y.
 pub fn fused_matmul_rows_launch(shape: &FusedShape, exact: bool) -> Result<Launch, String> {
@@ -162,7 +208,7 @@ pub fn fused_matmul_rows_launch(shape: &FusedShape, exact: bool) -> Result<Launc
             shape.rows
         ));
     }
-    let one = matmul_launch(fused_matmul_warps(&FusedShape { rows: 1, ..*shape }, exact));
+    let one = fused_matmul_launch(&FusedShape { rows: 1, ..*shape }, exact);
     Ok(Launch::grid3(
         [one.grid[0], shape.rows.max(1), 1],
         one.block,
@@ -558,6 +604,31 @@ mod tests {
             matmul_launch(9).grid[0],
             9u32.div_ceil(MATMUL_WARPS_PER_BLOCK)
         );
+        for exact in [false, true] {
+            for (rows, k, n) in [
+                (1u32, 896u32, 4864u32),
+                (1, 4864, 896),
+                (1, 4864, 7),
+                (5, 4864, 896),
+            ] {
+                let shape = FusedShape {
+                    rows,
+                    k,
+                    n: [n, 0, 0],
+                    dtype: [DType::Q4_K.ggml_id(); 3],
+                    weights: 1,
+                    epilogue: 0,
+                    norm: 0,
+                    eps: 0.0,
+                    bias: 0,
+                };
+                let launch = fused_matmul_launch(&shape, exact);
+                let warps = launch.block[0] / 32;
+                assert!(launch.block[0] <= FUSED_MAX_THREADS, "{shape:?}");
+                assert_eq!(warps % fused_split(&shape, exact), 0, "{shape:?}");
+                assert!(launch.grid[0] * warps >= fused_matmul_warps(&shape, exact));
+            }
+        }
         for n in [1u32, 4096, 4097, 49152, 100_003] {
             let launch = argmax_launch(n);
             assert!(

@@ -187,9 +187,7 @@ fn fused_matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
             if row_invariant {
                 geometry::fused_matmul_rows_launch(s, exact)
             } else {
-                Ok(geometry::matmul_launch(geometry::fused_matmul_warps(
-                    s, exact,
-                )))
+                Ok(geometry::fused_matmul_launch(s, exact))
             }
         },
     )

@@ -705,15 +705,16 @@ __device__ __forceinline__ bool q8_row_fits(unsigned int k) { return k % 32 == 0
 // The block's activation row `x` of `k` elements (a multiple of 32, at
 // most Q8X_MAX_K), times `g` with NORM, quantized into `xq` (k signed
 // bytes) and `xd` (a scale per 32): every thread of the block calls this.
-// Thread t takes elements 8t..8t+8 of each run of 8 MM_THREADS, so the four
-// threads of a 32-element block are neighbours in one warp. Returns
+// Thread t takes elements 8t..8t+8 of each run of 8 blockDim.x (at most
+// MM_THREADS, which sizes the block's sums), so the four threads of a
+// 32-element block are neighbours in one warp. Returns
 // 1 / rms of `x` with NORM (for every thread), else 1.
 template <bool NORM, bool VEC>
 __device__ __forceinline__ float quantize_x8(const float* __restrict__ x, const float* __restrict__ g, unsigned int k,
                                              float eps, int* xq, float* xd) {
     __shared__ float squares[MM_THREADS / 32];
     float sq = 0.f;
-    for (unsigned int base = 0; base < k / 8; base += MM_THREADS) {
+    for (unsigned int base = 0; base < k / 8; base += blockDim.x) {
         const unsigned int e8 = base + threadIdx.x;
         const bool in = e8 < k / 8;
         float v[8];
@@ -764,7 +765,7 @@ __device__ __forceinline__ float quantize_x8(const float* __restrict__ x, const 
     if (!NORM) return 1.f;
     float total = 0.f;
 #pragma unroll
-    for (int w = 0; w < MM_THREADS / 32; ++w) total += squares[w];
+    for (unsigned int w = 0; w < blockDim.x / 32; ++w) total += squares[w];
     return 1.0f / sqrtf(total / (float)k + eps);
 }
 
