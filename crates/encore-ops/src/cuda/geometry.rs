@@ -106,10 +106,16 @@ pub const FUSED_WARPS_PER_BLOCK: u32 = 8;
 /// would hold, or one.
 pub const FUSED_SPLIT_COLUMNS_PER_BLOCK: u32 = 2;
 
-/// Most threads a block of `fused_matmul` has (`MM_THREADS` in its source,
-/// which sizes its shared arrays and launch bounds; the kernel reads a
-/// launch's own size from `blockDim`).
-const FUSED_MAX_THREADS: u32 = 32 * FUSED_WARPS_PER_BLOCK;
+/// Most warps a block of `fused_matmul` has (`MM_THREADS / 32` in its
+/// source, which sizes its shared arrays and launch bounds; the kernel reads
+/// a launch's own size from `blockDim`).
+fn fused_max_warps(exact: bool) -> u32 {
+    if exact {
+        MATMUL_WARPS_PER_BLOCK
+    } else {
+        FUSED_WARPS_PER_BLOCK
+    }
+}
 
 /// The shortest rows whose columns [`FUSED_SPLIT_WARPS`] warps share
 /// (`MM_SPLIT_MIN_K`). Qwen2.5's down products (rows of 4864) gained;
@@ -145,7 +151,7 @@ fn eight_bit_activations(exact: bool) -> String {
 pub(crate) fn fused_matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
     let split = if exact { 1 } else { FUSED_SPLIT_WARPS };
     let mut defines = vec![
-        ("MM_THREADS", FUSED_MAX_THREADS.to_string()),
+        ("MM_THREADS", (32 * fused_max_warps(exact)).to_string()),
         ("MM_COLS", FUSED_COLUMNS_PER_WARP.to_string()),
     ];
     defines.extend([
@@ -624,7 +630,7 @@ mod tests {
                 };
                 let launch = fused_matmul_launch(&shape, exact);
                 let warps = launch.block[0] / 32;
-                assert!(launch.block[0] <= FUSED_MAX_THREADS, "{shape:?}");
+                assert!(warps <= fused_max_warps(exact), "{shape:?}");
                 assert_eq!(warps % fused_split(&shape, exact), 0, "{shape:?}");
                 assert!(launch.grid[0] * warps >= fused_matmul_warps(&shape, exact));
             }
