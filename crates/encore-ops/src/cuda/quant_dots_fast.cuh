@@ -450,9 +450,10 @@ __device__ __forceinline__ void lane_x8_norm(float* xv, const float* gv, float& 
 }
 
 // Super-blocks of Q6_K a pass of dot_q6_k: five, so that each warp's part
-// of a split row of Qwen2.5's down products (19 super-blocks among four
-// warps) is one pass, one memory round trip (four made three of the four
-// warps wait for a second).
+// of a split row of Qwen2.5's down products (19 super-blocks between two
+// warps, 9 and 10) takes two passes, two memory round trips, where four
+// would take three. (Chosen when the split was four warps: five made each
+// part one pass.)
 #define Q6_STEPS 5
 
 // Q6_K against one activation row: per-lane partial sums of one weight row
