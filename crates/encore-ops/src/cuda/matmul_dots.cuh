@@ -20,11 +20,11 @@
 #define MM_STEPS 4
 // MM_THREADS (threads a block; `fused_matmul`'s largest) and MM_COLS
 // (output columns a warp computes for one activation row) come from Rust,
-// prepended to the source (cuda/geometry.rs). The kernels declare at least one block an SM
-// (`__launch_bounds__(MM_THREADS, 1)`): aiming at more, the compiler keeps
-// registers low by issuing a pass's loads in groups, each behind the
-// arithmetic on the one before, which puts several memory round trips on
-// every warp's path instead of one.
+// prepended to the source (cuda/geometry.rs). The kernels declare at least
+// one block an SM (`__launch_bounds__(MM_THREADS, 1)`): aiming at more, the
+// compiler keeps registers low by issuing a pass's loads in groups, each
+// behind the arithmetic on the one before, which puts several memory round
+// trips on every warp's path instead of one.
 
 // Asks for the 128-byte lines of `bytes` bytes at `row` in L2, spread over the warp's lanes.
 __device__ __forceinline__ void prefetch_row(const unsigned char* row, unsigned long long bytes, unsigned int lane) {
