@@ -375,20 +375,19 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
         else quant_pass_first<MM_COLS>(dtype, rows, gn, k, lane, first);
     }
     encore_grid_wait();
+    const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
 #if MM_Q8
     if (x8) {
-        const bool vec = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
         float inv;
-        if (s.norm) inv = vec ? quantize_x8<true, true>(x, g, s.k, s.eps, xq, xd)
+        if (s.norm) inv = x16 ? quantize_x8<true, true>(x, g, s.k, s.eps, xq, xd)
                               : quantize_x8<true, false>(x, g, s.k, s.eps, xq, xd);
-        else inv = vec ? quantize_x8<false, true>(x, g, s.k, s.eps, xq, xd)
+        else inv = x16 ? quantize_x8<false, true>(x, g, s.k, s.eps, xq, xd)
                        : quantize_x8<false, false>(x, g, s.k, s.eps, xq, xd);
         if (live) fused_cols_x8(c, cols, rows, first, first_both, xq, xd, inv, s, lane);
         return;
     }
 #endif
     if (!live) return;  // the whole warp leaves together
-    const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
     const bool vec_float = x16 && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
     const bool vec_float2 = x16 && ((size_t)w1 & 15u) == 0 && s.k % 8 == 0;
     if (by_column) {

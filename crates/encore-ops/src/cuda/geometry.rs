@@ -181,18 +181,13 @@ pub fn fused_matmul_warps(shape: &FusedShape, exact: bool) -> u32 {
     }
 }
 
-/// Warps a block of a `fused_matmul` of `shape`: the exact version's
-/// [`MATMUL_WARPS_PER_BLOCK`]; in the default one, the warps of
-/// [`FUSED_SPLIT_COLUMNS_PER_BLOCK`] columns of a split product, else
-/// [`FUSED_WARPS_PER_BLOCK`].
+/// Warps a block of a `fused_matmul` of `shape`: the warps of
+/// [`FUSED_SPLIT_COLUMNS_PER_BLOCK`] columns of a split product (the exact
+/// version never splits), else the version's largest block.
 pub fn fused_block_warps(shape: &FusedShape, exact: bool) -> u32 {
-    let split = fused_split(shape, exact);
-    if exact {
-        MATMUL_WARPS_PER_BLOCK
-    } else if split > 1 {
-        split * FUSED_SPLIT_COLUMNS_PER_BLOCK
-    } else {
-        FUSED_WARPS_PER_BLOCK
+    match fused_split(shape, exact) {
+        1 => fused_max_warps(exact),
+        split => split * FUSED_SPLIT_COLUMNS_PER_BLOCK,
     }
 }
 
