@@ -1248,6 +1248,53 @@ fn gemm_matches_the_exact_product_for_every_weight_type() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn gemm_keeps_activations_beyond_f16_range_finite() {
+    // A real model's SwiGLU outputs can reach far beyond f16's largest value
+    // (65504) on a few tokens; rounded to f16 they became infinite, and the
+    // prefill's logits NaN. Rows of activations in the hundreds of thousands
+    // (one with a single value of 3e6) beside ordinary rows, at the row
+    // length of a 7B model's ffn_down: every output finite, within 1e-3
+    // Σ|w·x| of the exact product (f16's precision relative to each row's
+    // largest value) and within the CPU tolerance of the CPU's.
+    let mut rng = Rng::new();
+    let pair = both();
+    // (rows, n, k): two tiles of rows with one large row each, and a tile
+    // of four warp groups (few outputs, long rows).
+    let shapes = [(96usize, 192usize, 18944usize), (GEMM_MIN_ROWS, 64, 3584)];
+    for dtype in encore_ops::cuda::WEIGHT_TYPES {
+        for &(rows, n, k) in &shapes {
+            if k % dtype.block_len() != 0 {
+                continue;
+            }
+            let w = random_weights(&mut rng, dtype, n, k);
+            let mut x = rng.vec(rows * k);
+            // Row 3: every value up to 4e5; row 70 (or the last): one value of 3e6.
+            x[3 * k..4 * k].iter_mut().for_each(|v| *v *= 4e5);
+            let lone = rows.min(71) - 1;
+            x[lone * k + k / 3] = 3e6;
+            let wf = dequantize(dtype, &w, n, k);
+            let (exact, scale) = magnitudes(&wf, &x, rows, n, k);
+            let [cpu, gpu] = matmul_on_both(&pair, dtype, &w, n, k, &x, 0, rows);
+            let what = format!("gemm {dtype} rows={rows} n={n} k={k} with large rows");
+            let cpu_tol = if dtype.is_quantized() { 5e-3 } else { 1e-3 };
+            for i in 0..rows * n {
+                let (g, c, e, s) = (gpu[i], cpu[i], exact[i], scale[i]);
+                assert!(g.is_finite(), "{what}: output {i} is {g} (exact {e})");
+                assert!(
+                    (g - e).abs() <= 1e-3 * s + 1e-7,
+                    "{what}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+                );
+                assert!(
+                    (g - c).abs() <= cpu_tol * s + 1e-7,
+                    "{what}: output {i}: CUDA {g} vs CPU {c} (Σ|w·x| = {s})"
+                );
+            }
+        }
+    }
+}
+
 /// Whether `gemm` rounds the weights of `dtype` to f16 (the types it
 /// decodes as it loads them), rather than taking them exactly.
 fn rounds_weights(dtype: DType) -> bool {

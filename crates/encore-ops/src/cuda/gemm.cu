@@ -6,6 +6,10 @@
 // (value). `y[r, j] = Σ_i w[j, i] x[r, i]`, the weights exact, the
 // activations rounded to f16 (F16 and quantized weights) or split into two
 // bf16 parts (BF16 and F32 weights); see kernels/gemm.rs for the precision.
+// An activation row with a value beyond f16's range (real models have such
+// rows) is marked as it is loaded, and its outputs are computed again in
+// f32 without tensor cores (`gemm_wide_rows`), so the product stays finite
+// wherever the f32 product is.
 //
 // One block (`gemm_launch` in cuda/geometry.rs) per tile of GM_BM activation rows by
 // GM_BN outputs, walking `k` in steps of one GGUF block (32 positions) per
@@ -153,7 +157,9 @@ struct GemmTraits {
 // Shared memory of one block (see `gemm_shared_bytes`), in slots: one per
 // stage and warp group (`stage * groups + group`, `groups` the block's warp
 // groups). A tiles, B tiles, then per slot d[GM_BN], m[GM_BN] and the
-// activation block sums xs[GM_BM].
+// activation block sums xs[GM_BM]; last, once, which activation rows hold a
+// value beyond f16's range (`wide[GM_BM]`, and `wide[GM_BM]` itself whether
+// any does).
 template <unsigned int TYPE>
 struct GemmSmem {
     unsigned short* a;  // [slots][A_PARTS][GM_BM * GM_PITCH]
@@ -161,6 +167,7 @@ struct GemmSmem {
     float* d;           // [slots][GM_BN]
     float* m;           // [slots][GM_BN]
     float* xs;          // [slots][GM_BM]
+    unsigned int* wide; // [GM_BM + 1]
     __device__ GemmSmem(unsigned char* base, unsigned int groups) {
         typedef GemmTraits<TYPE> T;
         const unsigned int slots = 2 * groups;
@@ -169,6 +176,7 @@ struct GemmSmem {
         d = reinterpret_cast<float*>(b + slots * T::B_PARTS * GM_BN * GM_PITCH);
         m = d + slots * GM_BN;
         xs = m + slots * GM_BN;
+        wide = reinterpret_cast<unsigned int*>(xs + slots * GM_BM);
     }
     __device__ unsigned short* a_tile(int stage, int part) const {
         return a + (stage * GemmTraits<TYPE>::A_PARTS + part) * GM_BM * GM_PITCH;
@@ -319,7 +327,11 @@ __device__ __forceinline__ void gemm_load_w(const unsigned char* __restrict__ w,
     }
 }
 
-// Converts the registers of a step into shared stage `stage`.
+// The largest f16: an activation beyond it would round to infinity.
+#define GM_F16_MAX 65504.f
+
+// Converts the registers of a step into shared stage `stage`. An
+// activation row with a value beyond f16's range is marked in `sm.wide`.
 template <unsigned int TYPE>
 __device__ __forceinline__ void gemm_store(const GemmSmem<TYPE>& sm, int stage, unsigned int tid, const GemmStage& st) {
     typedef GemmTraits<TYPE> T;
@@ -336,7 +348,12 @@ __device__ __forceinline__ void gemm_store(const GemmSmem<TYPE>& sm, int stage, 
             *reinterpret_cast<uint2*>(sm.a_tile(stage, 0) + at) = hi;
             *reinterpret_cast<uint2*>(sm.a_tile(stage, 1) + at) = lo;
         } else {
-            const unsigned int p0 = pack_f16(st.x[i].x, st.x[i].y), p1 = pack_f16(st.x[i].z, st.x[i].w);
+            const float4 v = st.x[i];
+            if (fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))) > GM_F16_MAX) {
+                sm.wide[row] = 1u;
+                sm.wide[GM_BM] = 1u;
+            }
+            const unsigned int p0 = pack_f16(v.x, v.y), p1 = pack_f16(v.z, v.w);
             *reinterpret_cast<uint2*>(sm.a_tile(stage, 0) + at) = make_uint2(p0, p1);
             if (T::MIN) {
                 // The row's block sum of the f16 activations: eight threads share a row.
@@ -533,9 +550,70 @@ __device__ __forceinline__ void gemm_multiply(const GemmSmem<TYPE>& sm, int stag
     if (T::QUANT && !T::HALVES) gemm_fold<TYPE>(sm, stage, sm.d, lane, wm, wn, part, acc);
 }
 
+// Eight weights of a row from element `e` on (a multiple of 8), as the CPU
+// dequantizes them, for the f32 products of gemm_wide_rows.
+__device__ __forceinline__ void gemm_weights8(unsigned int dtype, const unsigned char* __restrict__ row,
+                                              unsigned int e, float* w) {
+    if (dtype == GGML_Q4_0 || dtype == GGML_Q4_1 || dtype == GGML_Q8_0) {
+        const unsigned int bytes = dtype == GGML_Q4_0 ? 18 : dtype == GGML_Q4_1 ? 20 : 34;
+        const unsigned char* blk = row + (size_t)(e / 32) * bytes;
+        const float d = f16_at(blk), m = dtype == GGML_Q4_1 ? f16_at(blk + 2) : 0.f;
+        const unsigned char* q = blk + (dtype == GGML_Q4_1 ? 4 : 2);
+        for (int t = 0; t < 8; ++t) {
+            const unsigned int j = e % 32 + t;
+            if (dtype == GGML_Q8_0) {
+                w[t] = d * (float)(signed char)q[j];
+            } else {
+                const int code = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
+                w[t] = dtype == GGML_Q4_0 ? d * (float)(code - 8) : fmaf(d, (float)code, m);
+            }
+        }
+    } else if (dtype == GGML_F16) {
+        const f16_bits* p = reinterpret_cast<const f16_bits*>(row);
+        for (int t = 0; t < 8; ++t) w[t] = f16_to_f32(p[e + t]);
+    } else {
+        dequant8_any(dtype, row, e, w);
+    }
+}
+
+// The outputs of the tile's activation rows marked in `wide` (a value
+// beyond f16's range), each computed again as a plain f32 dot product of
+// the dequantized weights with the row, and stored: a warp a column at a
+// time, its lanes eight positions each. Rare and small (a row's 64
+// outputs), so not on tensor cores, and once for every type (gemm() calls
+// it after the tiles' results are stored, which it overwrites). F16 and
+// quantized weights only (the types with f16 activations),
+// whose rows are whole blocks of 32, or for F16 a multiple of 8 and a tail
+// taken one at a time.
+__device__ __forceinline__ void gemm_wide_rows(const unsigned int* wide, const unsigned char* __restrict__ w,
+                                            const float* __restrict__ x, float* __restrict__ y, MatmulShape s,
+                                            unsigned long long row_bytes, unsigned int m0, unsigned int n0) {
+    const unsigned int lane = threadIdx.x & 31u, warps = blockDim.x / 32;
+    for (unsigned int r = 0; r < GM_BM && m0 + r < s.rows; ++r) {
+        if (!wide[r]) continue;
+        const float* xr = x + (size_t)(m0 + r) * s.k;
+        for (unsigned int c = threadIdx.x / 32; c < GM_BN && n0 + c < s.n; c += warps) {
+            const unsigned char* wr = w + (size_t)(n0 + c) * row_bytes;
+            float sum = 0.f;
+            const unsigned int whole = s.k - s.k % 8;
+            for (unsigned int e = 8 * lane; e < whole; e += 256) {
+                float wv[8];
+                gemm_weights8(s.dtype, wr, e, wv);
+#pragma unroll
+                for (int t = 0; t < 8; ++t) sum = fmaf(wv[t], xr[e + t], sum);
+            }
+            if (s.dtype == GGML_F16 && whole + lane < s.k)
+                sum = fmaf(f16_to_f32(reinterpret_cast<const f16_bits*>(wr)[whole + lane]), xr[whole + lane], sum);
+            sum = warp_sum(sum);
+            if (lane == 0) y[(size_t)(m0 + r) * s.n + n0 + c] = sum;
+        }
+    }
+}
+
 template <unsigned int TYPE, bool VEC>
 __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                            const MatmulShape& s, unsigned char* smem) {
+    typedef GemmTraits<TYPE> T;
     // Warp group `group` takes positions 32 group..+32 of each step of
     // 32 groups; `tid` is the thread's index within its group.
     const unsigned int groups = blockDim.x / GM_THREADS;
@@ -553,6 +631,10 @@ __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __r
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+    // No row is wide until a step finds it so (published by the barrier).
+    if (!T::BF && threadIdx.x <= GM_BM) sm.wide[threadIdx.x] = 0u;
+    if (!T::BF) __syncthreads();
 
     GemmStage st;
     gemm_load_x<VEC>(x, s, m0, GM_BK * group, tid, st);
@@ -582,14 +664,15 @@ __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __r
             for (int i = 0; i < 32; ++i) mine[i * GM_THREADS + tid] = acc[i / 16][(i / 4) % 4][i % 4];
         }
         __syncthreads();
-        if (group > 0) return;
-        for (unsigned int g = 1; g < groups; ++g) {
-            const float* theirs = red + (g - 1) * 32 * GM_THREADS;
+        if (group == 0)
+            for (unsigned int g = 1; g < groups; ++g) {
+                const float* theirs = red + (g - 1) * 32 * GM_THREADS;
 #pragma unroll
-            for (int i = 0; i < 32; ++i) acc[i / 16][(i / 4) % 4][i % 4] += theirs[i * GM_THREADS + tid];
-        }
+                for (int i = 0; i < 32; ++i) acc[i / 16][(i / 4) % 4][i % 4] += theirs[i * GM_THREADS + tid];
+            }
     }
-
+    // The first group stores the tile; the others go on to gemm()'s barrier.
+    if (group > 0) return;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -607,14 +690,17 @@ __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __r
         }
 }
 
+// Whether the activations went to f16 (F16 and quantized weights), so that
+// gemm() looks for rows beyond f16's range.
 template <unsigned int TYPE>
-__device__ __forceinline__ void gemm_typed(const unsigned char* __restrict__ w, const float* __restrict__ x,
+__device__ __forceinline__ bool gemm_typed(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                            float* __restrict__ y, const MatmulShape& s, unsigned char* smem) {
     bool vec = ((size_t)x & 15u) == 0 && s.k % 4 == 0;
     if (TYPE == GGML_F16 || TYPE == GGML_BF16) vec = vec && ((size_t)w & 15u) == 0 && s.k % 8 == 0;
     if (TYPE == GGML_F32) vec = vec && ((size_t)w & 15u) == 0;
     if (vec) gemm_tiles<TYPE, true>(w, x, y, s, smem);
     else gemm_tiles<TYPE, false>(w, x, y, s, smem);
+    return !GemmTraits<TYPE>::BF;
 }
 
 extern "C" __global__ void __launch_bounds__(GM_MAX_GROUPS * GM_THREADS, 1)
@@ -632,22 +718,31 @@ gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __
     }
     encore_grid_wait();
     unsigned char* smem = reinterpret_cast<unsigned char*>(gm_smem);
+    bool f16 = false;
     switch (s.dtype) {
-        GGML_CASE(GGML_Q4_1) gemm_typed<GGML_Q4_1>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q4_0) gemm_typed<GGML_Q4_0>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q8_0) gemm_typed<GGML_Q8_0>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_F16) gemm_typed<GGML_F16>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_BF16) gemm_typed<GGML_BF16>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_F32) gemm_typed<GGML_F32>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q5_0) gemm_typed<GGML_Q5_0>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q5_1) gemm_typed<GGML_Q5_1>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_IQ4_NL) gemm_typed<GGML_IQ4_NL>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q2_K) gemm_typed<GGML_Q2_K>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q3_K) gemm_typed<GGML_Q3_K>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q4_K) gemm_typed<GGML_Q4_K>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q5_K) gemm_typed<GGML_Q5_K>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_Q6_K) gemm_typed<GGML_Q6_K>(w, x, y, s, smem); break;
-        GGML_CASE(GGML_IQ4_XS) gemm_typed<GGML_IQ4_XS>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q4_1) f16 = gemm_typed<GGML_Q4_1>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q4_0) f16 = gemm_typed<GGML_Q4_0>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q8_0) f16 = gemm_typed<GGML_Q8_0>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_F16) f16 = gemm_typed<GGML_F16>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_BF16) f16 = gemm_typed<GGML_BF16>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_F32) f16 = gemm_typed<GGML_F32>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q5_0) f16 = gemm_typed<GGML_Q5_0>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q5_1) f16 = gemm_typed<GGML_Q5_1>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_IQ4_NL) f16 = gemm_typed<GGML_IQ4_NL>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q2_K) f16 = gemm_typed<GGML_Q2_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q3_K) f16 = gemm_typed<GGML_Q3_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q4_K) f16 = gemm_typed<GGML_Q4_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q5_K) f16 = gemm_typed<GGML_Q5_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_Q6_K) f16 = gemm_typed<GGML_Q6_K>(w, x, y, s, smem); break;
+        GGML_CASE(GGML_IQ4_XS) f16 = gemm_typed<GGML_IQ4_XS>(w, x, y, s, smem); break;
         default: break;
+    }
+    if (f16) {
+        // Rows with an activation beyond f16's range, marked as the tiles
+        // were loaded (the layout of the marks is every f16 type's), get
+        // their outputs again in f32, over what the tile stored.
+        __syncthreads();
+        const unsigned int* wide = GemmSmem<GGML_Q4_0>(smem, blockDim.x / GM_THREADS).wide;
+        if (wide[GM_BM]) gemm_wide_rows(wide, w, x, y, s, row_bytes, blockIdx.y * GM_BM, n0);
     }
 }

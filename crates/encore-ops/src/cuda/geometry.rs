@@ -283,8 +283,8 @@ fn gemm_warp_groups(dtype: DType, n: u32, k: u32) -> u32 {
 /// Dynamic shared memory of one `gemm` block for weights of `dtype` and
 /// `groups` warp groups: per stage (two) and warp group, the activation
 /// tile (one or two 16-bit parts), the weight tile (one or two parts), and
-/// the per-column scales and minimums and per-row activation sums. Must
-/// match `GemmSmem` in `gemm.cu`. At the end the groups but the first
+/// the per-column scales and minimums and per-row activation sums; then,
+/// once, a mark per activation row and one for the tile. Must match `GemmSmem` in `gemm.cu`. At the end the groups but the first
 /// write their sums into the same memory, which holds them: 16 KiB a group.
 fn gemm_shared_bytes(dtype: DType, groups: u32) -> u32 {
     let (a_parts, b_parts) = match dtype {
@@ -297,7 +297,8 @@ fn gemm_shared_bytes(dtype: DType, groups: u32) -> u32 {
     let stages = 2 * groups * (tiles + vectors);
     let sums = (groups - 1) * 32 * GEMM_GROUP_THREADS * 4;
     debug_assert!(sums <= stages, "gemm: the groups' sums outgrow the stages");
-    stages
+    // Which activation rows are beyond f16's range, and whether any is.
+    stages + (GEMM_TILE_ROWS + 1) * 4
 }
 
 /// `gemm` of `rows` activation rows and `n` output columns over rows of

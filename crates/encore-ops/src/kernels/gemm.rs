@@ -19,11 +19,15 @@
 //! of 16 `d sc`. With F16
 //! and quantized weights the activations are rounded to f16 (nearest even):
 //! the result is the exact product of the weights with `f16(x)`, summed in
-//! f32, so it is within about `2^-11 Σ|w x|` of the f32 product. The
-//! activations this kernel sees (normalized rows, attention outputs, SwiGLU
-//! outputs) are far inside f16's range (|x| < 65504); values beyond it would
-//! become infinite. BF16 and F32 weights, whose range f16 lacks, use bf16
-//! products instead: `x = x_hi + x_lo` as two bf16 parts (the top 16 bits,
+//! f32, so it is within about `2^-11 Σ|w x|` of the f32 product. Most
+//! activation rows lie inside f16's range (|x| <= 65504), but not all: the
+//! SwiGLU outputs of a real model's feed-forward reach far beyond it on a
+//! few tokens, and rounded to f16 they would become infinite. The kernel
+//! marks such a row as it loads it and computes that row's outputs again
+//! as plain f32 dot products of the dequantized weights (f32 rounding
+//! only); the other rows' results do not change, so a row's result never
+//! depends on its neighbours. BF16 and F32 weights, whose range f16
+//! lacks, use bf16 products instead: `x = x_hi + x_lo` as two bf16 parts (the top 16 bits,
 //! then the rest rounded to nearest, together within `2^-16 |x|` of x),
 //! BF16 weights exact, F32 weights split the same way and multiplied part
 //! by part (four products): within about `2^-15 Σ|w x|` of the f32
