@@ -6,6 +6,10 @@
 // cores do.
 alias stage = f32;
 
+// Whether a tile element has a narrower range than the f32 activations (in
+// which case matmul.wgsl computes rows beyond it apart, in f32).
+const STAGE_NARROW: bool = false;
+
 // `v` as a tile element.
 fn to_stage(v: f32) -> stage {
     return v;

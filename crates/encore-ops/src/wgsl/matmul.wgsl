@@ -22,7 +22,9 @@
 // and each invocation sums a 2-column by 4-row block out of both, so each
 // weight is decoded once per 32 rows and each activation read once per 32
 // columns. The tiles hold f32, or f16 on devices with f16 arithmetic
-// (gemm_stage.wgsl). `MATMUL_COLS`, `MATMUL_LANES`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
+// (gemm_stage.wgsl); there an activation row with a value beyond f16's
+// range (real models have such rows) is marked as it is staged and its
+// outputs computed apart as f32 dot products (`wide_dot`). `MATMUL_COLS`, `MATMUL_LANES`, `MATMUL_TILE` and `MATMUL_GEMM_ROWS` come from
 // Rust, prepended to the source (`wgsl/mod.rs`), which launches the
 // workgroups of either path.
 
@@ -73,10 +75,31 @@ var<workgroup> partial: array<f32, MATMUL_TILE * MATMUL_THREADS>;
 // `gemm_w[kk][c]` pairs of columns, `gemm_x[kk][r]` fours of rows.
 var<workgroup> gemm_w: array<vec2<stage>, 512>;
 var<workgroup> gemm_x: array<vec4<stage>, 256>;
+// Which of the tile's activation rows hold a value beyond the stage's range.
+var<workgroup> wide_rows: array<atomic<u32>, 32>;
 
 // Whether a launch takes the tiled path (as `matmul_launch` in Rust decides).
 fn use_gemm(s: MatmulShape) -> bool {
     return s.rows >= MATMUL_GEMM_ROWS && s.k % 32u == 0u;
+}
+
+// The largest finite f16.
+const F16_MAX: f32 = 65504.0;
+
+// Output `j` of activation row `r` as one f32 dot product of the
+// dequantized weight row with the activations: for the rows the f16 tiles
+// cannot hold.
+fn wide_dot(s: MatmulShape, j: u32, r: u32) -> f32 {
+    let row = 4u * args.off[0] + j * row_bytes(s.dtype, s.k);
+    let a0 = args.off[1] + r * s.k;
+    var sum = 0.0;
+    for (var e = 0u; e < s.k; e += 8u) {
+        let q = decode8(0u, row, e, s.dtype);
+        let a = a0 + e;
+        sum += dot(q.d * q.lo + q.m, vec4<f32>(x[a], x[a + 1u], x[a + 2u], x[a + 3u]));
+        sum += dot(q.d * q.hi + q.m, vec4<f32>(x[a + 4u], x[a + 5u], x[a + 6u], x[a + 7u]));
+    }
+    return sum;
 }
 
 // The 32-column by 32-row tile `group` of the output (rows fastest).
@@ -100,6 +123,10 @@ fn gemm_tile(s: MatmulShape, lid: u32, group: u32) {
     let tr = lid / 16u;
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
+    if STAGE_NARROW && lid < 32u {
+        atomicStore(&wide_rows[lid], 0u);
+    }
+    workgroupBarrier();
     for (var k0 = 0u; k0 < k; k0 += 32u) {
         let e = k0 + 8u * lu;
         let q = decode8(0u, row, e, s.dtype);
@@ -110,11 +137,16 @@ fn gemm_tile(s: MatmulShape, lid: u32, group: u32) {
         let quad = lc % 4u;
         let wi = 8u * lu * 16u + lc / 2u;
         let xi = 8u * lu * 8u + lc / 4u;
+        var largest = 0.0;
         for (var t = 0u; t < 4u; t++) {
             gemm_w[wi + 16u * t][half] = to_stage(wlo[t]);
             gemm_w[wi + 16u * (t + 4u)][half] = to_stage(whi[t]);
             gemm_x[xi + 8u * t][quad] = to_stage(x[a + t]);
             gemm_x[xi + 8u * (t + 4u)][quad] = to_stage(x[a + 4u + t]);
+            largest = max(largest, max(abs(x[a + t]), abs(x[a + 4u + t])));
+        }
+        if STAGE_NARROW && largest > F16_MAX {
+            atomicStore(&wide_rows[lc], 1u);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 32u; kk++) {
@@ -130,11 +162,18 @@ fn gemm_tile(s: MatmulShape, lid: u32, group: u32) {
         let r = r0 + 4u * tr + i;
         if r < s.rows {
             let out = args.off[2] + r * s.n + j;
+            let wide = STAGE_NARROW && atomicLoad(&wide_rows[4u * tr + i]) != 0u;
             if j < s.n {
                 y[out] = acc0[i];
+                if wide {
+                    y[out] = wide_dot(s, j, r);
+                }
             }
             if j + 1u < s.n {
                 y[out + 1u] = acc1[i];
+                if wide {
+                    y[out + 1u] = wide_dot(s, j + 1u, r);
+                }
             }
         }
     }

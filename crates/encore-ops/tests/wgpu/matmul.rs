@@ -158,6 +158,43 @@ fn matmul_matches_cpu_on(pair: &[Ops; 2], rng: &mut Rng) {
     }
 }
 
+/// Activation rows beyond f16's range (real models' feed-forward outputs
+/// reach hundreds of thousands on a few tokens) beside ordinary rows, in the
+/// tiled path, with and without f16 tiles: every output finite and within
+/// the tiles' tolerance of the exact product (the large rows are computed
+/// apart in f32; clamped to f16 they were off by orders of magnitude).
+#[test]
+fn tiled_matmul_computes_rows_beyond_f16_range() {
+    let mut rng = Rng::new();
+    for pair in both_with_and_without_features() {
+        let ops = &pair[1];
+        let arch = ops.device().arch();
+        for dtype in [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F16] {
+            let (rows, n, k) = (40usize, 37usize, 512usize);
+            let w = random_weights(&mut rng, dtype, n, k);
+            let mut x = rng.vec(rows * k);
+            // Row 5: every value up to 4e5; row 33: one value of 3e6.
+            x[5 * k..6 * k].iter_mut().for_each(|v| *v *= 4e5);
+            x[33 * k + 100] = 3e6;
+            let wf = dequantize(dtype, &w, n, k);
+            let (exact, scale) = exact_product(&wf, &x, rows, n, k);
+            let weight = weight(ops, dtype, &w, n, k);
+            let xb = upload(ops, &x);
+            let y = ops.device().alloc(rows * n * 4).unwrap();
+            run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
+            let got = y.download::<f32>().unwrap();
+            let what = format!("matmul {dtype} rows={rows} n={n} k={k} with large rows on {arch}");
+            assert!(got.iter().all(|v| v.is_finite()), "{what}: not finite");
+            let tol = if arch.contains("+f16") {
+                F16_TILE_TOL
+            } else {
+                EXACT_TOL
+            };
+            assert_within(&what, &got, &exact, &scale, tol);
+        }
+    }
+}
+
 /// More output columns than one grid dimension holds workgroups: the
 /// launch folds into two dimensions and every column is computed.
 #[test]
