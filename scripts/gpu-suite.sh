@@ -24,7 +24,7 @@ if [[ ${1:-} == --real-model ]]; then
 fi
 
 # Test binaries as package:test.
-tests=(encore:gpu encore:gpu_fault encore-ops:cuda_ops encore-llm:cuda_engine encore-llm:concurrency encore-llm:memory)
+tests=(encore:gpu encore:gpu_fault encore-ops:cuda_ops encore-llm:cuda_engine encore-llm:concurrency encore-llm:memory encore-llm:loading)
 # Benchmarks as package:bench.
 benches=(encore:cuda encore-ops:cuda_kernels)
 

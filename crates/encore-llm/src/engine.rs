@@ -10,6 +10,7 @@ use encore::Device;
 use crate::chat::{ChatPart, ChatTemplate, Message};
 use crate::error::{LlmError, Result};
 use crate::gguf::GgufFile;
+use crate::load::LoadProgress;
 use crate::model::Model;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::Session;
@@ -152,18 +153,38 @@ impl Engine {
         device: &Device,
         options: &EngineOptions,
     ) -> Result<Engine> {
+        Engine::load_with_progress(path, device, options, |_| {})
+    }
+
+    /// [`Engine::load`], telling `on_progress` how much of the weights has
+    /// been copied to the device as [`Model::load_with_progress`] does.
+    pub fn load_with_progress(
+        path: impl AsRef<Path>,
+        device: &Device,
+        options: &EngineOptions,
+        on_progress: impl FnMut(LoadProgress),
+    ) -> Result<Engine> {
         let _span = device.trace_span("load");
         let file = GgufFile::open(path)?;
-        Engine::from_gguf(&file, device, options)
+        Engine::build(&file, device, options, on_progress)
     }
 
     /// Builds an engine from an opened GGUF file (weights are copied to the
     /// device; the file may be closed afterwards).
     pub fn from_gguf(file: &GgufFile, device: &Device, options: &EngineOptions) -> Result<Engine> {
+        Engine::build(file, device, options, |_| {})
+    }
+
+    fn build(
+        file: &GgufFile,
+        device: &Device,
+        options: &EngineOptions,
+        on_progress: impl FnMut(LoadProgress),
+    ) -> Result<Engine> {
         let spec = TokenizerSpec::from_gguf(file)?;
         let tokenizer = Tokenizer::from_spec(spec)?;
         let template = ChatTemplate::for_tokenizer(&tokenizer)?;
-        let model = Model::load(file, device, options.kernels)?;
+        let model = Model::load_with_progress(file, device, options.kernels, on_progress)?;
         if tokenizer.vocab_size() > model.config.vocab {
             return Err(LlmError::Model(format!(
                 "the tokenizer has {} tokens but the embedding table only {}",

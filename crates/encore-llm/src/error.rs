@@ -20,6 +20,22 @@ pub enum LlmError {
     /// The file describes a model Encore cannot run, or describes it inconsistently.
     #[error("model: {0}")]
     Model(String),
+    /// The model's weights do not fit in the device's free memory with
+    /// `margin` bytes to spare ([`crate::load::LOAD_MARGIN_BYTES`]):
+    /// found before anything was allocated.
+    #[error(
+        "the model's weights need {} on {device} (and {} more for activations and the KV \
+         cache), which has {} free of {}",
+        gb(*.weights), gb(*.margin), gb(*.free), gb(*.total)
+    )]
+    WeightsDoNotFit {
+        device: String,
+        /// Bytes the weights take on the device (allocation sizes).
+        weights: u64,
+        margin: u64,
+        free: u64,
+        total: u64,
+    },
     /// A generation request that cannot be honoured (prompt too long, empty).
     #[error("{0}")]
     Request(String),
@@ -55,6 +71,11 @@ pub enum LlmError {
         found_sha256: Option<String>,
         found_size: u64,
     },
+}
+
+/// Bytes in gigabytes (10^9), one decimal.
+fn gb(bytes: u64) -> String {
+    format!("{:.1} GB", bytes as f64 / 1e9)
 }
 
 /// What a fetch found, for [`LlmError::Mismatch`].

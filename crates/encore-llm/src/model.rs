@@ -14,17 +14,16 @@
 //! their products where the file has them. The embedding table (scaled, for
 //! Gemma) feeds the first block; a final RMSNorm and the output head (the
 //! embedding table itself when tied) turn the last row into logits.
-
-use std::sync::Arc;
+//!
+//! Loading the weights from a GGUF file is [`crate::load`]'s.
 
 use encore::{Buffer, Device, Encoder};
 use encore_ops::kernels::attention::AttnShape;
 use encore_ops::kernels::paged::PagedAttnShape;
-use encore_ops::{KernelSet, Ops, Weight};
+use encore_ops::{Ops, Weight};
 
 use crate::config::{Activation, ModelConfig, RopeLayout};
-use crate::error::{LlmError, Result};
-use crate::gguf::GgufFile;
+use crate::error::Result;
 
 /// The weights of one transformer block.
 pub struct Block {
@@ -64,171 +63,7 @@ pub struct Model {
     pub rope_factors: Option<Buffer>,
 }
 
-/// Bytes of a weight copied to the device at a time when loading.
-const LOAD_PIECE_BYTES: usize = 8 << 20;
-
-fn upload_weight(device: &Device, f: &GgufFile, name: &str, n: usize, k: usize) -> Result<Weight> {
-    let t = f.tensor(name)?;
-    if t.dims.len() != 2 || t.dims[0] as usize != k || t.dims[1] as usize != n {
-        return Err(LlmError::Model(format!(
-            "tensor `{name}` has shape {:?}, expected [{k}, {n}]",
-            t.dims
-        )));
-    }
-    // Copied a piece at a time, each piece's file pages released once
-    // copied, so that a large tensor (an embedding table of 262,144 tokens)
-    // never has both its file pages and its copy resident.
-    let data = f.tensor_data(t);
-    let unit = t.dtype.block_bytes().max(1);
-    let piece = (LOAD_PIECE_BYTES / unit).max(1) * unit;
-    let buffer = device.alloc(data.len())?;
-    for (i, bytes) in data.chunks(piece).enumerate() {
-        if let Some(at) = t.dtype.first_non_finite(bytes) {
-            return Err(non_finite(
-                name,
-                t.dtype.is_quantized(),
-                i * piece / unit + at,
-            ));
-        }
-        buffer.upload_at(i * piece, bytes)?;
-        f.release_tensor_bytes(t, i * piece..i * piece + bytes.len());
-    }
-    Ok(Weight {
-        buffer,
-        dtype: t.dtype,
-        n,
-        k,
-    })
-}
-
-/// Uploads a vector (norm weight or bias) as f32, whatever its stored type.
-fn upload_vector(device: &Device, f: &GgufFile, name: &str, len: usize) -> Result<Buffer> {
-    let t = f.tensor(name)?;
-    if t.n_elements as usize != len || t.dims.len() != 1 {
-        return Err(LlmError::Model(format!(
-            "tensor `{name}` has shape {:?}, expected [{len}]",
-            t.dims
-        )));
-    }
-    let mut v = vec![0f32; len];
-    encore_ops::cpu::dequantize_row(t.dtype, f.tensor_data(t), &mut v)
-        .map_err(|e| LlmError::Model(format!("tensor {name}: {e}")))?;
-    if let Some(at) = v.iter().position(|x| !x.is_finite()) {
-        return Err(non_finite(name, false, at));
-    }
-    Ok(device.buffer_from(&v)?)
-}
-
-/// The RoPE divisors of scaled layers: `rope_freqs.weight` (Llama 3) over
-/// the linear scale, or `None` when both are absent.
-fn rope_factors(device: &Device, f: &GgufFile, c: &ModelConfig) -> Result<Option<Buffer>> {
-    let pairs = c.rope_dim / 2;
-    let mut factors = vec![1f32; pairs];
-    let present = f.tensors().iter().any(|t| t.name == "rope_freqs.weight");
-    if present {
-        let t = f.tensor("rope_freqs.weight")?;
-        if t.n_elements as usize != pairs {
-            return Err(LlmError::Model(format!(
-                "tensor `rope_freqs.weight` has {} values, expected {pairs} (half the rotated dimensions)",
-                t.n_elements
-            )));
-        }
-        encore_ops::cpu::dequantize_row(t.dtype, f.tensor_data(t), &mut factors)
-            .map_err(|e| LlmError::Model(format!("tensor rope_freqs.weight: {e}")))?;
-        if let Some(at) = factors.iter().position(|x| !x.is_finite() || *x <= 0.0) {
-            return Err(LlmError::Model(format!(
-                "tensor `rope_freqs.weight` holds {} at {at}; factors must be positive",
-                factors[at]
-            )));
-        }
-    }
-    if !present && c.rope_scale == 1.0 {
-        return Ok(None);
-    }
-    factors.iter_mut().for_each(|x| *x /= c.rope_scale);
-    Ok(Some(device.buffer_from(&factors)?))
-}
-
-/// A tensor holding an infinity or a NaN: a corrupt file, refused at load
-/// rather than found in the logits (where the CPU's 8-bit activation
-/// blocks can turn some NaNs into finite, wrong values).
-fn non_finite(name: &str, quantized: bool, at: usize) -> LlmError {
-    let place = if quantized {
-        format!("the scale of block {at}")
-    } else {
-        format!("element {at}")
-    };
-    LlmError::Model(format!(
-        "tensor `{name}` holds a non-finite value ({place}); the model file is corrupt"
-    ))
-}
-
-fn optional_vector(
-    device: &Device,
-    f: &GgufFile,
-    name: &str,
-    len: usize,
-) -> Result<Option<Buffer>> {
-    if f.tensors().iter().any(|t| t.name == name) {
-        upload_vector(device, f, name, len).map(Some)
-    } else {
-        Ok(None)
-    }
-}
-
 impl Model {
-    /// Loads every weight of `f` onto `device`, with the op layer's
-    /// kernels of `kernels`.
-    pub fn load(f: &GgufFile, device: &Device, kernels: KernelSet) -> Result<Arc<Model>> {
-        let c = ModelConfig::from_gguf(f)?;
-        let ops = Ops::new(device, kernels)?;
-        let (d, q, kv, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
-        let embed = upload_weight(device, f, "token_embd.weight", c.vocab, d)?;
-        let mut blocks = Vec::with_capacity(c.n_layer);
-        for i in 0..c.n_layer {
-            let name = |s: &str| format!("blk.{i}.{s}");
-            let needed = |on: bool, s: &str, len: usize| -> Result<Option<Buffer>> {
-                on.then(|| upload_vector(device, f, &name(s), len))
-                    .transpose()
-            };
-            blocks.push(Block {
-                attn_norm: upload_vector(device, f, &name("attn_norm.weight"), d)?,
-                wq: upload_weight(device, f, &name("attn_q.weight"), q, d)?,
-                wk: upload_weight(device, f, &name("attn_k.weight"), kv, d)?,
-                wv: upload_weight(device, f, &name("attn_v.weight"), kv, d)?,
-                bq: optional_vector(device, f, &name("attn_q.bias"), q)?,
-                bk: optional_vector(device, f, &name("attn_k.bias"), kv)?,
-                bv: optional_vector(device, f, &name("attn_v.bias"), kv)?,
-                wo: upload_weight(device, f, &name("attn_output.weight"), d, q)?,
-                ffn_norm: upload_vector(device, f, &name("ffn_norm.weight"), d)?,
-                gate: upload_weight(device, f, &name("ffn_gate.weight"), ff, d)?,
-                up: upload_weight(device, f, &name("ffn_up.weight"), ff, d)?,
-                down: upload_weight(device, f, &name("ffn_down.weight"), d, ff)?,
-                q_norm: needed(c.qk_norm, "attn_q_norm.weight", hd)?,
-                k_norm: needed(c.qk_norm, "attn_k_norm.weight", hd)?,
-                post_attn_norm: needed(c.post_norms, "post_attention_norm.weight", d)?,
-                post_ffn_norm: needed(c.post_norms, "post_ffw_norm.weight", d)?,
-            });
-        }
-        let rope_factors = rope_factors(device, f, &c)?;
-        let output_norm = upload_vector(device, f, "output_norm.weight", d)?;
-        let output = if f.tensors().iter().any(|t| t.name == "output.weight") {
-            upload_weight(device, f, "output.weight", c.vocab, d)?
-        } else {
-            embed.clone()
-        };
-        Ok(Arc::new(Model {
-            config: c,
-            device: device.clone(),
-            ops,
-            embed,
-            blocks,
-            output_norm,
-            output,
-            rope_factors,
-        }))
-    }
-
     /// Bytes of weights read per decoded token.
     pub fn weight_bytes(&self) -> usize {
         let w = |w: &Weight| w.buffer.len();

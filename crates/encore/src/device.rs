@@ -13,7 +13,7 @@ use crate::kernel::{Kernel, KernelCache, KernelDef, Loaded};
 use crate::pool::{Pool, PoolStats};
 use crate::profile::Profile;
 use crate::program::Program;
-use crate::record::{BackendKind, Capabilities, DeviceInfo, Replay};
+use crate::record::{BackendKind, Capabilities, DeviceInfo, MemoryInfo, Replay};
 use crate::retain::InFlight;
 use crate::trace::{Span, Trace};
 use crate::Label;
@@ -278,6 +278,25 @@ impl Device {
         self.0.pool.stats()
     }
 
+    /// The device's free and total memory as its driver (or, for the CPU,
+    /// the operating system) reports them now, memory this device's pool
+    /// holds for reuse counted as free (the pool gives it back when an
+    /// allocation needs it); `None` when the backend cannot tell (wgpu,
+    /// Metal, the CPU off Linux).
+    pub fn memory(&self) -> Result<Option<MemoryInfo>> {
+        let pooled = self.0.pool.stats().pooled_bytes;
+        Ok(self.0.backend.memory()?.map(|m| MemoryInfo {
+            free: m.free.saturating_add(pooled).min(m.total),
+            total: m.total,
+        }))
+    }
+
+    /// The bytes an allocation of `bytes` takes from the device: its pool
+    /// size class, at most an eighth more than asked for.
+    pub fn allocated_size(&self, bytes: usize) -> usize {
+        crate::pool::size_class(bytes)
+    }
+
     /// Frees pooled memory that no buffer uses.
     pub fn trim_pool(&self) {
         self.0.pool.trim()
@@ -506,5 +525,30 @@ mod tests {
             Device::open("metal:0", &Config::default()),
             Err(Error::UnknownDevice(_))
         ));
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod memory_tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_reports_the_machines_memory() {
+        let m = Device::cpu().unwrap().memory().unwrap().unwrap();
+        assert!(0 < m.free && m.free <= m.total, "{m:?}");
+    }
+
+    #[test]
+    fn an_allocation_takes_its_size_class() {
+        let cpu = Device::cpu().unwrap();
+        assert_eq!(cpu.allocated_size(100), 256);
+        let big = 100 << 20;
+        assert!((big..=big + big / 8).contains(&cpu.allocated_size(big)));
+        let before = cpu.pool_stats().live_bytes;
+        let _held = cpu.alloc(big).unwrap();
+        assert_eq!(
+            cpu.pool_stats().live_bytes - before,
+            cpu.allocated_size(big) as u64
+        );
     }
 }

@@ -81,6 +81,7 @@ mod encoder;
 mod error;
 pub mod graph;
 pub mod hazard;
+pub mod host;
 mod kernel;
 pub mod parallel;
 mod pool;
@@ -108,7 +109,7 @@ pub use kernel::{
 };
 pub use pool::PoolStats;
 pub use profile::{Profile, TimeStats};
-pub use record::{Access, BackendKind, Capabilities, DeviceInfo, Launch};
+pub use record::{Access, BackendKind, Capabilities, DeviceInfo, Launch, MemoryInfo};
 pub use submission::{DispatchTime, Submission};
 pub use trace::{Span, Trace};
 

@@ -165,6 +165,15 @@ pub struct DeviceInfo {
     pub description: String,
 }
 
+/// A device's memory, in bytes, as its driver or operating system reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes that can be allocated now.
+    pub free: u64,
+    /// Bytes the device has in all.
+    pub total: u64,
+}
+
 /// Which graph replay a submission is, and whether the one-shot capture
 /// records it.
 #[derive(Clone, Copy, Debug)]

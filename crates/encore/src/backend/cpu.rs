@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{CpuFn, KernelDef};
 use crate::parallel::{self, WorkerPool};
 use crate::program::{DispatchRec, Program};
-use crate::record::{BackendKind, Capabilities, RawMem, Upload};
+use crate::record::{BackendKind, Capabilities, MemoryInfo, RawMem, Upload};
 
 const ALIGN: usize = 64;
 
@@ -320,6 +320,10 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> &str {
         "cpu"
+    }
+
+    fn memory(&self) -> Result<Option<MemoryInfo>> {
+        Ok(crate::host::memory())
     }
 
     fn arch(&self) -> String {

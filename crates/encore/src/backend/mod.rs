@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 use crate::kernel::{Kernel, KernelDef};
 use crate::program::Program;
-use crate::record::{BackendKind, Capabilities, Launch, RawMem, Upload};
+use crate::record::{BackendKind, Capabilities, Launch, MemoryInfo, RawMem, Upload};
 
 /// What the backend measured for a completed submission.
 #[derive(Clone, Debug, Default)]
@@ -63,6 +63,11 @@ pub(crate) trait Backend: Send + Sync {
     fn toolchain(&self) -> String;
     /// Allocates `bytes` (a pool size class) of device memory.
     fn alloc(&self, bytes: usize) -> Result<RawMem>;
+    /// The device's free and total memory, or `None` when the backend
+    /// cannot tell.
+    fn memory(&self) -> Result<Option<MemoryInfo>> {
+        Ok(None)
+    }
     /// Frees memory from [`Backend::alloc`]; the runtime guarantees no work uses it.
     fn free(&self, mem: RawMem, bytes: usize);
     /// Copies host bytes in, ordered after all submitted work; complete on return.

@@ -46,7 +46,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, KernelCache, KernelDef};
 use crate::program::Program;
-use crate::record::{BackendKind, Capabilities, DeviceInfo, Launch, RawMem, Upload};
+use crate::record::{BackendKind, Capabilities, DeviceInfo, Launch, MemoryInfo, RawMem, Upload};
 
 /// The number of CUDA GPUs (0 when there is no driver).
 pub(crate) fn device_count() -> usize {
@@ -268,6 +268,20 @@ impl Backend for CudaBackend {
         }
         ctx.check(code, || format!("allocate {bytes} bytes"))?;
         Ok(mem)
+    }
+
+    fn memory(&self) -> Result<Option<MemoryInfo>> {
+        let ctx = self.ctx();
+        ctx.bind()?;
+        ctx.usable()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two integers; the context is current on this thread.
+        let code = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+        ctx.check(code, || "query free memory".into())?;
+        Ok(Some(MemoryInfo {
+            free: free as u64,
+            total: total as u64,
+        }))
     }
 
     fn free(&self, mem: RawMem, _bytes: usize) {
