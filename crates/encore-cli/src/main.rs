@@ -481,6 +481,9 @@ fn model_label(args: &ModelArgs) -> std::borrow::Cow<'_, str> {
 
 /// Opens the device (tracing from the start when asked) and loads the model.
 fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
+    // A `--model` that names nothing is refused before any device is
+    // probed (an adapter probe can be slow, and drivers print to stderr).
+    catalog::choose(args.model.as_deref()).map_err(|e| e.to_string())?;
     let mut config = Config::from_env().map_err(|e| e.to_string())?;
     if let Some(mode) = profile.profile {
         config.profile = mode;

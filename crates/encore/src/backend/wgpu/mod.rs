@@ -52,8 +52,28 @@ const OFFSETS_BYTES: usize = WGSL_MAX_BUFFERS * 4;
 fn instance() -> &'static wgpu::Instance {
     static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
     INSTANCE.get_or_init(|| {
+        quiet_device_select_without_a_session();
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
     })
+}
+
+/// Mesa's Vulkan device-select layer asks the display session (Wayland or
+/// X) which GPU is the default; on a machine without one (a server, CI) it
+/// finds none and prints "XDG_RUNTIME_DIR is invalid or not set" twice on
+/// stderr at every probe, which a user reads as Encore's errors. Without a
+/// session there is no default for it to find, so there the layer is
+/// turned off with Mesa's own switch (`NODEVICE_SELECT=1`), unless the
+/// user set that variable; on a desktop it stays, and so does its adapter
+/// order. Called once, before the process's Vulkan instance exists.
+fn quiet_device_select_without_a_session() {
+    #[cfg(target_os = "linux")]
+    {
+        let session = std::env::var_os("XDG_RUNTIME_DIR")
+            .is_some_and(|dir| std::path::Path::new(&dir).is_dir());
+        if !session && std::env::var_os("NODEVICE_SELECT").is_none() {
+            std::env::set_var("NODEVICE_SELECT", "1");
+        }
+    }
 }
 
 /// Every adapter, in the order `wgpu:N` numbers them.
