@@ -458,6 +458,32 @@ mod tests {
     }
 
     #[test]
+    fn activations_beyond_f16_range_give_finite_products() {
+        // Real models' feed-forward outputs reach hundreds of thousands on
+        // a few tokens: a block's scale then still fits f16, but its scaled
+        // code sum (ggml's Q8_1 `s`) does not, and ggml's products are NaN.
+        // Every weight type, every ISA, rows up to 4e5 and one value of 3e7.
+        let mut rng = StdRng::seed_from_u64(29);
+        for dtype in DType::ALL {
+            let (rows, cols, m) = (7, 512, 3);
+            let w = random_weights(&mut rng, dtype, rows, cols);
+            let mut x = random_activations(&mut rng, m * cols);
+            x[cols..2 * cols].iter_mut().for_each(|v| *v *= 1.5e5);
+            x[2 * cols + 77] = 3e7;
+            let (exact, tol) = reference(dtype, &w, rows, cols, &x);
+            for isa in Isa::available() {
+                let y = run(isa, dtype, &w, rows, cols, &x);
+                for (k, ((&got, &e), &t)) in y.iter().zip(&exact).zip(&tol).enumerate() {
+                    assert!(
+                        (f64::from(got) - e).abs() <= t,
+                        "{dtype} {isa:?} output {k}: {got} vs {e} (tolerance {t})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn matmul_matches_f64_reference() {
         let mut rng = StdRng::seed_from_u64(20);
         for dtype in DType::ALL {

@@ -120,7 +120,7 @@ impl BlockIQ4NL {
 /// ggml's Q8_1 block, computed exactly as ggml's AVX2 code does so that dot
 /// products match llama.cpp's: `id = 127 / amax`, `q = round_ties_even(x * id)`,
 /// `d = f16(amax / 127)` and `s = f16((amax / 127) * Σq)`, kept here as the
-/// f32 values of those halves. (Q4_0 weights use `s` for their `-8` offset,
+/// f32 values of those halves (or, beyond f16's range, as f32: [`round_f16`]). (Q4_0 weights use `s` for their `-8` offset,
 /// which rounds that term where ggml's integer form does not.) `qs` stays within `-127..=127`, which the
 /// Q8_0 kernel relies on (it moves the weights' signs onto the activations).
 #[repr(C)]
@@ -361,9 +361,17 @@ fn quantize_block_scalar(x: &[f32], out: &mut ActivationBlock) {
     out.s = round_f16(d * sum as f32);
 }
 
-/// The f32 value of the nearest f16, as ggml stores block scales.
+/// An activation block's scale or scaled sum as ggml stores it: the f32
+/// value of the nearest f16. A value beyond f16's range (activations in the
+/// millions, or sums of large codes, which real models' feed-forward outputs
+/// reach) stays as it is, where ggml's would be infinite and the product NaN.
 pub(crate) fn round_f16(v: f32) -> f32 {
-    f16::from_f32(v).to_f32()
+    let r = f16::from_f32(v).to_f32();
+    if r.is_infinite() && v.is_finite() {
+        v
+    } else {
+        r
+    }
 }
 
 #[cfg(target_arch = "aarch64")]

@@ -71,7 +71,7 @@ __device__ __forceinline__ float rms_scale(double sum, unsigned int k, float eps
 // Quantizes the lane's four activations of a 32-value block as the CPU's
 // `quantize_row_q8` does (the block's eight lanes, `lane & 7`, share its
 // values): `q` the four codes as signed bytes, `dx` the scale and `sx` the
-// scaled code sum, both rounded through f16.
+// scaled code sum, both rounded through f16 (where f16 holds them).
 __device__ __forceinline__ void quantize4(const float* v, int& q, float& dx, float& sx) {
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
@@ -88,8 +88,8 @@ __device__ __forceinline__ void quantize4(const float* v, int& q, float& dx, flo
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float d = __fdiv_rn(amax, 127.f);
-    dx = round_f16(d);
-    sx = round_f16(__fmul_rn(d, (float)sum));
+    dx = block_scale_f16(d);
+    sx = block_scale_f16(__fmul_rn(d, (float)sum));
 }
 
 // The weight words of one pass of dot_cols_quant over N rows: for each
