@@ -572,3 +572,124 @@ fn decode_greedy_on_cuda_equals_one_step_at_a_time() {
     assert_eq!(b.position(), a.position());
     assert_eq!(b.step_times().len(), steps, "device time of every step");
 }
+
+/// The full-size model files named by `ENCORE_FULL_SIZE_MODELS` (a folder of
+/// `.gguf` files; `scripts/gpu-full-size.sh` writes the 7B shape there with
+/// `encore_llm::synthetic`).
+fn full_size_models() -> Vec<PathBuf> {
+    let dir = std::env::var_os("ENCORE_FULL_SIZE_MODELS")
+        .map(PathBuf::from)
+        .expect("ENCORE_FULL_SIZE_MODELS names a folder of full-size model files");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .gguf in {}", dir.display());
+    files
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and ENCORE_FULL_SIZE_MODELS; run with scripts/gpu-full-size.sh"]
+fn full_size_models_on_cuda_match_cpu() {
+    // Full-size shapes (7B and up, realistic weights): the default CUDA
+    // kernels against the CPU on the three paths a user runs: a 96-token
+    // prefill (the tiled products, which overflowed f16 on these shapes),
+    // 64 graph-replayed decode steps fed the CPU's tokens, and the paged
+    // batch of the server (two sequences' prompts as prompt rows, then
+    // decode rows, logits of every row compared). Logits within
+    // REAL_LOGITS_TOLERANCE of the CPU's (relative to their largest
+    // magnitude) everywhere, and finite.
+    use encore_llm::batch::{BatchRunner, Output, Row, RowResult};
+    for path in full_size_models() {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let cpu = Engine::load(&path, &device("cpu"), &options(true)).unwrap();
+        let gpu = Engine::load(&path, &device("cuda"), &options(true)).unwrap();
+        let vocab = cpu.model().config.vocab as u32;
+        let prompt: Vec<u32> = (0..96u32).map(|i| (i * 7919 + 11) % vocab).collect();
+        let steps = 64;
+        let mut sessions: Vec<Session> = [&cpu, &gpu]
+            .iter()
+            .map(|e| e.session(prompt.len() + steps + 1).unwrap())
+            .collect();
+        let logits: Vec<Vec<f32>> = sessions
+            .iter_mut()
+            .map(|s| s.prefill(&prompt).unwrap())
+            .collect();
+        let err = relative_error(&logits[1], &logits[0]);
+        eprintln!("{name}: prefill logits relative error {err:.2e}");
+        assert!(
+            err <= REAL_LOGITS_TOLERANCE,
+            "{name}: prefill logits differ by {err:.2e}"
+        );
+        let f = follow_cpu(
+            &mut sessions,
+            greedy(&logits[0]),
+            steps,
+            REAL_LOGITS_TOLERANCE,
+            |_, _| {},
+        );
+        eprintln!(
+            "{name}: decode {}/{steps} greedy tokens equal ({} near-ties), worst {:.2e}",
+            f.agreed, f.close_calls, f.worst
+        );
+
+        // The server's path: blocks of 16, sequence a at blocks 1..=7, b at 8..=14.
+        let (a, b): (Vec<u32>, Vec<u32>) = ((1..=7).collect(), (8..=14).collect());
+        let mut runners: Vec<BatchRunner> = [&cpu, &gpu]
+            .iter()
+            .map(|e| BatchRunner::new(e.model().clone(), 16, 16, 7, true).unwrap())
+            .collect();
+        fn row(table: &[u32], position: usize, token: u32, decode: bool) -> Row<'_> {
+            Row {
+                token,
+                position,
+                table,
+                decode,
+            }
+        }
+        let logits_of = |results: Vec<RowResult>| -> Vec<Vec<f32>> {
+            results
+                .into_iter()
+                .map(|r| match r {
+                    RowResult::Logits(l) => l,
+                    RowResult::Token(t) => panic!("asked for logits, got token {t}"),
+                })
+                .collect()
+        };
+        let (len_a, len_b) = (40usize, 23usize);
+        let mut rows: Vec<Row<'_>> = (0..len_a).map(|p| row(&a, p, prompt[p], false)).collect();
+        rows.extend((0..len_b).map(|p| row(&b, p, prompt[50 + p], false)));
+        let outputs = [len_a - 1, len_a + len_b - 1].map(|row| Output { row, greedy: false });
+        let mut worst = 0f32;
+        let mut step_logits: Vec<Vec<Vec<f32>>> = runners
+            .iter_mut()
+            .map(|r| logits_of(r.run(&rows, &outputs).unwrap()))
+            .collect();
+        for step in 0..8 {
+            for (i, (want, got)) in step_logits[0].iter().zip(&step_logits[1]).enumerate() {
+                let err = relative_error(got, want);
+                worst = worst.max(err);
+                assert!(
+                    err <= REAL_LOGITS_TOLERANCE,
+                    "{name}: paged step {step}, sequence {i}: logits differ by {err:.2e}"
+                );
+            }
+            // Both devices continue with the CPU's greedy tokens.
+            let (ta, tb) = (greedy(&step_logits[0][0]), greedy(&step_logits[0][1]));
+            let rows = [
+                row(&a, len_a + step, ta, true),
+                row(&b, len_b + step, tb, true),
+            ];
+            let outputs = [0, 1].map(|row| Output { row, greedy: false });
+            step_logits = runners
+                .iter_mut()
+                .map(|r| logits_of(r.run(&rows, &outputs).unwrap()))
+                .collect();
+        }
+        eprintln!(
+            "{name}: paged batch, 8 steps of 2 sequences: worst logits relative error {worst:.2e}"
+        );
+    }
+}

@@ -1,4 +1,8 @@
-//! Writing GGUF v3 files in memory, for tests and synthetic models.
+//! Writing GGUF v3 files: in memory for tests, or streamed for files too
+//! large to hold (a tensor's data may be written by the caller as the file
+//! is written).
+
+use std::io::{self, Write};
 
 use encore_ops::DType;
 
@@ -6,11 +10,16 @@ use super::reader::{tensor_size, value_to_u32};
 use super::value::{Array, Value};
 use super::{GgufError, DEFAULT_ALIGNMENT, MAGIC};
 
-/// Builds a GGUF v3 file in memory.
+/// Builds a GGUF v3 file.
 ///
 /// Metadata and tensors are written in the order they are added. Tensor data
 /// is laid out at multiples of `general.alignment` (32 unless set), with the
 /// last tensor's data ending the file.
+///
+/// A tensor added with [`GgufWriter::add_tensor`] carries its bytes; one
+/// added with [`GgufWriter::add_tensor_info`] has only its name, shape and
+/// type, and [`GgufWriter::write_to`] asks the caller for its bytes when
+/// their turn comes, so a file of any size is written without holding it.
 #[derive(Clone, Debug, Default)]
 pub struct GgufWriter {
     metadata: Vec<(String, Value)>,
@@ -22,7 +31,9 @@ struct PendingTensor {
     name: String,
     dims: Vec<u64>,
     dtype: DType,
-    data: Vec<u8>,
+    n_bytes: usize,
+    /// `None` for a tensor whose data the caller streams.
+    data: Option<Vec<u8>>,
 }
 
 impl GgufWriter {
@@ -56,10 +67,7 @@ impl GgufWriter {
         data: Vec<u8>,
     ) -> Result<&mut Self, GgufError> {
         let name = name.into();
-        if self.tensors.iter().any(|t| t.name == name) {
-            return Err(GgufError::DuplicateTensor(name));
-        }
-        let (_, n_bytes) = tensor_size(&name, dims, dtype)?;
+        let n_bytes = self.check_tensor(&name, dims, dtype)?;
         if data.len() != n_bytes {
             return Err(GgufError::TensorSizeMismatch {
                 tensor: name,
@@ -71,9 +79,52 @@ impl GgufWriter {
             name,
             dims: dims.to_vec(),
             dtype,
-            data,
+            n_bytes,
+            data: Some(data),
         });
         Ok(self)
+    }
+
+    /// Adds a tensor without its data, which the caller of
+    /// [`GgufWriter::write_to`] streams (and [`GgufWriter::to_bytes`] writes
+    /// as zeros). `dims` are in ggml order, as for [`GgufWriter::add_tensor`].
+    pub fn add_tensor_info(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        dtype: DType,
+    ) -> Result<&mut Self, GgufError> {
+        let name = name.into();
+        let n_bytes = self.check_tensor(&name, dims, dtype)?;
+        self.tensors.push(PendingTensor {
+            name,
+            dims: dims.to_vec(),
+            dtype,
+            n_bytes,
+            data: None,
+        });
+        Ok(self)
+    }
+
+    /// A new tensor's byte count, after checking its name is new and its
+    /// shape valid for its type.
+    fn check_tensor(&self, name: &str, dims: &[u64], dtype: DType) -> Result<usize, GgufError> {
+        if self.tensors.iter().any(|t| t.name == name) {
+            return Err(GgufError::DuplicateTensor(name.to_owned()));
+        }
+        Ok(tensor_size(name, dims, dtype)?.1)
+    }
+
+    /// The metadata entries, in the order they are written.
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.metadata
+    }
+
+    /// Each tensor's name, dimensions (ggml order) and type, in file order.
+    pub fn tensors(&self) -> impl ExactSizeIterator<Item = (&str, &[u64], DType)> + '_ {
+        self.tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.dims.as_slice(), t.dtype))
     }
 
     /// The alignment the data section is laid out with: `general.alignment`
@@ -87,8 +138,9 @@ impl GgufWriter {
             .unwrap_or(DEFAULT_ALIGNMENT)
     }
 
-    /// The file's bytes.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// The header: magic, version, counts, metadata and tensor
+    /// descriptions, without the padding that aligns the data section.
+    fn header(&self) -> Vec<u8> {
         let alignment = self.alignment() as usize;
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC);
@@ -110,14 +162,109 @@ impl GgufWriter {
             }
             out.extend_from_slice(&t.dtype.ggml_id().to_le_bytes());
             put_len(&mut out, offset);
-            offset = (offset + t.data.len()).next_multiple_of(alignment);
-        }
-
-        for t in &self.tensors {
-            out.resize(out.len().next_multiple_of(alignment), 0);
-            out.extend_from_slice(&t.data);
+            offset = (offset + t.n_bytes).next_multiple_of(alignment);
         }
         out
+    }
+
+    /// The file's length in bytes: header, data, and the padding that
+    /// aligns each tensor's data.
+    pub fn file_len(&self) -> u64 {
+        let alignment = self.alignment() as u64;
+        let mut len = self.header().len() as u64;
+        for t in &self.tensors {
+            len = len.next_multiple_of(alignment) + t.n_bytes as u64;
+        }
+        len
+    }
+
+    /// Writes the header and the padding after it, so that the data section
+    /// starts where it ends (when the file has tensors), and returns the
+    /// bytes written. [`GgufWriter::write_to`] writes the data after it.
+    pub fn write_header(&self, out: &mut dyn Write) -> io::Result<u64> {
+        let mut header = self.header();
+        if !self.tensors.is_empty() {
+            header.resize(header.len().next_multiple_of(self.alignment() as usize), 0);
+        }
+        out.write_all(&header)?;
+        Ok(header.len() as u64)
+    }
+
+    /// Writes the whole file to `out` and returns its length. The data of a
+    /// tensor added with [`GgufWriter::add_tensor_info`] is what
+    /// `stream(index, out)` writes when its turn comes (`index` counts every
+    /// tensor, in the order they were added); it must be exactly the
+    /// tensor's size, or the file is refused with an error.
+    pub fn write_to(
+        &self,
+        out: &mut dyn Write,
+        mut stream: impl FnMut(usize, &mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        let alignment = self.alignment() as u64;
+        let mut at = self.write_header(out)?;
+        let padding = [0u8; 256];
+        for (index, t) in self.tensors.iter().enumerate() {
+            let gap = (at.next_multiple_of(alignment) - at) as usize;
+            // An alignment beyond the buffer comes in several writes.
+            for _ in 0..gap / padding.len() {
+                out.write_all(&padding)?;
+            }
+            out.write_all(&padding[..gap % padding.len()])?;
+            at += gap as u64;
+            match &t.data {
+                Some(data) => out.write_all(data)?,
+                None => {
+                    let mut counted = Counted {
+                        inner: &mut *out,
+                        written: 0,
+                    };
+                    stream(index, &mut counted)?;
+                    if counted.written != t.n_bytes as u64 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "tensor `{}` needs {} bytes of data, {} were written",
+                                t.name, t.n_bytes, counted.written
+                            ),
+                        ));
+                    }
+                }
+            }
+            at += t.n_bytes as u64;
+        }
+        out.flush()?;
+        Ok(at)
+    }
+
+    /// The file's bytes; tensors added without data hold zeros.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(usize::try_from(self.file_len()).unwrap_or(0));
+        let zeros = |index: usize, out: &mut dyn Write| {
+            let n = self.tensors.get(index).map_or(0, |t| t.n_bytes);
+            out.write_all(&vec![0; n])
+        };
+        // Writing to a vector fails only where a streamed tensor's size is
+        // wrong, which zeros of its own size never are.
+        let _ = self.write_to(&mut out, zeros);
+        out
+    }
+}
+
+/// A writer that counts the bytes passed through it.
+struct Counted<'a> {
+    inner: &'a mut dyn Write,
+    written: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
     }
 }
 
@@ -261,7 +408,7 @@ mod tests {
         let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
 
         assert_eq!(file.version(), 3);
-        assert_eq!(file.metadata(), &w.metadata[..]);
+        assert_eq!(file.metadata(), w.metadata());
         for (key, value) in every_scalar() {
             assert_eq!(file.get(key), Some(&value), "{key}");
         }
@@ -367,6 +514,59 @@ mod tests {
         let b = file.tensor("b").unwrap();
         assert_eq!(b.offset, 256);
         assert_eq!(file.tensor_data(b), [2; 12]);
+    }
+
+    #[test]
+    fn streamed_tensors_are_written_by_the_caller_in_order() {
+        let mut w = GgufWriter::new();
+        w.add_metadata("general.name", "streamed");
+        w.add_tensor("held", &[3], DType::F32, vec![1; 12]).unwrap();
+        w.add_tensor_info("a", &[32, 2], DType::Q8_0).unwrap();
+        w.add_tensor_info("b", &[5], DType::F16).unwrap();
+        let names: Vec<_> = w.tensors().map(|(name, _, _)| name).collect();
+        assert_eq!(names, ["held", "a", "b"]);
+
+        let mut out = Vec::new();
+        let mut asked = Vec::new();
+        let len = w
+            .write_to(&mut out, |index, out| {
+                asked.push(index);
+                let n = [0, 68, 10][index];
+                out.write_all(&vec![index as u8 + 10; n])
+            })
+            .unwrap();
+        assert_eq!(asked, [1, 2], "only tensors without data are asked for");
+        assert_eq!((len, out.len() as u64), (w.file_len(), w.file_len()));
+        let file = GgufFile::from_bytes(out).unwrap();
+        assert_eq!(file.tensor_data(file.tensor("held").unwrap()), [1; 12]);
+        assert_eq!(file.tensor_data(file.tensor("a").unwrap()), [11; 68]);
+        assert_eq!(file.tensor_data(file.tensor("b").unwrap()), [12; 10]);
+        assert_eq!(file.tensor("b").unwrap().offset % 32, 0);
+
+        // The header alone ends where the data section starts.
+        let mut header = Vec::new();
+        let header_len = w.write_header(&mut header).unwrap();
+        assert_eq!(header_len, file.data_offset());
+        assert_eq!(header.len() as u64, header_len);
+
+        // to_bytes writes zeros for them.
+        let zeros = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        assert_eq!(zeros.tensor_data(zeros.tensor("a").unwrap()), [0; 68]);
+    }
+
+    #[test]
+    fn a_streamed_tensor_of_the_wrong_size_is_an_error() {
+        let mut w = GgufWriter::new();
+        w.add_tensor_info("a", &[32], DType::Q8_0).unwrap();
+        let err = w
+            .write_to(&mut Vec::new(), |_, out| out.write_all(&[0; 33]))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("`a` needs 34 bytes"), "{err}");
+        assert!(matches!(
+            w.add_tensor_info("a", &[32], DType::Q8_0),
+            Err(GgufError::DuplicateTensor(_))
+        ));
     }
 
     #[test]

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Stages the full-size model checks for the GPU machine in .gpu-full/
+# (ignored by git): the encore binary, the `synthetic_model` example that
+# writes full-size models there (encore_llm::synthetic; a 7B file never
+# travels), the cuda_ops and cuda_engine test binaries, and the script that
+# runs them (scripts/gpu-full-size-run.sh). No GPU or CUDA toolkit needed.
+#
+#   scripts/gpu-full-size.sh [--before REV]
+#
+# --before REV also stages cuda_ops built with REV's CUDA kernels and
+# today's tests (as cuda_ops-before), to show that a new test fails there.
+# Then make the device call it prints.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=.gpu-full
+before=""
+if [[ ${1:-} == --before ]]; then before=${2:?--before needs a revision}; fi
+
+# The executable of a test target, from cargo's JSON messages.
+test_exe() { # package test
+    cargo test --release -p "$1" --test "$2" --no-run --message-format=json \
+        | jq -r --arg name "$2" 'select(.reason == "compiler-artifact" and .executable != null
+                                 and .target.name == $name) | .executable' | tail -n 1
+}
+
+rm -rf "$stage"
+mkdir -p "$stage/bin"
+if [[ -n $before ]]; then
+    echo "== cuda_ops with the CUDA kernels of $before" >&2
+    saved=$(mktemp -d)
+    cp -r crates/encore-ops/src/cuda "$saved/"
+    git checkout "$before" -- crates/encore-ops/src/cuda
+    exe=$(test_exe encore-ops cuda_ops) || true
+    rm -rf crates/encore-ops/src/cuda && cp -r "$saved/cuda" crates/encore-ops/src/ && rm -rf "$saved"
+    git reset -q -- crates/encore-ops/src/cuda
+    [[ -x $exe ]] || { echo "cuda_ops did not build with $before's kernels" >&2; exit 1; }
+    strip -o "$stage/bin/cuda_ops-before" "$exe"
+fi
+echo "== building (release)" >&2
+cargo build --release -p encore-cli >&2
+cargo build --release -p encore-llm --example synthetic_model >&2
+strip -o "$stage/bin/encore" target/release/encore
+strip -o "$stage/bin/synthetic_model" target/release/examples/synthetic_model
+for t in encore-ops:cuda_ops encore-llm:cuda_engine; do
+    exe=$(test_exe "${t%%:*}" "${t#*:}")
+    strip -o "$stage/bin/${t#*:}" "$exe"
+done
+tar -C "$stage" -cf - bin | xz -6 -T0 >"$stage/bins.tar.xz"
+rm -rf "$stage/bin"
+cp scripts/gpu-full-size-run.sh "$stage/run.sh"
+size=$(du -sb "$stage" | cut -f1)
+echo "== staged $((size / 1024 / 1024)) MiB in $stage/" >&2
+cat <<'CALL'
+One device call:
+  run(command="bash .gpu-full/run.sh", carry=[".gpu-full"], timeout_s=600)
+ENCORE_FULL_MODELS="qwen2.5-7b:q4_k_m llama-3.1-8b:q8_0" (before the command)
+picks the shapes and types (default qwen2.5-7b:q4_k_m); logs come back
+under $OUT (summary.txt first).
+CALL
