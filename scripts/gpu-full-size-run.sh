@@ -2,18 +2,27 @@
 # Runs on the GPU machine, from the repository root, what
 # scripts/gpu-full-size.sh staged in .gpu-full/ (copied there as run.sh):
 #
-# 1. writes each full-size model of ENCORE_FULL_MODELS ("SHAPE:TYPE ...",
-#    default "qwen2.5-7b:q4_k_m") with realistic random weights
-#    (`synthetic_model`, encore_llm::synthetic) into /tmp/encore-full;
-# 2. the gemm tests of cuda_ops (and of cuda_ops-before, the kernels of an
-#    earlier revision, where staged: a new test should fail there);
-# 3. cuda_engine's full_size_models_on_cuda_match_cpu on those models;
-# 4. for each model: `encore generate` of 8 tokens from an empty kernel cache
-#    and again from a warm one (time to the first token), `encore bench`
-#    (pp512, tg128 from a one-token prompt), and `encore serve` answering one
-#    chat request.
+#   bash .gpu-full/run.sh [STEP...]      every step, or the named ones:
 #
-# Logs go to $OUT (summary.txt: one line a step with its result and time).
+#   cold    `encore generate` of 8 tokens from an empty kernel cache, then
+#           again from a warm one (time to the first token)
+#   gemm    the gemm tests of cuda_ops (and of cuda_ops-before, built with
+#           an earlier revision's kernels, where staged: a new test should
+#           fail there)
+#   engine  cuda_engine's full_size_models_on_cuda_match_cpu: prefill,
+#           decode and the paged batch against the CPU
+#   bench   `encore bench`: pp512, and tg128 from a one-token prompt
+#   serve   `encore serve` warms up on the model and answers a chat request
+#   repro   where an earlier revision's encore and synthetic_like are staged
+#           (`--before`): a 7B-shaped file made by the earlier generator
+#           (biased weights whose feed-forward outputs pass f16's range),
+#           then its prefill by the earlier encore (which failed with NaN
+#           logits) and by this one, and this one's server warming up on it
+#
+# The models are ENCORE_FULL_MODELS ("SHAPE:TYPE ...", default
+# "qwen2.5-7b:q4_k_m"), written with realistic random weights by
+# `synthetic_model` (encore_llm::synthetic) into /tmp/encore-full/models.
+# Logs go to $OUT (summary.txt: a line a step with its result and time).
 # The call keeps to ENCORE_GPU_BUDGET seconds (540) of the device tool's 600.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +30,7 @@ stage=.gpu-full
 out=${OUT:-gpu-out}
 work=/tmp/encore-full
 budget=${ENCORE_GPU_BUDGET:-540}
+steps=${*:-cold gemm engine bench serve repro}
 mkdir -p "$out" "$work/models"
 [[ -f $stage/bins.tar.xz && ! -x $stage/bin/encore ]] && tar -C "$stage" -xJf "$stage/bins.tar.xz"
 bin=$stage/bin
@@ -29,8 +39,41 @@ export RUST_BACKTRACE=1
 summary=()
 note() { summary+=("$*"); echo "== $*"; }
 left() { echo $((budget - SECONDS)); }
+wants() { [[ " $steps " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+
+# run NAME LIMIT CMD...: runs CMD with its output in $out/NAME.log, limited
+# to LIMIT seconds or what is left of the budget, and notes the result.
+run() {
+    local name=$1 limit=$2 start=$SECONDS
+    shift 2
+    (( $(left) < 20 )) && { note "$name: skipped for time"; return 1; }
+    (( limit > $(left) )) && limit=$(left)
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    note "$name: rc=$rc ($(( SECONDS - start )) s) $(grep -E '^test result' "$out/$name.log" | tr '\n' ' ')"
+    return $rc
+}
+
+# serve NAME MODEL [ENCORE]: starts the server on MODEL, waits for it to
+# warm up, asks one chat question and stops it.
+serve() {
+    local name=$1 model=$2 encore=${3:-$bin/encore} start=$SECONDS ready=no answer=""
+    (( $(left) < 60 )) && { note "$name: skipped for time"; return; }
+    setsid "$encore" serve --model "$model" --device cuda --port 8091 --parallel 4 -c 2048 >"$out/$name.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 120); do
+        curl -sf localhost:8091/health >/dev/null 2>&1 && { ready=yes; break; }
+        kill -0 $pid 2>/dev/null || break
+        sleep 1
+    done
+    [[ $ready == yes ]] && answer=$(curl -s -m 60 localhost:8091/v1/chat/completions \
+        -H 'content-type: application/json' \
+        -d '{"model":"m","messages":[{"role":"user","content":"Name three colors."}],"max_tokens":16,"temperature":0}')
+    kill -TERM -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+    note "$name: ready=$ready ($(( SECONDS - start )) s): ${answer:0:200} $(grep -m1 -iE 'error|not finite' "$out/$name.log")"
+}
 
 for spec in ${ENCORE_FULL_MODELS:-qwen2.5-7b:q4_k_m}; do
     model=$work/models/${spec%%:*}-${spec#*:}.gguf
@@ -41,56 +84,59 @@ for spec in ${ENCORE_FULL_MODELS:-qwen2.5-7b:q4_k_m}; do
 done
 models=("$work"/models/*.gguf)
 
-# run NAME LIMIT CMD...: runs CMD with its output in $out/NAME.log, limited
-# to LIMIT seconds or what is left of the budget, and notes the result.
-run() {
-    local name=$1 limit=$2 start=$SECONDS
-    shift 2
-    (( $(left) < 20 )) && { note "$name: skipped for time"; return; }
-    (( limit > $(left) )) && limit=$(left)
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    note "$name: rc=$rc ($(( SECONDS - start )) s) $(grep -E '^test result' "$out/$name.log" | tr '\n' ' ')"
-}
-
-# The first generate compiles every kernel it needs: from an empty cache.
-for model in "${models[@]}"; do
-    m=$(basename "$model" .gguf)
-    rm -rf "$ENCORE_CACHE_DIR"
-    run "generate-cold-$m" 240 "$bin/encore" generate --model "$model" --device cuda --raw -n 8 "The capital of France is"
-    run "generate-warm-$m" 120 "$bin/encore" generate --model "$model" --device cuda --raw -n 8 "The capital of France is"
-    summary+=("$(grep -hE 'load|prefill|decode|tok/s' "$out/generate-cold-$m.log" "$out/generate-warm-$m.log" | head -6)")
-done
-[[ -x $bin/cuda_ops-before ]] &&
-    run cuda_ops-before 120 "$bin/cuda_ops-before" --ignored --show-output gemm_keeps_activations_beyond_f16_range_finite
-run cuda_ops-gemm 240 "$bin/cuda_ops" --ignored --show-output --test-threads 4 gemm
-ENCORE_FULL_SIZE_MODELS=$work/models run cuda_engine-full-size 300 \
-    "$bin/cuda_engine" --ignored --show-output --exact full_size_models_on_cuda_match_cpu
-summary+=("$(grep -E 'relative error|greedy tokens|panicked' "$out/cuda_engine-full-size.log")")
-for model in "${models[@]}"; do
-    m=$(basename "$model" .gguf)
-    run "bench-pp512-$m" 120 "$bin/encore" bench --model "$model" --device cuda --prompt-tokens 512 --gen-tokens 1 --repeats 3 --json
-    run "bench-tg128-$m" 120 "$bin/encore" bench --model "$model" --device cuda --prompt-tokens 1 --gen-tokens 128 --repeats 3 --json
-    summary+=("$(cat "$out/bench-pp512-$m.log" "$out/bench-tg128-$m.log" | grep -E '^\{' | python3 -c '
+if wants repro && [[ -x $bin/encore-before && -x $bin/synthetic_like-before ]]; then
+    biased=$work/biased-7b.gguf
+    if [[ ! -f $biased ]]; then
+        "$bin/synthetic_model" qwen2.5-7b q4_k_m "$work/template.gguf" 2>/dev/null
+        python3 "$stage/gguf_header.py" "$work/template.gguf" "$work/header.gguf"
+        truncate -s "$(cat "$work/header.gguf.size")" "$work/header.gguf"
+        "$bin/synthetic_like-before" "$work/header.gguf" "$biased"
+        rm -f "$work/template.gguf"
+    fi
+    # The earlier encore compiles its own kernels (their sources differ).
+    run repro-prefill-before 200 env ENCORE_CACHE_DIR=$work/kernels-before "$bin/encore-before" bench \
+        --model "$biased" --device cuda --prompt-tokens 64 --gen-tokens 1 --repeats 1
+    summary+=("$(tail -n 2 "$out/repro-prefill-before.log")")
+    run repro-prefill 150 "$bin/encore" bench --model "$biased" --device cuda --prompt-tokens 64 --gen-tokens 1 --repeats 1
+    summary+=("$(tail -n 3 "$out/repro-prefill.log")")
+    serve repro-serve "$biased"
+fi
+if wants cold; then
+    for model in "${models[@]}"; do
+        m=$(basename "$model" .gguf)
+        rm -rf "$ENCORE_CACHE_DIR"
+        run "generate-cold-$m" 240 "$bin/encore" generate --model "$model" --device cuda --raw -n 8 "The capital of France is"
+        run "generate-warm-$m" 120 "$bin/encore" generate --model "$model" --device cuda --raw -n 8 "The capital of France is"
+        summary+=("$(grep -hE 'loaded|prefill' "$out/generate-cold-$m.log" "$out/generate-warm-$m.log")")
+    done
+fi
+if wants gemm; then
+    [[ -x $bin/cuda_ops-before ]] &&
+        run cuda_ops-before 150 "$bin/cuda_ops-before" --ignored --show-output gemm_keeps_activations_beyond_f16_range_finite
+    run cuda_ops-gemm 240 "$bin/cuda_ops" --ignored --show-output --test-threads 4 gemm
+    summary+=("$(grep -hE 'panicked|vs' "$out"/cuda_ops-*.log | head -4)")
+fi
+if wants engine; then
+    ENCORE_FULL_SIZE_MODELS=$work/models run cuda_engine-full-size 300 \
+        "$bin/cuda_engine" --ignored --show-output --exact full_size_models_on_cuda_match_cpu
+    summary+=("$(grep -E 'relative error|greedy tokens|panicked' "$out/cuda_engine-full-size.log")")
+fi
+if wants bench; then
+    for model in "${models[@]}"; do
+        m=$(basename "$model" .gguf)
+        run "bench-pp512-$m" 120 "$bin/encore" bench --model "$model" --device cuda --prompt-tokens 512 --gen-tokens 1 --repeats 5 --json
+        run "bench-tg128-$m" 120 "$bin/encore" bench --model "$model" --device cuda --prompt-tokens 1 --gen-tokens 128 --repeats 5 --json
+        summary+=("$(cat "$out/bench-pp512-$m.log" "$out/bench-tg128-$m.log" | grep -E '^\{' | python3 -c '
 import json, sys
 for line in sys.stdin:
     d = json.loads(line)
-    print(d["model"], "pp%d %.1f tok/s" % (d["prompt_tokens"], d["prefill_tok_s"]), "tg%d %.1f tok/s" % (d["gen_tokens"], d["decode_tok_s"]), "step %s us" % d["decode_step_device_us"])
+    print(d["model"], "pp%d %.1f tok/s" % (d["prompt_tokens"], d["prefill_tok_s"]),
+          "tg%d %.1f tok/s" % (d["gen_tokens"], d["decode_tok_s"]), "step %s us" % d["decode_step_device_us"],
+          "host rss %s" % d.get("host_rss_bytes"))
 ')")
-    # The server warms up on the model (a prompt through the paged batch), then answers.
-    (( $(left) < 60 )) && { note "serve $m: skipped for time"; continue; }
-    start=$SECONDS
-    setsid "$bin/encore" serve --model "$model" --device cuda --port 8091 --parallel 4 -c 2048 >"$out/serve-$m.log" 2>&1 &
-    pid=$!
-    ready=no
-    for _ in $(seq 120); do
-        curl -sf localhost:8091/health >/dev/null 2>&1 && { ready=yes; break; }
-        kill -0 $pid 2>/dev/null || break
-        sleep 1
     done
-    answer=$(curl -s -m 60 localhost:8091/v1/chat/completions -H 'content-type: application/json' \
-        -d '{"messages":[{"role":"user","content":"Name three colors."}],"max_tokens":16,"temperature":0}')
-    kill -TERM -- -$pid 2>/dev/null; wait $pid 2>/dev/null
-    note "serve $m: ready=$ready ($(( SECONDS - start )) s): ${answer:0:300}"
-done
+fi
+if wants serve; then
+    for model in "${models[@]}"; do serve "serve-$(basename "$model" .gguf)" "$model"; done
+fi
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

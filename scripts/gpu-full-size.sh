@@ -8,8 +8,10 @@
 #   scripts/gpu-full-size.sh [--before REV]
 #
 # --before REV also stages cuda_ops built with REV's CUDA kernels and
-# today's tests (as cuda_ops-before), to show that a new test fails there.
-# Then make the device call it prints.
+# today's tests (as cuda_ops-before), to show that a new test fails there,
+# and REV's encore and synthetic_like (built in a worktree under
+# target/before), for the run's `repro` step. Then make the device call it
+# prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=.gpu-full
@@ -35,6 +37,15 @@ if [[ -n $before ]]; then
     git reset -q -- crates/encore-ops/src/cuda
     [[ -x $exe ]] || { echo "cuda_ops did not build with $before's kernels" >&2; exit 1; }
     strip -o "$stage/bin/cuda_ops-before" "$exe"
+    echo "== encore and synthetic_like of $before" >&2
+    tree=target/before/tree
+    git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
+    git worktree add --force --detach "$tree" "$before" >&2
+    (cd "$tree" && CARGO_TARGET_DIR=../target cargo build --release -p encore-cli >&2 \
+        && CARGO_TARGET_DIR=../target cargo build --release -p encore-llm --example synthetic_like >&2)
+    strip -o "$stage/bin/encore-before" target/before/target/release/encore
+    strip -o "$stage/bin/synthetic_like-before" target/before/target/release/examples/synthetic_like
+    git worktree remove --force "$tree"
 fi
 echo "== building (release)" >&2
 cargo build --release -p encore-cli >&2
@@ -48,10 +59,12 @@ done
 tar -C "$stage" -cf - bin | xz -6 -T0 >"$stage/bins.tar.xz"
 rm -rf "$stage/bin"
 cp scripts/gpu-full-size-run.sh "$stage/run.sh"
+cp scripts/gguf_header.py "$stage/"
 size=$(du -sb "$stage" | cut -f1)
 echo "== staged $((size / 1024 / 1024)) MiB in $stage/" >&2
 cat <<'CALL'
-One device call:
+One device call (or several, naming the steps: cold gemm engine bench
+serve repro; see scripts/gpu-full-size-run.sh):
   run(command="bash .gpu-full/run.sh", carry=[".gpu-full"], timeout_s=600)
 ENCORE_FULL_MODELS="qwen2.5-7b:q4_k_m llama-3.1-8b:q8_0" (before the command)
 picks the shapes and types (default qwen2.5-7b:q4_k_m); logs come back

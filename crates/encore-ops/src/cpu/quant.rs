@@ -120,7 +120,7 @@ impl BlockIQ4NL {
 /// ggml's Q8_1 block, computed exactly as ggml's AVX2 code does so that dot
 /// products match llama.cpp's: `id = 127 / amax`, `q = round_ties_even(x * id)`,
 /// `d = f16(amax / 127)` and `s = f16((amax / 127) * Σq)`, kept here as the
-/// f32 values of those halves (or, beyond f16's range, as f32: [`round_f16`]). (Q4_0 weights use `s` for their `-8` offset,
+/// f32 values of those halves (beyond f16's range, see [`block_scales`]). (Q4_0 weights use `s` for their `-8` offset,
 /// which rounds that term where ggml's integer form does not.) `qs` stays within `-127..=127`, which the
 /// Q8_0 kernel relies on (it moves the weights' signs onto the activations).
 #[repr(C)]
@@ -357,21 +357,28 @@ fn quantize_block_scalar(x: &[f32], out: &mut ActivationBlock) {
         *q = (v * id).round_ties_even() as i8;
         sum += i32::from(*q);
     }
-    out.d = round_f16(d);
-    out.s = round_f16(d * sum as f32);
+    (out.d, out.s) = block_scales(d, sum);
 }
 
-/// An activation block's scale or scaled sum as ggml stores it: the f32
-/// value of the nearest f16. A value beyond f16's range (activations in the
-/// millions, or sums of large codes, which real models' feed-forward outputs
-/// reach) stays as it is, where ggml's would be infinite and the product NaN.
+/// The f32 value of the nearest f16, as ggml stores block scales.
 pub(crate) fn round_f16(v: f32) -> f32 {
-    let r = f16::from_f32(v).to_f32();
-    if r.is_infinite() && v.is_finite() {
-        v
-    } else {
-        r
+    f16::from_f32(v).to_f32()
+}
+
+/// An activation block's stored scale and scaled code sum for a scale `d`
+/// and codes summing to `sum`: `(f16(d), f16(d Σq))`, as ggml stores them.
+/// Where f16 cannot hold one (a block holding a value in the hundreds of
+/// thousands, which real models' feed-forward outputs reach on a few
+/// tokens), ggml's is infinite and its products NaN; here the scale stays
+/// as f16 holds it or else f32, and the sum is that scale times `Σq`, so
+/// that Q4_0's `d Σ q w - 8 s` still cancels as its integer form would.
+pub(crate) fn block_scales(d: f32, sum: i32) -> (f32, f32) {
+    let (rd, rs) = (round_f16(d), round_f16(d * sum as f32));
+    if rd.is_finite() && rs.is_finite() || !d.is_finite() {
+        return (rd, rs);
     }
+    let d = if rd.is_finite() { rd } else { d };
+    (d, d * sum as f32)
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -440,8 +447,7 @@ mod avx2 {
             _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // SAFETY: `qs` is 32 writable bytes; the store is unaligned.
         unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().cast(), ordered) };
-        out.d = super::round_f16(d);
-        out.s = super::round_f16(d * sum as f32);
+        (out.d, out.s) = super::block_scales(d, sum);
     }
 }
 
@@ -797,6 +803,30 @@ mod tests {
 
     fn random_row(rng: &mut StdRng, n: usize) -> Vec<f32> {
         (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect()
+    }
+
+    #[test]
+    fn activation_blocks_beyond_f16_keep_finite_consistent_scales() {
+        // Blocks whose scaled code sum (3e5 and 3e6) or scale itself (3e7)
+        // is beyond f16: finite, and the sum is the stored scale times Σq,
+        // so that Q4_0's `d Σq w - 8 s` cancels for a weight code of 8.
+        // In range, ggml's rounding of both.
+        for large in [3e5f32, 3e6, 3e7, 1e3] {
+            let mut x: Vec<f32> = (0..32).map(|i| 0.5 + (i % 5) as f32).collect();
+            x[7] = large;
+            for isa in Isa::available() {
+                let mut blocks = vec![ActivationBlock::default(); 1];
+                quantize_row_on(isa, &x, &mut blocks).unwrap();
+                let b = &blocks[0];
+                let sum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+                assert!(b.d.is_finite() && b.s.is_finite(), "{large} {isa:?}: {b:?}");
+                if large < 1e4 {
+                    assert_eq!(b.s, round_f16(large / 127.0 * sum as f32), "{isa:?}");
+                } else {
+                    assert_eq!(b.s, b.d * sum as f32, "{large} {isa:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -25,12 +25,7 @@ __device__ __forceinline__ f16_bits f32_to_f16(float f) {
 // The value an f32 takes once stored as f16.
 __device__ __forceinline__ float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
-// An activation block's scale as the CPU keeps it (cpu/quant.rs,
-// `round_f16`): the nearest f16, or the value itself beyond f16's range.
-__device__ __forceinline__ float block_scale_f16(float f) {
-    const float r = round_f16(f);
-    return isinf(r) && !isinf(f) ? f : r;
-}
+
 
 __device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
     return __uint_as_float((unsigned int)b << 16);

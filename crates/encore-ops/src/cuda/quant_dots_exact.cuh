@@ -88,8 +88,14 @@ __device__ __forceinline__ void quantize4(const float* v, int& q, float& dx, flo
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float d = __fdiv_rn(amax, 127.f);
-    dx = block_scale_f16(d);
-    sx = block_scale_f16(__fmul_rn(d, (float)sum));
+    // As the CPU's `block_scales`: both through f16, or where f16 cannot
+    // hold one, the scale as f16 holds it (else f32) and the sum that times Σq.
+    dx = round_f16(d);
+    sx = round_f16(__fmul_rn(d, (float)sum));
+    if ((isinf(dx) || isinf(sx)) && !isinf(d)) {
+        dx = isinf(dx) ? d : dx;
+        sx = __fmul_rn(dx, (float)sum);
+    }
 }
 
 // The weight words of one pass of dot_cols_quant over N rows: for each

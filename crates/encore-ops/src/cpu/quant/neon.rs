@@ -2,7 +2,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{round_f16, ActivationBlock};
+use super::{block_scales, ActivationBlock};
 
 /// The same arithmetic as `quantize_block_scalar`, four lanes at a time, so
 /// both give bit-identical blocks: `FMAXNM` ignores NaNs as `f32::max` does,
@@ -40,6 +40,5 @@ pub(super) unsafe fn quantize_block(x: *const f32, out: &mut ActivationBlock) {
         vst1q_s8(out.qs.as_mut_ptr(), bytes[0]);
         vst1q_s8(out.qs.as_mut_ptr().add(16), bytes[1]);
     }
-    out.d = round_f16(d);
-    out.s = round_f16(d * sum as f32);
+    (out.d, out.s) = block_scales(d, sum);
 }
