@@ -6,7 +6,7 @@
 #
 #   cold    `encore generate` of 8 tokens from an empty kernel cache, then
 #           again from a warm one (time to the first token)
-#   gemm    the gemm tests of cuda_ops (and of cuda_ops-before, built with
+#   gemm    the tests of cuda_ops of the tiled product (and of cuda_ops-before, built with
 #           an earlier revision's kernels, where staged: a new test should
 #           fail there)
 #   engine  cuda_engine's full_size_models_on_cuda_match_cpu: prefill,
@@ -70,7 +70,7 @@ serve() {
     done
     [[ $ready == yes ]] && answer=$(curl -s -m 60 localhost:8091/v1/chat/completions \
         -H 'content-type: application/json' \
-        -d '{"model":"m","messages":[{"role":"user","content":"Name three colors."}],"max_tokens":16,"temperature":0}')
+        -d "{\"model\":\"$(basename "$model" .gguf)\",\"messages\":[{\"role\":\"user\",\"content\":\"Name three colors.\"}],\"max_tokens\":16,\"temperature\":0}")
     kill -TERM -- -$pid 2>/dev/null; wait $pid 2>/dev/null
     note "$name: ready=$ready ($(( SECONDS - start )) s): ${answer:0:200} $(grep -m1 -iE 'error|not finite' "$out/$name.log")"
 }
@@ -113,7 +113,7 @@ fi
 if wants gemm; then
     [[ -x $bin/cuda_ops-before ]] &&
         run cuda_ops-before 150 "$bin/cuda_ops-before" --ignored --show-output gemm_keeps_activations_beyond_f16_range_finite
-    run cuda_ops-gemm 240 "$bin/cuda_ops" --ignored --show-output --test-threads 4 gemm
+    run cuda_ops-gemm 240 "$bin/cuda_ops" --ignored --show-output --test-threads 4 gemm tiled matmul_rows
     summary+=("$(grep -hE 'panicked|vs' "$out"/cuda_ops-*.log | head -4)")
 fi
 if wants engine; then
