@@ -393,9 +393,15 @@ fn synthetic_model_exact_on_cuda_equals_the_cpu_bit_for_bit() {
 /// sparse file does), in the folder `ENCORE_MODEL_TEMPLATES` names;
 /// `scripts/gpu-suite.sh` stages them and `scripts/gpu-run.sh` sets it.
 fn model_templates() -> Vec<PathBuf> {
-    let dir = std::env::var_os("ENCORE_MODEL_TEMPLATES")
+    gguf_files_in("ENCORE_MODEL_TEMPLATES", "a folder of model headers")
+}
+
+/// The `.gguf` files of the folder the environment variable `var` names
+/// (`what` says what it holds), in name order; at least one.
+fn gguf_files_in(var: &str, what: &str) -> Vec<PathBuf> {
+    let dir = std::env::var_os(var)
         .map(PathBuf::from)
-        .expect("ENCORE_MODEL_TEMPLATES names a folder of model headers");
+        .unwrap_or_else(|| panic!("{var} names {what}"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -577,17 +583,10 @@ fn decode_greedy_on_cuda_equals_one_step_at_a_time() {
 /// `.gguf` files; `scripts/gpu-full-size.sh` writes the 7B shape there with
 /// `encore_llm::synthetic`).
 fn full_size_models() -> Vec<PathBuf> {
-    let dir = std::env::var_os("ENCORE_FULL_SIZE_MODELS")
-        .map(PathBuf::from)
-        .expect("ENCORE_FULL_SIZE_MODELS names a folder of full-size model files");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no .gguf in {}", dir.display());
-    files
+    gguf_files_in(
+        "ENCORE_FULL_SIZE_MODELS",
+        "a folder of full-size model files",
+    )
 }
 
 #[test]

@@ -371,10 +371,14 @@ pub(crate) fn round_f16(v: f32) -> f32 {
 /// thousands, which real models' feed-forward outputs reach on a few
 /// tokens), ggml's is infinite and its products NaN; here the scale stays
 /// as f16 holds it or else f32, and the sum is that scale times `Σq`, so
-/// that Q4_0's `d Σ q w - 8 s` still cancels as its integer form would.
+/// that Q4_0's `d Σ q w - 8 s` still cancels as its integer form would. A
+/// block holding a NaN (whose code sum is out of range: the SIMD
+/// conversions make a NaN's code the most negative integer) keeps ggml's
+/// values, so that the NaN still reaches the product.
 pub(crate) fn block_scales(d: f32, sum: i32) -> (f32, f32) {
     let (rd, rs) = (round_f16(d), round_f16(d * sum as f32));
-    if rd.is_finite() && rs.is_finite() || !d.is_finite() {
+    let codes_in_range = sum.unsigned_abs() <= 127 * BLOCK as u32;
+    if rd.is_finite() && rs.is_finite() || !d.is_finite() || !codes_in_range {
         return (rd, rs);
     }
     let d = if rd.is_finite() { rd } else { d };

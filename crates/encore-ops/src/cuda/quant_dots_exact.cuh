@@ -89,10 +89,11 @@ __device__ __forceinline__ void quantize4(const float* v, int& q, float& dx, flo
     for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float d = __fdiv_rn(amax, 127.f);
     // As the CPU's `block_scales`: both through f16, or where f16 cannot
-    // hold one, the scale as f16 holds it (else f32) and the sum that times Σq.
+    // hold one (and no code came from a NaN), the scale as f16 holds it
+    // (else f32) and the sum that times Σq.
     dx = round_f16(d);
     sx = round_f16(__fmul_rn(d, (float)sum));
-    if ((isinf(dx) || isinf(sx)) && !isinf(d)) {
+    if ((isinf(dx) || isinf(sx)) && !isinf(d) && sum >= -127 * 32 && sum <= 127 * 32) {
         dx = isinf(dx) ? d : dx;
         sx = __fmul_rn(dx, (float)sum);
     }
