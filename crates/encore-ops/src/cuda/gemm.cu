@@ -157,9 +157,9 @@ struct GemmTraits {
 // Shared memory of one block (see `gemm_shared_bytes`), in slots: one per
 // stage and warp group (`stage * groups + group`, `groups` the block's warp
 // groups). A tiles, B tiles, then per slot d[GM_BN], m[GM_BN] and the
-// activation block sums xs[GM_BM]; last, once, which activation rows hold a
-// value beyond f16's range (`wide[GM_BM]`, and `wide[GM_BM]` itself whether
-// any does).
+// activation block sums xs[GM_BM]; last, once, `wide[GM_BM + 1]`: whether
+// each activation row holds a value beyond f16's range, then whether any
+// does.
 template <unsigned int TYPE>
 struct GemmSmem {
     unsigned short* a;  // [slots][A_PARTS][GM_BM * GM_PITCH]
@@ -582,12 +582,12 @@ __device__ __forceinline__ void gemm_weights8(unsigned int dtype, const unsigned
 // time, its lanes eight positions each. Rare and small (a row's 64
 // outputs), so not on tensor cores, and once for every type (gemm() calls
 // it after the tiles' results are stored, which it overwrites). F16 and
-// quantized weights only (the types with f16 activations),
-// whose rows are whole blocks of 32, or for F16 a multiple of 8 and a tail
-// taken one at a time.
+// quantized weights only (the types with f16 activations), whose rows are
+// whole blocks of 32, or for F16 a multiple of 8 and a tail taken one at a
+// time.
 __device__ __forceinline__ void gemm_wide_rows(const unsigned int* wide, const unsigned char* __restrict__ w,
-                                            const float* __restrict__ x, float* __restrict__ y, MatmulShape s,
-                                            unsigned long long row_bytes, unsigned int m0, unsigned int n0) {
+                                               const float* __restrict__ x, float* __restrict__ y, MatmulShape s,
+                                               unsigned long long row_bytes, unsigned int m0, unsigned int n0) {
     const unsigned int lane = threadIdx.x & 31u, warps = blockDim.x / 32;
     for (unsigned int r = 0; r < GM_BM && m0 + r < s.rows; ++r) {
         if (!wide[r]) continue;
