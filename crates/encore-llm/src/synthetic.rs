@@ -757,7 +757,7 @@ impl SyntheticModel {
     /// A small Llama model of `spec`'s shape and types, with a byte-level
     /// GPT-2 vocabulary (the first 256 tokens are the bytes, the rest
     /// filler; BOS and EOS the last two) and a tied embedding table. Its
-    /// magnitudes suit the reference tests ([`SPEC_GAIN`]).
+    /// magnitudes suit the reference tests (`SPEC_GAIN`).
     pub fn from_spec(spec: &SyntheticSpec) -> SyntheticModel {
         let mut w = GgufWriter::new();
         let (d, ff) = (spec.n_embd, spec.n_ff);

@@ -120,7 +120,7 @@ impl BlockIQ4NL {
 /// ggml's Q8_1 block, computed exactly as ggml's AVX2 code does so that dot
 /// products match llama.cpp's: `id = 127 / amax`, `q = round_ties_even(x * id)`,
 /// `d = f16(amax / 127)` and `s = f16((amax / 127) * Σq)`, kept here as the
-/// f32 values of those halves (beyond f16's range, see [`block_scales`]). (Q4_0 weights use `s` for their `-8` offset,
+/// f32 values of those halves (beyond f16's range, see `block_scales`). (Q4_0 weights use `s` for their `-8` offset,
 /// which rounds that term where ggml's integer form does not.) `qs` stays within `-127..=127`, which the
 /// Q8_0 kernel relies on (it moves the weights' signs onto the activations).
 #[repr(C)]
