@@ -92,6 +92,20 @@ fn warm_kernel_cache() {
 }
 
 /// The index of the first element whose bits differ, if any.
+/// A session of each engine with room for `prompt` and `steps` more
+/// tokens, each prefilled with `prompt`, and the logits each prefill gave.
+fn prefilled(engines: &[&Engine], prompt: &[u32], steps: usize) -> (Vec<Session>, Vec<Vec<f32>>) {
+    let mut sessions: Vec<Session> = engines
+        .iter()
+        .map(|e| e.session(prompt.len() + steps + 1).unwrap())
+        .collect();
+    let logits = sessions
+        .iter_mut()
+        .map(|s| s.prefill(prompt).unwrap())
+        .collect();
+    (sessions, logits)
+}
+
 fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
     assert_eq!(a.len(), b.len());
     (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits())
@@ -245,14 +259,7 @@ fn synthetic_model_on_cuda_matches_cpu_with_graph_replay() {
     let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab).collect();
     let steps = 24;
 
-    let mut sessions: Vec<Session> = [&cpu, &gpu, &eager, &unfused]
-        .iter()
-        .map(|e| e.session(prompt.len() + steps + 1).unwrap())
-        .collect();
-    let logits: Vec<Vec<f32>> = sessions
-        .iter_mut()
-        .map(|s| s.prefill(&prompt).unwrap())
-        .collect();
+    let (mut sessions, logits) = prefilled(&[&cpu, &gpu, &eager, &unfused], &prompt, steps);
     let err = relative_error(&logits[1], &logits[0]);
     eprintln!("prefill: CUDA vs CPU logits relative error {err:.2e}");
     assert!(
@@ -351,14 +358,7 @@ fn synthetic_model_exact_on_cuda_equals_the_cpu_bit_for_bit() {
     let steps = 32;
     for len in [13u32, 100] {
         let prompt: Vec<u32> = (0..len).map(|i| (i * 37 + 5) % vocab).collect();
-        let mut sessions: Vec<Session> = [&cpu, &gpu]
-            .iter()
-            .map(|e| e.session(prompt.len() + steps + 1).unwrap())
-            .collect();
-        let logits: Vec<Vec<f32>> = sessions
-            .iter_mut()
-            .map(|s| s.prefill(&prompt).unwrap())
-            .collect();
+        let (mut sessions, logits) = prefilled(&[&cpu, &gpu], &prompt, steps);
         if let Some(i) = first_difference(&logits[1], &logits[0]) {
             panic!(
                 "{len}-token prefill: logit {i}: CUDA {} vs CPU {} (relative error {:.2e} overall)",
@@ -439,14 +439,7 @@ fn catalog_shaped_models_on_cuda_match_cpu() {
         let vocab = cpu.model().config.vocab as u32;
         let prompt: Vec<u32> = (0..80u32).map(|i| (i * 7919 + 11) % vocab).collect();
         let steps = 16;
-        let mut sessions: Vec<Session> = [&cpu, &gpu, &unfused, &exact_gpu]
-            .iter()
-            .map(|e| e.session(prompt.len() + steps + 1).unwrap())
-            .collect();
-        let logits: Vec<Vec<f32>> = sessions
-            .iter_mut()
-            .map(|s| s.prefill(&prompt).unwrap())
-            .collect();
+        let (mut sessions, logits) = prefilled(&[&cpu, &gpu, &unfused, &exact_gpu], &prompt, steps);
         let err = relative_error(&logits[1], &logits[0]);
         eprintln!(
             "{name}: prefill logits relative error {err:.2e} (unfused {:.2e}, exact {:.2e})",
@@ -608,14 +601,7 @@ fn full_size_models_on_cuda_match_cpu() {
         let vocab = cpu.model().config.vocab as u32;
         let prompt: Vec<u32> = (0..96u32).map(|i| (i * 7919 + 11) % vocab).collect();
         let steps = 64;
-        let mut sessions: Vec<Session> = [&cpu, &gpu]
-            .iter()
-            .map(|e| e.session(prompt.len() + steps + 1).unwrap())
-            .collect();
-        let logits: Vec<Vec<f32>> = sessions
-            .iter_mut()
-            .map(|s| s.prefill(&prompt).unwrap())
-            .collect();
+        let (mut sessions, logits) = prefilled(&[&cpu, &gpu], &prompt, steps);
         let err = relative_error(&logits[1], &logits[0]);
         eprintln!("{name}: prefill logits relative error {err:.2e}");
         assert!(
