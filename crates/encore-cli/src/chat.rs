@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use encore_llm::chat::Message;
-use encore_llm::{Engine, Sampler, Session};
+use encore_llm::{Engine, Sampler, Session, Stepper};
 
 use crate::{count, load, open, to_stderr, CliResult, ModelArgs, Out, ProfileArgs, SamplingArgs};
 
@@ -146,7 +146,7 @@ fn answer(
     tokens: &[u32],
     mut sampler: Sampler,
     max: usize,
-    interrupted: &AtomicBool,
+    interrupted: &Arc<AtomicBool>,
     out: &mut Out,
 ) -> Result<String, crate::CliError> {
     // Keep what the session already ran of this conversation, but always
@@ -163,25 +163,24 @@ fn answer(
         .prefill(&tokens[shared..])
         .map_err(|e| e.to_string())?;
     run.extend_from_slice(&tokens[shared..]);
-    let tokenizer = engine.tokenizer();
-    let mut stream = tokenizer.stream_decoder();
+    // The last token needs no room in the cache: it is never an input.
+    let room = session.capacity().saturating_sub(session.position()) + 1;
+    let mut stepper =
+        Stepper::new(engine.tokenizer(), max.min(room)).with_cancel(interrupted.clone());
     let mut text = String::new();
-    for _ in 0..max {
+    loop {
         let next = sampler.sample(&logits, run);
-        if tokenizer.is_eog(next) || interrupted.load(Ordering::Relaxed) {
-            break;
-        }
-        let piece = stream.push(next).map_err(|e| e.to_string())?;
-        out.write(&piece)?;
-        text.push_str(&piece);
-        if session.position() >= session.capacity() {
+        let step = stepper.push(next).map_err(|e| e.to_string())?;
+        out.write(&step.text)?;
+        text.push_str(&step.text);
+        if step.stop.is_some() {
             break;
         }
         session.step(next).map_err(|e| e.to_string())?;
         run.push(next);
         logits = session.logits().map_err(|e| e.to_string())?;
     }
-    let rest = stream.finish();
+    let rest = stepper.finish();
     out.write(&rest)?;
     text.push_str(&rest);
     Ok(text)

@@ -14,6 +14,7 @@ use crate::load::LoadProgress;
 use crate::model::Model;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::Session;
+use crate::stepper::{Stepper, StopReason};
 use crate::tokenizer::{Segment, Tokenizer, TokenizerSpec};
 use encore_ops::KernelSet;
 
@@ -89,17 +90,6 @@ impl GenerateOptions {
             raw: true,
         }
     }
-}
-
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// The model produced an end-of-generation token.
-    EndOfText,
-    /// `max_tokens` were generated.
-    Length,
-    /// The callback asked to stop.
-    Cancelled,
 }
 
 /// The result of a generation.
@@ -332,61 +322,38 @@ impl Engine {
         let logits = session.prefill(&prompt_ids)?;
         let prefill_time = t0.elapsed();
 
-        let mut history = prompt_ids.clone();
-        let mut generated = Vec::new();
+        // The prompt, then each generated token: the sampler's history.
+        let mut tokens = prompt_ids.clone();
         let mut text = String::new();
-        let mut stream = self.tokenizer.stream_decoder();
+        // The last token needs no room in the cache: it is never an input.
+        let room = max_seq - prompt_ids.len() + 1;
+        let mut stepper = Stepper::new(&self.tokenizer, options.max_tokens.min(room));
         let mut next = {
             let _span = device.trace_span("sampling");
-            sampler.sample(&logits, &history)
+            sampler.sample(&logits, &tokens)
         };
-        let mut stop = StopReason::Length;
         let t1 = Instant::now();
-        while generated.len() < options.max_tokens && session.position() < max_seq {
-            if self.tokenizer.is_eog(next) {
-                stop = StopReason::EndOfText;
-                break;
-            }
-            generated.push(next);
-            history.push(next);
-            let piece = stream.push(next)?;
-            text.push_str(&piece);
-            if !piece.is_empty() && !on_text(&piece) {
-                stop = StopReason::Cancelled;
-                break;
-            }
-            if generated.len() == options.max_tokens || session.position() >= max_seq {
-                break;
-            }
+        while take_token(&mut stepper, next, &mut tokens, &mut text, &mut on_text)? {
             if greedy_on_device {
                 // The rest on the device, a batch of steps at a time.
-                let steps = options.max_tokens - generated.len();
+                let steps = stepper.remaining();
                 session.decode_greedy(next, steps, GREEDY_BATCH, |token| {
-                    if self.tokenizer.is_eog(token) {
-                        stop = StopReason::EndOfText;
-                        return Ok(false);
-                    }
-                    generated.push(token);
-                    let piece = stream.push(token)?;
-                    text.push_str(&piece);
-                    if !piece.is_empty() && !on_text(&piece) {
-                        stop = StopReason::Cancelled;
-                        return Ok(false);
-                    }
-                    Ok(generated.len() < options.max_tokens)
+                    take_token(&mut stepper, token, &mut tokens, &mut text, &mut on_text)
                 })?;
                 break;
             }
             session.step(next)?;
             let _span = device.trace_span("sampling");
-            next = sampler.sample(&session.logits()?, &history);
+            next = sampler.sample(&session.logits()?, &tokens);
         }
         let decode_time = t1.elapsed();
-        let rest = stream.finish();
+        let stop = stepper.stop_reason().unwrap_or(StopReason::Length);
+        let rest = stepper.finish();
         if !rest.is_empty() {
             text.push_str(&rest);
             on_text(&rest);
         }
+        let generated = tokens.split_off(prompt_ids.len());
         Ok(Generation {
             text,
             tokens: generated,
@@ -396,6 +363,28 @@ impl Engine {
             stop,
         })
     }
+}
+
+/// Hands a sampled token to `stepper`; a token it takes goes on `tokens`
+/// and its text on `text` and to `on_text`, which returns false to cancel.
+/// Returns whether the generation goes on.
+fn take_token(
+    stepper: &mut Stepper<'_>,
+    token: u32,
+    tokens: &mut Vec<u32>,
+    text: &mut String,
+    on_text: &mut impl FnMut(&str) -> bool,
+) -> Result<bool> {
+    let step = stepper.push(token)?;
+    if step.taken {
+        tokens.push(token);
+    }
+    text.push_str(&step.text);
+    if !step.text.is_empty() && !on_text(&step.text) {
+        stepper.cancel();
+        return Ok(false);
+    }
+    Ok(step.stop.is_none())
 }
 
 #[cfg(test)]

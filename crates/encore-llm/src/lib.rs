@@ -25,6 +25,7 @@ pub mod perplexity;
 pub mod sampler;
 pub mod scheduler;
 pub mod session;
+pub mod stepper;
 pub mod synthetic;
 pub mod tokenizer;
 
@@ -36,3 +37,4 @@ pub use model::Model;
 pub use sampler::{Sampler, SamplerConfig, SamplerError, SamplerField};
 pub use scheduler::{Event, FinishReason, GenRequest, Scheduler, SchedulerConfig};
 pub use session::{Pass, Session};
+pub use stepper::{Step, Stepper, StopReason};

@@ -35,7 +35,7 @@ use crate::blocks::BlockPool;
 use crate::engine::Engine;
 use crate::error::{LlmError, Result};
 use crate::sampler::{Sampler, SamplerConfig};
-use crate::tokenizer::StreamDecoder;
+use crate::stepper::{Stepper, StopReason};
 
 /// How the scheduler batches.
 #[derive(Clone, Debug)]
@@ -90,7 +90,8 @@ impl SchedulerConfig {
     }
 }
 
-/// Why a request's generation ended.
+/// Why a request's generation ended, as a server reports it: the
+/// [`StopReason`] with its two kinds of stop as one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-generation token or a stop string.
@@ -99,6 +100,16 @@ pub enum FinishReason {
     Length,
     /// The client went away, or the server is shutting down.
     Cancelled,
+}
+
+impl From<StopReason> for FinishReason {
+    fn from(reason: StopReason) -> FinishReason {
+        match reason {
+            StopReason::StopToken | StopReason::StopString => FinishReason::Stop,
+            StopReason::Length => FinishReason::Length,
+            StopReason::Cancelled => FinishReason::Cancelled,
+        }
+    }
 }
 
 /// What a request hears about its generation.
@@ -354,9 +365,8 @@ struct Seq<'t> {
     /// Positions whose K and V are in the cache.
     computed: usize,
     table: Vec<u32>,
-    decoder: StreamDecoder<'t>,
-    /// Text decoded but not yet sent (a possible start of a stop string).
-    held: String,
+    /// The request's stop rules and the text of its tokens.
+    stepper: Stepper<'t>,
     arrived: Instant,
     last_token: Option<Instant>,
 }
@@ -367,50 +377,17 @@ impl Seq<'_> {
     }
 
     fn cancelled(&self) -> bool {
-        self.req.cancel.load(Ordering::Relaxed)
+        self.stepper.is_cancelled()
     }
+}
 
+impl GenRequest {
+    /// Sends `event` to the requester; one that no longer listens cancels
+    /// the request.
     fn send(&mut self, event: Event) {
-        if !(self.req.events)(event) {
-            self.req.cancel.store(true, Ordering::Relaxed);
+        if !(self.events)(event) {
+            self.cancel.store(true, Ordering::Relaxed);
         }
-    }
-
-    /// Sends `piece` unless it may begin a stop string; returns whether a
-    /// stop string appeared (the text before it is sent, the rest dropped).
-    fn emit(&mut self, piece: &str) -> bool {
-        self.held.push_str(piece);
-        if let Some(at) = self
-            .req
-            .stop
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
-        {
-            let before = self.held[..at].to_string();
-            if !before.is_empty() {
-                self.send(Event::Text(before));
-            }
-            self.held.clear();
-            return true;
-        }
-        // Hold back the longest tail that begins some stop string.
-        let mut keep = 0;
-        for s in self.req.stop.iter().filter(|s| !s.is_empty()) {
-            for (i, _) in self.held.char_indices() {
-                let tail = &self.held[i..];
-                if tail.len() > keep && s.starts_with(tail) {
-                    keep = tail.len();
-                }
-            }
-        }
-        let cut = self.held.len() - keep;
-        if cut > 0 {
-            let out: String = self.held.drain(..cut).collect();
-            self.send(Event::Text(out));
-        }
-        false
     }
 }
 
@@ -448,6 +425,12 @@ impl<'e> Loop<'e> {
 
     fn accept(&mut self, req: GenRequest) {
         let tokens = req.prompt.clone();
+        // The context ends the generation where it is full.
+        let room = self.config.ctx_size.saturating_sub(tokens.len());
+        let stepper = Stepper::new(self.engine.tokenizer(), req.max_tokens.min(room))
+            .with_stop_strings(req.stop.iter().cloned())
+            .ignoring_eog(req.ignore_eos)
+            .with_cancel(req.cancel.clone());
         self.metrics
             .prompt_tokens
             .fetch_add(tokens.len() as u64, Ordering::Relaxed);
@@ -457,8 +440,7 @@ impl<'e> Loop<'e> {
             tokens,
             computed: 0,
             table: Vec::new(),
-            decoder: self.engine.tokenizer().stream_decoder(),
-            held: String::new(),
+            stepper,
             arrived: Instant::now(),
             last_token: None,
             req,
@@ -508,12 +490,14 @@ impl<'e> Loop<'e> {
                 // A failed step fails every running sequence; the device
                 // may be unusable, which the next requests will hear.
                 let message = e.to_string();
-                for mut s in std::mem::take(&mut self.running) {
-                    s.send(Event::Error(message.clone()));
-                    self.pool.release(&s.table);
+                for s in std::mem::take(&mut self.running) {
+                    self.fail(s, message.clone());
                 }
             }
             self.metrics.steps.fetch_add(1, Ordering::Relaxed);
+            // Sequences that ended in the step are gone from the gauges
+            // before the loop waits for new requests.
+            self.publish();
         }
         self.publish();
     }
@@ -529,17 +513,24 @@ impl<'e> Loop<'e> {
     }
 
     fn finish(&mut self, mut s: Seq<'e>, reason: FinishReason) {
-        if reason != FinishReason::Cancelled && !s.held.is_empty() {
-            let rest = std::mem::take(&mut s.held);
-            s.send(Event::Text(rest));
+        let completion_tokens = s.generated();
+        let rest = s.stepper.finish();
+        if reason != FinishReason::Cancelled && !rest.is_empty() {
+            s.req.send(Event::Text(rest));
         }
         self.pool.release(&s.table);
         let done = Event::Done {
             reason,
             prompt_tokens: s.prompt_len,
-            completion_tokens: s.generated(),
+            completion_tokens,
         };
-        s.send(done);
+        s.req.send(done);
+    }
+
+    /// Ends `s` with an error; nothing follows it.
+    fn fail(&mut self, mut s: Seq<'e>, message: String) {
+        s.req.send(Event::Error(message));
+        self.pool.release(&s.table);
     }
 
     fn drop_cancelled(&mut self) {
@@ -692,24 +683,27 @@ impl<'e> Loop<'e> {
                 Some(RowResult::Logits(l)) => s.sampler.sample(&l, &s.tokens),
                 None => return Err(LlmError::Request("a step lost an output row".into())),
             };
-            if let Some(reason) = self.accept_token(i, token) {
-                done.push((i, reason));
+            if let Some(end) = self.accept_token(i, token) {
+                done.push((i, end));
             }
         }
         // Remove finished sequences, highest index first.
         done.sort_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, reason) in done {
+        for (i, end) in done {
             let s = self.running.remove(i);
-            self.finish(s, reason);
+            match end {
+                Ok(reason) => self.finish(s, reason),
+                Err(message) => self.fail(s, message),
+            }
         }
         Ok(())
     }
 
-    /// Takes sequence `i`'s next token: the end of generation, or text.
-    fn accept_token(&mut self, i: usize, token: u32) -> Option<FinishReason> {
-        let tokenizer = self.engine.tokenizer();
+    /// Takes sequence `i`'s next token and sends its text; returns how the
+    /// sequence ended, if it did (an error for a token that the tokenizer
+    /// cannot decode).
+    fn accept_token(&mut self, i: usize, token: u32) -> Option<Result<FinishReason, String>> {
         let now = Instant::now();
-        let ctx = self.config.ctx_size;
         let m = self.metrics.clone();
         let s = &mut self.running[i];
         match s.last_token {
@@ -717,18 +711,17 @@ impl<'e> Loop<'e> {
             Some(t) => m.time_per_output_token.observe(now - t),
         }
         s.last_token = Some(now);
-        if tokenizer.is_eog(token) && !s.req.ignore_eos {
-            return Some(FinishReason::Stop);
+        let step = match s.stepper.push(token) {
+            Ok(step) => step,
+            Err(e) => return Some(Err(format!("decoding token {token}: {e}"))),
+        };
+        if step.taken {
+            s.tokens.push(token);
+            m.generated_tokens.fetch_add(1, Ordering::Relaxed);
         }
-        s.tokens.push(token);
-        m.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        let piece = s.decoder.push(token).unwrap_or_default();
-        if s.emit(&piece) {
-            return Some(FinishReason::Stop);
+        if !step.text.is_empty() {
+            s.req.send(Event::Text(step.text));
         }
-        if s.generated() >= s.req.max_tokens || s.tokens.len() >= ctx {
-            return Some(FinishReason::Length);
-        }
-        None
+        step.stop.map(|reason| Ok(reason.into()))
     }
 }
