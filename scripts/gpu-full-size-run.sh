@@ -9,9 +9,12 @@
 #   gemm    the tests of cuda_ops of the tiled product (and of cuda_ops-before, built with
 #           an earlier revision's kernels, where staged: a new test should
 #           fail there)
+#   ops     the tests of cuda_ops of the decode products (8-bit
+#           activations, full-size rows, fused blocks, output heads)
 #   engine  cuda_engine's full_size_models_on_cuda_match_cpu: prefill,
 #           decode and the paged batch against the CPU
 #   bench   `encore bench`: pp512, and tg128 from a one-token prompt
+#   profile `encore bench --profile` of 32 decode steps: time by dispatch
 #   serve   `encore serve` warms up on the model and answers a chat request
 #   repro   where an earlier revision's encore and synthetic_like are staged
 #           (`--before`): a 7B-shaped file made by the earlier generator
@@ -30,7 +33,7 @@ stage=.gpu-full
 out=${OUT:-gpu-out}
 work=/tmp/encore-full
 budget=${ENCORE_GPU_BUDGET:-540}
-steps=${*:-cold gemm engine bench serve repro}
+steps=${*:-cold gemm ops engine bench serve repro}
 mkdir -p "$out" "$work/models"
 [[ -f $stage/bins.tar.xz && ! -x $stage/bin/encore ]] && tar -C "$stage" -xJf "$stage/bins.tar.xz"
 bin=$stage/bin
@@ -116,6 +119,12 @@ if wants gemm; then
     run cuda_ops-gemm 240 "$bin/cuda_ops" --ignored --show-output --test-threads 4 gemm tiled matmul_rows
     summary+=("$(grep -hE 'panicked|vs' "$out"/cuda_ops-*.log | head -4)")
 fi
+if wants ops; then
+    run cuda_ops-decode 300 "$bin/cuda_ops" --ignored --show-output --test-threads 4 \
+        super_block_decode eight_bit matmul_matches_cpu matmul_with_a_large fused_block split_decode \
+        specialized_graph row_fused paged_decode_step
+    summary+=("$(grep -hE 'panicked|^test result' "$out/cuda_ops-decode.log" | head -6)")
+fi
 if wants engine; then
     ENCORE_FULL_SIZE_MODELS=$work/models run cuda_engine-full-size 300 \
         "$bin/cuda_engine" --ignored --show-output --exact full_size_models_on_cuda_match_cpu
@@ -134,6 +143,12 @@ for line in sys.stdin:
           "tg%d %.1f tok/s" % (d["gen_tokens"], d["decode_tok_s"]), "step %s us" % d["decode_step_device_us"],
           "host rss %s" % d.get("host_rss_bytes"))
 ')")
+    done
+fi
+if wants profile; then
+    for model in "${models[@]}"; do
+        m=$(basename "$model" .gguf)
+        run "profile-$m" 120 "$bin/encore" bench --model "$model" --device cuda --prompt-tokens 1 --gen-tokens 32 --repeats 1 --profile
     done
 fi
 if wants serve; then

@@ -42,6 +42,7 @@ use crate::kernels::paged::{
     AttnStepPagedArgs, AttnStepPagedShape, PagedAttnArgs, PagedKvArgs, RopeRowsArgs,
 };
 use crate::kernels::rope::{RopeArgs, RopeShape, RopeStoreArgs, RopeStoreShape};
+use crate::DType;
 
 fn same(a: &Buffer, b: &Buffer) -> bool {
     a.allocation_id() == b.allocation_id() && a.offset() == b.offset() && a.len() == b.len()
@@ -200,8 +201,29 @@ fn siblings(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 
 /// Widest product the norm is folded into. Every warp of the fused kernel
 /// re-reads the activations and the norm weights, which for an output head
-/// of tens of thousands of columns costs more than a separate `rms_norm`.
+/// of tens of thousands of columns costs more than a separate `rms_norm`;
+/// except in one-row products of Q4_K and Q6_K weights, whose blocks read
+/// them once to quantize them ([`folds_at_any_width`]).
 const NORM_FOLD_MAX_COLUMNS: u32 = 8192;
+
+/// Widest product of [`folds_at_any_width`]: narrower than any vocabulary.
+const NORM_FOLD_MAX_WIDE_COLUMNS: u32 = 65_536;
+
+/// Whether a product of `shape` reads its input once a block of its kernel,
+/// not once a warp, so that folding the norm in costs little at a layer's
+/// widths (a feed-forward's 18,944 gate and up columns): one activation row
+/// and only Q4_K and Q6_K weights, the 8-bit decode products of a Q4_K_M
+/// file (CUDA's `quant_dots_k8.cuh`; elsewhere the fold is merely one
+/// dispatch fewer). An output head stays a `matmul`, whose warps take two
+/// columns each where `fused_matmul`'s take one.
+fn folds_at_any_width(shape: &FusedShape) -> bool {
+    let super_block = [DType::Q4_K.ggml_id(), DType::Q6_K.ggml_id()];
+    shape.rows == 1
+        && shape.columns() <= NORM_FOLD_MAX_WIDE_COLUMNS
+        && shape.dtype[..(shape.weights as usize).min(3)]
+            .iter()
+            .all(|t| super_block.contains(t))
+}
 
 /// Rule 5: `rms_norm` whose output is exactly a product's input.
 fn norm_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
@@ -210,7 +232,7 @@ fn norm_into_product(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let s = n.shape;
     let mut p = Product::parse(product)?;
     if p.shape.norm != 0
-        || p.shape.columns() > NORM_FOLD_MAX_COLUMNS
+        || (p.shape.columns() > NORM_FOLD_MAX_COLUMNS && !folds_at_any_width(&p.shape))
         || !same(&n.y, &p.x)
         || s.rows != p.shape.rows
         || s.dim != p.shape.k

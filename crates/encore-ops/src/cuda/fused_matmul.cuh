@@ -123,8 +123,25 @@ __device__ __forceinline__ bool fused_together(const FusedShape& s, const Column
 // Warps a column's row is split among (see the top of this file): the same
 // for every weight of a launch (they share k), as `fused_split` in
 // cuda/geometry.rs computes it for the launch.
+// Whether a decode product of `s` quantizes its input to 8 bits once a
+// block (`fused_eight_bit` in cuda/geometry.rs): every weight's type (and
+// the up weight's in SwiGLU) takes 8-bit activations, in blocks of 32 over
+// rows too short to split, or super-blocks over any row.
+__device__ __forceinline__ bool fused_eight_bit(const FusedShape& s) {
+#if MM_Q8
+    unsigned int types[4];
+    unsigned int count = 0;
+    for (unsigned int t = 0; t < min(s.weights, 3u); ++t) types[count++] = s.dtype[t];
+    if (s.epilogue == EPILOGUE_SWIGLU) types[count++] = s.dtype[1];
+    return s.rows == 1 && eight_bit_types(types, count, s.k, s.k < MM_SPLIT_MIN_K);
+#else
+    return false;
+#endif
+}
+
+// Such a product never splits: the block's warps share its activations.
 __device__ __forceinline__ unsigned int fused_split(const FusedShape& s) {
-    return s.rows == 1 && s.k >= MM_SPLIT_MIN_K ? MM_SPLIT : 1u;
+    return s.rows == 1 && s.k >= MM_SPLIT_MIN_K && !fused_eight_bit(s) ? MM_SPLIT : 1u;
 }
 
 #if MM_SPLIT > 1
@@ -357,14 +374,12 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     QuantPass<MM_COLS> first;
     QuantPass<2 * MM_COLS> first_both;
 #if MM_Q8
-    // One activation row against weights of blocks of 32 only: the block
-    // quantizes the row once (the same test in every warp of the block).
-    __shared__ __align__(16) int xq[Q8X_MAX_K / 4];
-    __shared__ float xd[Q8X_MAX_K / 32];
-    bool x8 = s.rows == 1 && split == 1 && q8_row_fits(s.k);
-#pragma unroll
-    for (unsigned int t = 0; t < 3; ++t)
-        if (t < min(s.weights, 3u)) x8 = x8 && q8_activations(s.dtype[t]);
+    // One activation row against weights of blocks of 32 only, or of Q4_K
+    // and Q6_K only: the block quantizes the row once (the same test in
+    // every warp of the block).
+    int* xq = x8_shared;
+    float* xd = reinterpret_cast<float*>(x8_shared + s.k / 4);
+    const bool x8 = fused_eight_bit(s);
 #else
     const bool x8 = false;
 #endif
@@ -378,6 +393,7 @@ fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const uns
     const bool x16 = ((size_t)x & 15u) == 0 && (!s.norm || ((size_t)g & 15u) == 0);
 #if MM_Q8
     if (x8) {
+        x8_require_shared(s.k);
         float inv;
         if (s.norm) inv = x16 ? quantize_x8<true, true>(x, g, s.k, s.eps, xq, xd)
                               : quantize_x8<true, false>(x, g, s.k, s.eps, xq, xd);

@@ -64,12 +64,59 @@ pub fn matmul_warps(rows: u32, n: u32) -> u32 {
     product_warps(rows, n, columns)
 }
 
-/// `matmul` run by `warps` warps, [`MATMUL_WARPS_PER_BLOCK`] a block.
-pub fn matmul_launch(warps: u32) -> Launch {
+/// `matmul` run by `warps` warps, [`MATMUL_WARPS_PER_BLOCK`] a block, with
+/// `shared` bytes of dynamic shared memory ([`matmul_shared_bytes`]).
+pub fn matmul_launch(warps: u32, shared: u32) -> Launch {
     Launch::new(
         warps.div_ceil(MATMUL_WARPS_PER_BLOCK).max(1),
         32 * MATMUL_WARPS_PER_BLOCK,
     )
+    .with_shared(shared)
+}
+
+/// The longest row whose activations a block of `matmul` or `fused_matmul`
+/// quantizes to 8 bits (`Q8X_MAX_K`): the down products of Qwen2.5-32B
+/// (27,648 inputs) and Llama-3.3-70B (28,672) fit, and the codes and scales
+/// stay within the 48 KiB a launch gets without opting in.
+pub const EIGHT_BIT_MAX_K: u32 = 32_768;
+
+/// Weight types whose decode products take 8-bit activations in blocks of
+/// 32 (`q8_activations` in quant_dots_fast.cuh).
+const EIGHT_BIT_BLOCK_TYPES: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0];
+
+/// Super-block weight types whose decode products take 8-bit activations
+/// (`k8_activations` in quant_dots_k8.cuh).
+const EIGHT_BIT_SUPER_TYPES: [DType; 2] = [DType::Q4_K, DType::Q6_K];
+
+/// Whether a one-row product over rows of `k` of weights of the ggml types
+/// `types` (all of them) quantizes its input to 8 bits once a block: in
+/// blocks of 32 where `blocks` allows it, or as super-blocks.
+fn eight_bit_types(types: &[u32], k: u32, blocks: bool) -> bool {
+    let all = |set: &[DType]| {
+        types
+            .iter()
+            .all(|&t| DType::from_ggml_id(t).is_some_and(|d| set.contains(&d)))
+    };
+    k <= EIGHT_BIT_MAX_K
+        && ((blocks && k.is_multiple_of(32) && all(&EIGHT_BIT_BLOCK_TYPES))
+            || (k.is_multiple_of(256) && all(&EIGHT_BIT_SUPER_TYPES)))
+}
+
+/// Dynamic shared memory that holds a row of `k` 8-bit activations: the
+/// codes, then an f32 scale per 32 (`x8_shared_bytes` in the source). The
+/// kernels take the 8-bit products exactly where a launch gives them this.
+fn eight_bit_shared_bytes(k: u32) -> u32 {
+    k + k / 32 * 4
+}
+
+/// Dynamic shared memory of a `matmul`: an output head's 8-bit activations
+/// ([`eight_bit_types`]) in the default version, else none.
+pub fn matmul_shared_bytes(rows: u32, n: u32, k: u32, dtype: u32, exact: bool) -> u32 {
+    if !exact && rows == 1 && n >= MATMUL_WIDE_MIN_COLUMNS && eight_bit_types(&[dtype], k, true) {
+        eight_bit_shared_bytes(k)
+    } else {
+        0
+    }
 }
 
 /// Most rows `matmul_rows`, `argmax_rows` and `attention_step_paged` take:
@@ -78,14 +125,14 @@ const MAX_GRID_Y: u32 = 65_535;
 
 /// `matmul_rows` over `rows` rows: the one-row grid of `n` columns, once a
 /// row along the grid's y.
-pub fn matmul_rows_launch(rows: u32, n: u32) -> Result<Launch, String> {
+pub fn matmul_rows_launch(rows: u32, n: u32, shared: u32) -> Result<Launch, String> {
     if rows > MAX_GRID_Y {
         return Err(format!(
             "matmul_rows takes at most {MAX_GRID_Y} rows a dispatch (got {rows})"
         ));
     }
-    let one = matmul_launch(matmul_warps(1, n));
-    Ok(Launch::grid3([one.grid[0], rows.max(1), 1], one.block))
+    let one = matmul_launch(matmul_warps(1, n), shared);
+    Ok(Launch::grid3([one.grid[0], rows.max(1), 1], one.block).with_shared(shared))
 }
 
 /// Warps of one block that share a column of a decode `fused_matmul` over
@@ -129,11 +176,24 @@ pub const FUSED_SPLIT_MIN_K: u32 = 2048;
 /// exact version, whose sums keep the CPU's order (as `fused_split` in
 /// fused_matmul.cuh computes it).
 pub fn fused_split(shape: &FusedShape, exact: bool) -> u32 {
-    if !exact && shape.rows == 1 && shape.k >= FUSED_SPLIT_MIN_K {
+    if !exact && shape.rows == 1 && shape.k >= FUSED_SPLIT_MIN_K && !fused_eight_bit(shape, exact) {
         FUSED_SPLIT_WARPS
     } else {
         1
     }
+}
+
+/// Whether a decode `fused_matmul` of `shape` quantizes its input to 8 bits
+/// once a block ([`eight_bit_types`] of every weight, and the up weight's in
+/// the SwiGLU epilogue): weights in blocks of 32 over rows too short to
+/// split, or super-blocks over any row (such a product never splits: a
+/// block's warps share its activations). Never in the exact version.
+pub fn fused_eight_bit(shape: &FusedShape, exact: bool) -> bool {
+    let mut types = shape.dtype[..(shape.weights as usize).min(3)].to_vec();
+    if shape.epilogue == EPILOGUE_SWIGLU {
+        types.push(shape.dtype[1]);
+    }
+    !exact && shape.rows == 1 && eight_bit_types(&types, shape.k, shape.k < FUSED_SPLIT_MIN_K)
 }
 
 /// `MM_Q8`, whether a kernel's one-row products of weights in blocks of 32
@@ -158,6 +218,7 @@ pub(crate) fn fused_matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
         ("MM_SPLIT", format!("{split}u")),
         ("MM_SPLIT_MIN_K", format!("{FUSED_SPLIT_MIN_K}u")),
         ("MM_Q8", eight_bit_activations(exact)),
+        ("Q8X_MAX_K", format!("{EIGHT_BIT_MAX_K}u")),
     ]);
     defines
 }
@@ -194,10 +255,16 @@ pub fn fused_block_warps(shape: &FusedShape, exact: bool) -> u32 {
 /// `fused_matmul` of `shape`.
 pub fn fused_matmul_launch(shape: &FusedShape, exact: bool) -> Launch {
     let block = fused_block_warps(shape, exact);
+    let shared = if fused_eight_bit(shape, exact) {
+        eight_bit_shared_bytes(shape.k)
+    } else {
+        0
+    };
     Launch::new(
         fused_matmul_warps(shape, exact).div_ceil(block).max(1),
         32 * block,
     )
+    .with_shared(shared)
 }
 
 /// `fused_matmul_rows` of `shape`: the one-row grid, once a row along the
@@ -210,10 +277,7 @@ pub fn fused_matmul_rows_launch(shape: &FusedShape, exact: bool) -> Result<Launc
         ));
     }
     let one = fused_matmul_launch(&FusedShape { rows: 1, ..*shape }, exact);
-    Ok(Launch::grid3(
-        [one.grid[0], shape.rows.max(1), 1],
-        one.block,
-    ))
+    Ok(Launch::grid3([one.grid[0], shape.rows.max(1), 1], one.block).with_shared(one.shared_bytes))
 }
 
 /// The defines of `matmul`: `MM_THREADS` (threads a block), `MM_COLS`
@@ -223,6 +287,7 @@ pub(crate) fn matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
     let mut defines = product_defines(MATMUL_COLUMNS_PER_WARP);
     defines.push(("MM_WIDE_N", format!("{MATMUL_WIDE_MIN_COLUMNS}u")));
     defines.push(("MM_Q8", eight_bit_activations(exact)));
+    defines.push(("Q8X_MAX_K", format!("{EIGHT_BIT_MAX_K}u")));
     defines
 }
 
@@ -593,7 +658,7 @@ mod tests {
     /// The launches agree with the kernels on the work a thread and a warp take.
     #[test]
     fn launches_cover_the_work() {
-        assert_eq!(matmul_launch(9).block[0], 32 * MATMUL_WARPS_PER_BLOCK);
+        assert_eq!(matmul_launch(9, 0).block[0], 32 * MATMUL_WARPS_PER_BLOCK);
         assert_eq!(matmul_warps(1, 9), 9);
         let wide = MATMUL_WIDE_MIN_COLUMNS + 1;
         assert_eq!(
@@ -603,7 +668,7 @@ mod tests {
         assert_eq!(matmul_warps(3, wide), wide);
         assert_eq!(matmul_warps(3, 9), 9);
         assert_eq!(
-            matmul_launch(9).grid[0],
+            matmul_launch(9, 0).grid[0],
             9u32.div_ceil(MATMUL_WARPS_PER_BLOCK)
         );
         for exact in [false, true] {

@@ -11,9 +11,9 @@
 // pass of weights kept in registers for all rows). Each warp reads its input
 // itself: staging it in shared memory once per block was slower, since the
 // barrier puts a second memory round trip on the path of every warp. The
-// exception is an output head of weights in blocks of 32 (MM_Q8): there the
-// block quantizes its input to 8 bits once, and the `dp4a` products that
-// follow saved more than the barrier cost.
+// exception is an output head of quantized weights (MM_Q8; in blocks of 32,
+// or Q4_K and Q6_K): there the block quantizes its input to 8 bits once,
+// and the `dp4a` products that follow saved more than the barrier cost.
 
 #include "matmul_shape.cuh"
 
@@ -90,11 +90,13 @@ __device__ __forceinline__ void matmul_body(const unsigned char* __restrict__ w,
     }
     encore_grid_wait();
 #if MM_Q8
-    // An output head of weights in blocks of 32: the block quantizes the
-    // activation row once (quant_dots_fast.cuh).
-    if (s.rows == 1 && s.n >= MM_WIDE_N && q8_row_fits(s.k) && q8_activations(s.dtype)) {
-        __shared__ __align__(16) int xq[Q8X_MAX_K / 4];
-        __shared__ float xd[Q8X_MAX_K / 32];
+    // An output head of weights in blocks of 32, or of Q4_K or Q6_K: the
+    // block quantizes the activation row once (quant_dots_fast.cuh,
+    // quant_dots_k8.cuh).
+    if (s.rows == 1 && s.n >= MM_WIDE_N && eight_bit_types(&s.dtype, 1, s.k, true)) {
+        x8_require_shared(s.k);
+        int* xq = x8_shared;
+        float* xd = reinterpret_cast<float*>(x8_shared + s.k / 4);
         if (((size_t)x & 15u) == 0) quantize_x8<false, true>(x, nullptr, s.k, 0.f, xq, xd);
         else quantize_x8<false, false>(x, nullptr, s.k, 0.f, xq, xd);
         if (cols == 0) return;

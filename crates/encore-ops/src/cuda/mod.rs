@@ -133,10 +133,15 @@ fn matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
         "matmul",
         move |s: &MatmulShape| {
             weight_type("matmul", s.dtype)?;
+            let one_row = if row_invariant { 1 } else { s.rows };
+            let shared = geometry::matmul_shared_bytes(one_row, s.n, s.k, s.dtype, exact);
             if row_invariant {
-                geometry::matmul_rows_launch(s.rows, s.n)
+                geometry::matmul_rows_launch(s.rows, s.n, shared)
             } else {
-                Ok(geometry::matmul_launch(geometry::matmul_warps(s.rows, s.n)))
+                Ok(geometry::matmul_launch(
+                    geometry::matmul_warps(s.rows, s.n),
+                    shared,
+                ))
             }
         },
     )
@@ -386,6 +391,7 @@ const FILES: &[(&str, &str)] = &[
     ("matmul_dots.cuh", include_str!("matmul_dots.cuh")),
     ("quant_codes.cuh", include_str!("quant_codes.cuh")),
     ("quant_dots_fast.cuh", include_str!("quant_dots_fast.cuh")),
+    ("quant_dots_k8.cuh", include_str!("quant_dots_k8.cuh")),
     ("quant_dots_exact.cuh", include_str!("quant_dots_exact.cuh")),
     ("matmul.cuh", include_str!("matmul.cuh")),
     ("fused_matmul.cuh", include_str!("fused_matmul.cuh")),

@@ -679,8 +679,27 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
 // quantization error of the f32 products, as the CPU's, which quantizes
 // its activations the same way.
 
-// Longest row whose activations a block quantizes (8 KiB of shared memory).
-#define Q8X_MAX_K 8192u
+// The block's 8-bit activations live in dynamic shared memory, `k` bytes
+// of codes then a scale per 32, which the launch provides exactly where the
+// shape takes this path (cuda/geometry.rs, `eight_bit_shared_bytes`; the
+// kernels decide from the shape as Rust does, so that a variant
+// specialized for its shape carries one path). Q8X_MAX_K, the longest row
+// a block quantizes, comes from Rust.
+extern __shared__ __align__(16) int x8_shared[];
+
+// The dynamic shared memory of this launch, in bytes.
+__device__ __forceinline__ unsigned int dynamic_shared_bytes() {
+    unsigned int bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+
+// Stops the kernel with a device error (an illegal instruction, which the
+// runtime reports) if the launch gave no room for `k` 8-bit activations:
+// Rust's geometry and the kernel disagree, a bug, never a wrong result.
+__device__ __forceinline__ void x8_require_shared(unsigned int k) {
+    if (dynamic_shared_bytes() < k + k / 32 * 4) __trap();
+}
 
 // dot(a, b) + c over four byte lanes: signed by signed, unsigned by signed.
 __device__ __forceinline__ int dp4a_ss(int a, int b, int c) {
@@ -830,8 +849,10 @@ __device__ __forceinline__ void dot_cols_x8(const unsigned char* const* rows, co
     }
 }
 
-// N weight rows of type `dtype` (q8_activations) against the block's 8-bit
-// activations: per-lane partial sums in `out`.
+#include "quant_dots_k8.cuh"
+
+// N weight rows of type `dtype` (q8_activations or k8_activations) against
+// the block's 8-bit activations: per-lane partial sums in `out`.
 template <int N>
 __device__ __forceinline__ void dot_cols_x8_of(unsigned int dtype, const unsigned char* const* rows,
                                                const int* __restrict__ xq, const float* __restrict__ xd,
@@ -842,6 +863,8 @@ __device__ __forceinline__ void dot_cols_x8_of(unsigned int dtype, const unsigne
         GGML_CASE(GGML_Q4_0) dot_cols_x8<GGML_Q4_0, N>(rows, xq, xd, k, lane, out, first); return;
         GGML_CASE(GGML_Q8_0) dot_cols_x8<GGML_Q8_0, N>(rows, xq, xd, k, lane, out, first); return;
         GGML_CASE(GGML_Q5_0) dot_cols_x8<GGML_Q5_0, N>(rows, xq, xd, k, lane, out, first); return;
+        GGML_CASE(GGML_Q4_K) dot_cols_q4_k_x8<N>(rows, xq, xd, k, lane, out); return;
+        GGML_CASE(GGML_Q6_K) dot_cols_q6_k_x8<N>(rows, xq, xd, k, lane, out); return;
         default: return;
     }
 }
