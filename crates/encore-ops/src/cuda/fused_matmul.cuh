@@ -291,7 +291,16 @@ __device__ __forceinline__ T pick(unsigned int i, T a, T b, T c) {
     return i == 0 ? a : i == 1 ? b : c;
 }
 
-extern "C" __global__ void __launch_bounds__(MM_THREADS, 1)
+// Blocks a multiprocessor must hold at once: 1, or where the variant is
+// specialized for a decode product of Q4_K and Q6_K on 8-bit activations,
+// 3 (cuda/mod.rs, `fused_variant_options`), which keeps that path to 85
+// registers: three blocks of eight warps keep more loads in flight than
+// two (it needs no more; the generic code would spill).
+#ifndef MM_MIN_BLOCKS
+#define MM_MIN_BLOCKS 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS)
 fused_matmul(const float* __restrict__ x, const float* __restrict__ g, const unsigned char* __restrict__ w0,
              const unsigned char* __restrict__ w1, const unsigned char* __restrict__ w2, float* y0, float* y1,
              float* y2, const float* __restrict__ b0, const float* __restrict__ b1,

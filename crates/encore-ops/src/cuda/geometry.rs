@@ -196,6 +196,17 @@ pub fn fused_eight_bit(shape: &FusedShape, exact: bool) -> bool {
     !exact && shape.rows == 1 && eight_bit_types(&types, shape.k, shape.k < FUSED_SPLIT_MIN_K)
 }
 
+/// Whether a `fused_matmul` of `shape` takes the 8-bit products of Q4_K and
+/// Q6_K weights (in the default version): its variant is held to three
+/// blocks a multiprocessor (`MM_MIN_BLOCKS`).
+pub(crate) fn fused_super_block_eight_bit(shape: &FusedShape) -> bool {
+    let super_block = |&t: &u32| EIGHT_BIT_SUPER_TYPES.iter().any(|d| d.ggml_id() == t);
+    fused_eight_bit(shape, false)
+        && shape.dtype[..(shape.weights as usize).min(3)]
+            .iter()
+            .all(super_block)
+}
+
 /// `MM_Q8`, whether a kernel's one-row products of weights in blocks of 32
 /// quantize their input to 8 bits once a block and multiply it with `dp4a`
 /// (quant_dots_fast.cuh): in the default version, where a decode step's

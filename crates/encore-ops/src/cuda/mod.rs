@@ -105,7 +105,11 @@ pub(crate) fn fused_variant_options(value: &[u8]) -> Vec<String> {
     if s.epilogue == EPILOGUE_SWIGLU {
         types.push(s.dtype[1]);
     }
-    type_mask_options(&types)
+    let mut options = type_mask_options(&types);
+    if geometry::fused_super_block_eight_bit(&s) {
+        options.push("--define-macro=MM_MIN_BLOCKS=3".to_string());
+    }
+    options
 }
 
 /// `matmul`, its quantized products the exact ones with `exact`.
@@ -494,6 +498,33 @@ mod tests {
             let entries = cuda.source.matches("extern \"C\"").count();
             assert_eq!(entries, 1, "{}: {entries} entry points", def.name());
         }
+    }
+
+    /// A decode product of Q4_K and Q6_K weights on 8-bit activations is
+    /// compiled for three blocks a multiprocessor; other products, and the
+    /// same weights over several rows, keep the default.
+    #[test]
+    fn super_block_decode_variants_ask_for_three_blocks() {
+        let swiglu = |dtype: DType, rows: u32| FusedShape {
+            rows,
+            k: 3584,
+            n: [18944, 18944, 0],
+            dtype: [dtype.ggml_id(), dtype.ggml_id(), 0],
+            weights: 2,
+            epilogue: EPILOGUE_SWIGLU,
+            norm: 1,
+            eps: 1e-6,
+            bias: 0,
+        };
+        let asks = |s: FusedShape| {
+            fused_variant_options(bytemuck::bytes_of(&s))
+                .contains(&"--define-macro=MM_MIN_BLOCKS=3".to_string())
+        };
+        assert!(asks(swiglu(DType::Q4_K, 1)));
+        assert!(asks(swiglu(DType::Q6_K, 1)));
+        assert!(!asks(swiglu(DType::Q4_K, 4)));
+        assert!(!asks(swiglu(DType::Q4_0, 1)));
+        assert!(!asks(swiglu(DType::Q5_K, 1)));
     }
 
     /// A specialized product carries the code of its weights' types alone
