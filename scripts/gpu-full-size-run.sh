@@ -15,6 +15,10 @@
 #           decode and the paged batch against the CPU
 #   bench   `encore bench`: pp512, and tg128 from a one-token prompt
 #   profile `encore bench --profile` of 32 decode steps: time by dispatch
+#   ab      where an earlier encore is staged (`--before-encore`): decode
+#           tg128 and prefill pp512 of ENCORE_AB_MODEL (a path; the first
+#           model by default) by it and by this one, alternated
+#           ENCORE_AB_ROUNDS times (3), each build's figures
 #   serve   `encore serve` warms up on the model and answers a chat request
 #   repro   where an earlier revision's encore and synthetic_like are staged
 #           (`--before`): a 7B-shaped file made by the earlier generator
@@ -33,7 +37,7 @@ stage=.gpu-full
 out=${OUT:-gpu-out}
 work=/tmp/encore-full
 budget=${ENCORE_GPU_BUDGET:-540}
-steps=${*:-cold gemm ops engine bench serve repro}
+steps=${*:-cold gemm ops engine bench serve repro ab}
 mkdir -p "$out" "$work/models"
 [[ -f $stage/bins.tar.xz && ! -x $stage/bin/encore ]] && tar -C "$stage" -xJf "$stage/bins.tar.xz"
 bin=$stage/bin
@@ -150,6 +154,32 @@ if wants profile; then
         m=$(basename "$model" .gguf)
         run "profile-$m" 120 "$bin/encore" bench --model "$model" --device cuda --prompt-tokens 1 --gen-tokens 32 --repeats 1 --profile
     done
+fi
+if wants ab && [[ -x $bin/encore-before ]]; then
+    model=${ENCORE_AB_MODEL:-${models[0]}}
+    for b in encore-before encore; do
+        run "ab-warm-$b" 200 "$bin/$b" bench --model "$model" --device cuda --prompt-tokens 512 --gen-tokens 8 --repeats 1
+    done
+    for round in $(seq "${ENCORE_AB_ROUNDS:-3}"); do
+        for b in encore-before encore; do
+            for shape in "1 128" "512 1"; do
+                set -- $shape
+                timeout 120 "$bin/$b" bench --model "$model" --device cuda --prompt-tokens "$1" --gen-tokens "$2" \
+                    --repeats 5 --json 2>/dev/null | grep -E '^\{' | sed "s/^/$b /" >>"$out/ab.log"
+            done
+        done
+    done
+    summary+=("$(python3 -c '
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    build, record = line.split(" ", 1)
+    d = json.loads(record)
+    key = (build, "tg%d" % d["gen_tokens"] if d["prompt_tokens"] == 1 else "pp%d" % d["prompt_tokens"])
+    runs.setdefault(key, []).append(d["decode_tok_s"] if key[1].startswith("tg") else d["prefill_tok_s"])
+for (build, work), v in sorted(runs.items()):
+    print("ab", build, work, "median %.1f tok/s of %s" % (statistics.median(v), ", ".join("%.1f" % x for x in v)))
+' "$out/ab.log")")
 fi
 if wants serve; then
     for model in "${models[@]}"; do serve "serve-$(basename "$model" .gguf)" "$model"; done

@@ -5,8 +5,10 @@
 # travels), the cuda_ops and cuda_engine test binaries, and the script that
 # runs them (scripts/gpu-full-size-run.sh). No GPU or CUDA toolkit needed.
 #
-#   scripts/gpu-full-size.sh [--before REV]
+#   scripts/gpu-full-size.sh [--before REV] [--before-encore FILE]
 #
+# --before-encore FILE stages FILE, an `encore` built from an earlier
+# revision, for the run's `ab` step (the two builds alternated).
 # --before REV also stages cuda_ops built with REV's CUDA kernels and
 # today's tests (as cuda_ops-before), to show that a new test fails there,
 # and REV's encore and synthetic_like (built in a worktree under
@@ -15,8 +17,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=.gpu-full
-before=""
-if [[ ${1:-} == --before ]]; then before=${2:?--before needs a revision}; fi
+before="" before_encore=""
+while (( $# > 0 )); do
+    case $1 in
+        --before) before=${2:?--before needs a revision}; shift 2 ;;
+        --before-encore) before_encore=${2:?--before-encore needs a file}; shift 2 ;;
+        *) echo "usage: scripts/gpu-full-size.sh [--before REV] [--before-encore FILE]" >&2; exit 2 ;;
+    esac
+done
 
 # The executable of a test target, from cargo's JSON messages.
 test_exe() { # package test
@@ -56,6 +64,7 @@ for t in encore-ops:cuda_ops encore-llm:cuda_engine; do
     exe=$(test_exe "${t%%:*}" "${t#*:}")
     strip -o "$stage/bin/${t#*:}" "$exe"
 done
+[[ -n $before_encore ]] && strip -o "$stage/bin/encore-before" "$before_encore"
 tar -C "$stage" -cf - bin | xz -6 -T0 >"$stage/bins.tar.xz"
 rm -rf "$stage/bin"
 cp scripts/gpu-full-size-run.sh "$stage/run.sh"
