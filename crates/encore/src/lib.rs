@@ -38,7 +38,9 @@
 //!
 //! The shared records (access, launch, backend kinds and capabilities,
 //! resolved arguments) sit at the bottom, in a module that imports nothing
-//! else; kernels and programs build on them; backends on those; the pool,
+//! else; each backend's kernel type (`backend/<name>/kernel.rs`, compiled
+//! whatever the features) builds on them; kernel definitions, the kernel
+//! cache and programs on those; the backends' devices on those; the pool,
 //! retention, the device, buffers, submissions, the encoder and graphs come
 //! after, each importing only what lies below it.
 //!
@@ -50,8 +52,10 @@
 //!
 //! 1. Add a variant to [`BackendKind`] and an [`Implementation`] variant
 //!    holding what a kernel needs there (WGSL source and entry point, and a
-//!    [`Geometry`] for its workgroup counts), with a builder on [`KernelDef`]
-//!    beside [`KernelDef::cpu`] and [`KernelDef::cuda`].
+//!    [`Geometry`] for its workgroup counts), a type defined in the
+//!    backend's folder (`src/backend/<name>/kernel.rs`, built without the
+//!    backend's feature), with a builder on [`KernelDef`] beside
+//!    [`KernelDef::cpu`] and [`KernelDef::cuda`].
 //! 2. Add a folder `src/backend/<name>/` implementing the crate-private
 //!    `Backend` trait (see `src/backend/mod.rs`): `alloc`/`free`,
 //!    `read`/`write`, `compile` (turn the kernel's implementation into an
@@ -92,6 +96,10 @@ mod retain;
 mod submission;
 pub mod trace;
 
+pub use backend::cuda::{CudaKernel, CUDA_PRELUDE};
+pub use backend::metal::MetalKernel;
+pub use backend::wgpu::{WgpuKernel, WgslFeatures};
+pub use backend::wgsl::WGSL_MAX_BUFFERS;
 pub use buffer::Buffer;
 pub use config::{Config, ProfileMode};
 pub use counters::Counters;
@@ -103,13 +111,12 @@ pub use encoder::{Arg, Encoder};
 pub use error::{Error, Result};
 pub use graph::{Graph, GraphCache, GraphExec, GraphShape, GraphStats, Node, NodeArg, Params};
 pub use kernel::{
-    CpuFn, CpuKernel, CudaKernel, Geometry, Implementation, Kernel, KernelDef, KernelKey,
-    MetalKernel, VariantOptions, WeakKernel, WgpuKernel, WgpuVariant, WgslFeatures, CUDA_PRELUDE,
-    WGSL_MAX_BUFFERS,
+    CpuFn, CpuKernel, Implementation, Kernel, KernelDef, KernelKey, VariantOptions, WeakKernel,
+    WgpuVariant,
 };
 pub use pool::PoolStats;
 pub use profile::{Profile, TimeStats};
-pub use record::{Access, BackendKind, Capabilities, DeviceInfo, Launch, MemoryInfo};
+pub use record::{Access, BackendKind, Capabilities, DeviceInfo, Geometry, Launch, MemoryInfo};
 pub use submission::{DispatchTime, Submission};
 pub use trace::{Span, Trace};
 

@@ -6,6 +6,8 @@
 //! graphs and backends all build on it, so none of them needs another's
 //! types to describe a dispatch.
 
+use std::sync::Arc;
+
 /// How a dispatch uses a buffer argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Access {
@@ -71,6 +73,26 @@ impl Launch {
         self.shared_bytes = bytes;
         self
     }
+}
+
+/// Computes a dispatch's launch geometry from its inline bytes (its value
+/// arguments, concatenated in order), or says why it cannot.
+pub type Geometry = Arc<dyn Fn(&[u8]) -> std::result::Result<Launch, String> + Send + Sync>;
+
+/// A geometry function over raw value bytes from one over a typed value.
+pub(crate) fn typed_geometry<T: bytemuck::Pod>(
+    geometry: impl Fn(&T) -> std::result::Result<Launch, String> + Send + Sync + 'static,
+) -> Geometry {
+    Arc::new(move |value: &[u8]| {
+        let v: T = bytemuck::try_pod_read_unaligned(value).map_err(|_| {
+            format!(
+                "launch geometry needs a value of {} bytes, got {}",
+                std::mem::size_of::<T>(),
+                value.len()
+            )
+        })?;
+        geometry(&v)
+    })
 }
 
 /// Which device API a device runs on.

@@ -6,11 +6,11 @@
 //! concurrent groups, with resolved arguments.
 
 pub mod cpu;
-#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod metal;
-#[cfg(feature = "wgpu")]
 pub(crate) mod wgpu;
+#[cfg_attr(not(any(feature = "wgpu", target_vendor = "apple")), allow(dead_code))]
+pub(crate) mod wgsl;
 
 use std::any::Any;
 use std::sync::Arc;

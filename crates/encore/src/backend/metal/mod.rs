@@ -39,7 +39,8 @@
 //! within the concurrent encoder the barriers alone order dispatches.
 //! Buffer arguments are bound at the multiple of [`BIND_ALIGN`] at or before
 //! their first byte, with the word offset in the argument block, as on
-//! wgpu; the argument blocks of a program live in one buffer.
+//! wgpu and by the same code (`backend/wgsl.rs`); the argument blocks of a
+//! program live in one buffer.
 //!
 //! # Graphs
 //!
@@ -61,6 +62,7 @@
 //! so and the run goes on (`plan::Capture`). A command buffer that ends in
 //! error makes `wait` return a typed error and marks the device failed.
 
+mod kernel;
 pub mod msl;
 #[cfg_attr(not(target_vendor = "apple"), allow(dead_code))]
 pub(crate) mod plan;
@@ -72,6 +74,7 @@ mod submit;
 
 #[cfg(target_vendor = "apple")]
 pub(crate) use device::{has_device, list, MetalBackend};
+pub use kernel::MetalKernel;
 
 /// The alignment of the offsets buffer arguments are bound at; the
 /// remainder reaches the kernel as a word offset (`args.off[i]`). It is

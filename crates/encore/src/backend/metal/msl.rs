@@ -28,8 +28,8 @@
 
 use naga::back::msl;
 
+use crate::backend::wgsl::WGSL_MAX_BUFFERS;
 use crate::error::{Error, Result};
-use crate::kernel::WGSL_MAX_BUFFERS;
 
 /// The Metal buffer index of the argument block (`@group(1) @binding(0)`).
 pub const ARGS_INDEX: usize = WGSL_MAX_BUFFERS;

@@ -317,24 +317,6 @@ pub(crate) fn chrome_trace_path(path: &Path) -> PathBuf {
     }
 }
 
-/// Where a buffer argument over `offset..offset + len` of an allocation of
-/// `size` bytes is bound: the binding's start (the multiple of `align` at
-/// or before `offset`), the argument's first word within the binding (what
-/// the kernel finds in `args.off`), and the bytes bound from the start
-/// (through the argument's last word, within the allocation), which the
-/// generated bounds checks read. `offset` is a multiple of 4.
-pub(crate) fn bind_range(
-    offset: usize,
-    len: usize,
-    size: usize,
-    align: usize,
-) -> (usize, u32, usize) {
-    let start = offset - offset % align;
-    let words = ((offset - start) / 4) as u32;
-    let bound = ((offset + len).next_multiple_of(4) - start).min(size.saturating_sub(start));
-    (start, words, bound)
-}
-
 /// A counter sample Metal could not take reads as this.
 const SAMPLE_ERROR: u64 = u64::MAX;
 
@@ -529,16 +511,6 @@ mod tests {
             chrome_trace_path(Path::new("step.json")),
             Path::new("step.json")
         );
-    }
-
-    #[test]
-    fn arguments_bind_at_an_aligned_start_with_their_word_offset() {
-        // Inside an allocation: from the 256-byte boundary below, through
-        // the argument's last word.
-        assert_eq!(bind_range(1000, 10, 4096, 256), (768, 58, 244));
-        assert_eq!(bind_range(512, 64, 4096, 256), (512, 0, 64));
-        // Never past the allocation's end.
-        assert_eq!(bind_range(4088, 6, 4094, 256), (3840, 62, 254));
     }
 
     #[test]

@@ -20,14 +20,11 @@ use super::device::{
 };
 use super::msl::{self, ARGS_INDEX, SIZES_INDEX};
 use super::{plan, BIND_ALIGN};
+use crate::backend::wgsl::ArgBlocks;
 use crate::backend::{BackendSubmission, Executable, Timing};
 use crate::error::{Error, Result};
-use crate::kernel::WGSL_MAX_BUFFERS;
 use crate::program::{DispatchRec, Program};
-use crate::record::{ArgRec, RawMem, Upload};
-
-/// Bytes of the offset table at the head of each argument block.
-const OFFSETS_BYTES: usize = WGSL_MAX_BUFFERS * 4;
+use crate::record::{RawMem, Upload};
 
 /// The id under which command buffers retain the placeholder buffer
 /// (allocation handles start at 1).
@@ -74,70 +71,20 @@ fn invalid(d: &DispatchRec, reason: String) -> Error {
 impl Prepared {
     pub(super) fn new(shared: &Arc<Shared>, program: Arc<Program>) -> Result<Prepared> {
         shared.usable()?;
-        let value_len = |d: &DispatchRec| -> usize {
-            program
-                .args_of(d)
-                .iter()
-                .map(|a| match a {
-                    ArgRec::Bytes { len, .. } => *len as usize,
-                    ArgRec::Buffer { .. } => 0,
-                })
-                .sum()
-        };
-        let widest = program.dispatches.iter().map(value_len).max().unwrap_or(0);
-        let stride = (OFFSETS_BYTES + widest).next_multiple_of(BIND_ALIGN);
-        let mut blocks = vec![0u8; stride * program.dispatches.len().max(1)];
+        let mut blocks = ArgBlocks::new(&program, BIND_ALIGN);
+        let stride = blocks.stride();
         let mut ready = Vec::with_capacity(program.dispatches.len());
         for (i, d) in program.dispatches.iter().enumerate() {
             let Some(pipeline) = d.kernel.artifact().downcast_ref::<Pipeline>() else {
                 return Err(invalid(d, "not a Metal kernel".into()));
             };
-            let block = &mut blocks[i * stride..(i + 1) * stride];
-            // Each buffer argument: `None` when empty, else its handle,
-            // buffer, binding offset and bytes bound from there.
-            let mut args: Vec<Option<(RawMem, Buffer, usize, u64)>> = Vec::new();
-            let mut value_at = OFFSETS_BYTES;
-            for arg in program.args_of(d) {
-                match *arg {
-                    ArgRec::Buffer {
-                        mem, offset, len, ..
-                    } => {
-                        let index = args.len();
-                        if index == WGSL_MAX_BUFFERS {
-                            return Err(invalid(
-                                d,
-                                format!("more than {WGSL_MAX_BUFFERS} buffer arguments"),
-                            ));
-                        }
-                        if len == 0 {
-                            args.push(None);
-                            continue;
-                        }
-                        if !offset.is_multiple_of(4) {
-                            return Err(invalid(
-                                d,
-                                format!(
-                                    "buffer argument {index} starts at byte {offset}, \
-                                     not a multiple of 4"
-                                ),
-                            ));
-                        }
-                        let buffer = shared.buffer(mem)?;
-                        let (start, words, bound) =
-                            plan::bind_range(offset, len, buffer.length(), BIND_ALIGN);
-                        block[index * 4..index * 4 + 4].copy_from_slice(&words.to_le_bytes());
-                        args.push(Some((mem, buffer, start, bound as u64)));
-                    }
-                    ArgRec::Bytes { start, len } => {
-                        let (start, len) = (start as usize, len as usize);
-                        let bytes = program.bytes.get(start..start + len).ok_or_else(|| {
-                            invalid(d, "value outside the program's bytes".into())
-                        })?;
-                        block[value_at..value_at + len].copy_from_slice(bytes);
-                        value_at += len;
-                    }
-                }
-            }
+            // Each buffer argument's handle and buffer, as bound; `None`
+            // for an empty one.
+            let args = blocks.fill(i, &program, d, |mem| {
+                let buffer = shared.buffer(mem)?;
+                let size = buffer.length();
+                Ok(((mem, buffer), size))
+            })?;
             let mut bindings = Vec::with_capacity(pipeline.msl.buffers.len());
             for &(binding, _) in &pipeline.msl.buffers {
                 let Some(arg) = args.get(binding as usize) else {
@@ -150,11 +97,11 @@ impl Prepared {
                     ));
                 };
                 bindings.push(match arg {
-                    Some((mem, buffer, offset, _)) => Binding {
+                    Some(arg) => Binding {
                         index: binding as usize,
-                        mem: *mem,
-                        buffer: Sendable(buffer.clone()),
-                        offset: *offset,
+                        mem: arg.buffer.0,
+                        buffer: Sendable(arg.buffer.1.clone()),
+                        offset: arg.start,
                     },
                     None => Binding {
                         index: binding as usize,
@@ -164,7 +111,7 @@ impl Prepared {
                     },
                 });
             }
-            let bound = |i: u32| args.get(i as usize)?.as_ref().map(|a| a.3);
+            let bound = |i: u32| args.get(i as usize)?.as_ref().map(|a| a.bytes as u64);
             let sizes = msl::sizes_words(&pipeline.msl.sizes, bound, stride as u64);
             ready.push(Ready {
                 pipeline: pipeline.state.clone(),
@@ -174,7 +121,7 @@ impl Prepared {
                 threads: pipeline.msl.threads,
             });
         }
-        let args = shared.staging(&blocks)?;
+        let args = shared.staging(blocks.bytes())?;
         Ok(Prepared {
             shared: shared.clone(),
             program,

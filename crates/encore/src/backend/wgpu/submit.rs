@@ -27,12 +27,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{binding_size, caught, message, Pipeline, Shared, OFFSETS_BYTES};
+use super::device::{caught, message, Pipeline, Shared};
+use crate::backend::wgsl::ArgBlocks;
 use crate::backend::{BackendSubmission, Executable, Timing};
 use crate::error::{Error, Result};
-use crate::kernel::WGSL_MAX_BUFFERS;
 use crate::program::{DispatchRec, Program};
-use crate::record::{ArgRec, Upload};
+use crate::record::Upload;
 
 /// The most queries one query set holds (WebGPU's limit).
 const MAX_QUERIES: u32 = 4096;
@@ -68,20 +68,8 @@ impl Prepared {
         program: &Program,
     ) -> Result<Prepared> {
         shared.usable()?;
-        let align = shared.storage_align as usize;
-        let value_len = |d: &DispatchRec| -> usize {
-            program
-                .args_of(d)
-                .iter()
-                .map(|a| match a {
-                    ArgRec::Bytes { len, .. } => *len as usize,
-                    ArgRec::Buffer { .. } => 0,
-                })
-                .sum()
-        };
-        let widest = program.dispatches.iter().map(value_len).max().unwrap_or(0);
-        let stride = (OFFSETS_BYTES + widest).next_multiple_of(align);
-        let mut blocks = vec![0u8; stride * program.dispatches.len().max(1)];
+        let mut blocks = ArgBlocks::new(program, shared.storage_align as usize);
+        let stride = blocks.stride();
         let scope = shared
             .device
             .push_error_scope(wgpu::ErrorFilter::Validation);
@@ -90,58 +78,19 @@ impl Prepared {
             let Some(pipeline) = d.kernel.artifact().downcast_ref::<Pipeline>() else {
                 return Err(invalid(d, "not a wgpu kernel".into()));
             };
-            let block = &mut blocks[i * stride..(i + 1) * stride];
             // Each buffer argument's binding; `None` for an empty one.
-            let mut buffers: Vec<Option<(wgpu::Buffer, u64, Option<NonZeroU64>)>> = Vec::new();
-            let mut value_at = OFFSETS_BYTES;
-            for arg in program.args_of(d) {
-                match *arg {
-                    ArgRec::Buffer {
-                        mem, offset, len, ..
-                    } => {
-                        let index = buffers.len();
-                        if index == WGSL_MAX_BUFFERS {
-                            return Err(invalid(
-                                d,
-                                format!("more than {WGSL_MAX_BUFFERS} buffer arguments"),
-                            ));
-                        }
-                        if len == 0 {
-                            buffers.push(None);
-                            continue;
-                        }
-                        if offset % 4 != 0 {
-                            return Err(invalid(
-                                d,
-                                format!(
-                                    "buffer argument {index} starts at byte {offset}, \
-                                     not a multiple of 4"
-                                ),
-                            ));
-                        }
-                        let start = offset - offset % align;
-                        let words = ((offset - start) / 4) as u32;
-                        block[index * 4..index * 4 + 4].copy_from_slice(&words.to_le_bytes());
-                        let size = binding_size(start as u64, offset as u64, len as u64);
-                        buffers.push(Some((shared.buffer(mem)?, start as u64, size)));
-                    }
-                    ArgRec::Bytes { start, len } => {
-                        let (start, len) = (start as usize, len as usize);
-                        let bytes = program.bytes.get(start..start + len).ok_or_else(|| {
-                            invalid(d, "value outside the program's bytes".into())
-                        })?;
-                        block[value_at..value_at + len].copy_from_slice(bytes);
-                        value_at += len;
-                    }
-                }
-            }
+            let buffers = blocks.fill(i, program, d, |mem| {
+                let buffer = shared.buffer(mem)?;
+                let size = buffer.size() as usize;
+                Ok((buffer, size))
+            })?;
             let bound = |read_only: bool| {
                 pipeline
                     .bindings
                     .iter()
                     .filter(move |&&(_, r)| r == read_only)
                     .filter_map(|&(b, _)| buffers.get(b as usize)?.as_ref())
-                    .map(|(buffer, ..)| buffer)
+                    .map(|bound| &bound.buffer)
             };
             let aliasing = bound(true).any(|r| bound(false).any(|w| w == r));
             let compiled = pipeline.variant(shared, args_layout, aliasing)?;
@@ -158,7 +107,7 @@ impl Prepared {
                 };
                 let placeholder = &shared.placeholders[usize::from(read_only)];
                 let (buffer, offset, size) = match bound {
-                    Some((buffer, offset, size)) => (buffer, *offset, *size),
+                    Some(b) => (&b.buffer, b.start as u64, NonZeroU64::new(b.bytes as u64)),
                     None => (placeholder, 0, None),
                 };
                 entries.push(wgpu::BindGroupEntry {
@@ -183,11 +132,11 @@ impl Prepared {
         }
         let args_buffer = shared.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("encore argument blocks"),
-            size: blocks.len() as u64,
+            size: blocks.bytes().len() as u64,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        shared.queue.write_buffer(&args_buffer, 0, &blocks);
+        shared.queue.write_buffer(&args_buffer, 0, blocks.bytes());
         let args = shared.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("encore arguments"),
             layout: args_layout,
