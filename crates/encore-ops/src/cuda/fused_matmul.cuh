@@ -120,9 +120,6 @@ __device__ __forceinline__ bool fused_together(const FusedShape& s, const Column
     return s.epilogue == EPILOGUE_SWIGLU && c.dtype2 == c.dtype;
 }
 
-// Warps a column's row is split among (see the top of this file): the same
-// for every weight of a launch (they share k), as `fused_split` in
-// cuda/geometry.rs computes it for the launch.
 // Whether a decode product of `s` quantizes its input to 8 bits once a
 // block (`fused_eight_bit` in cuda/geometry.rs): every weight's type (and
 // the up weight's in SwiGLU) takes 8-bit activations, in blocks of 32 over
@@ -139,7 +136,10 @@ __device__ __forceinline__ bool fused_eight_bit(const FusedShape& s) {
 #endif
 }
 
-// Such a product never splits: the block's warps share its activations.
+// Warps a column's row is split among (see the top of this file): the same
+// for every weight of a launch (they share k), as `fused_split` in
+// cuda/geometry.rs computes it for the launch. A product on 8-bit
+// activations never splits: the block's warps share its activations.
 __device__ __forceinline__ unsigned int fused_split(const FusedShape& s) {
     return s.rows == 1 && s.k >= MM_SPLIT_MIN_K && !fused_eight_bit(s) ? MM_SPLIT : 1u;
 }
@@ -293,9 +293,10 @@ __device__ __forceinline__ T pick(unsigned int i, T a, T b, T c) {
 
 // Blocks a multiprocessor must hold at once: 1, or where the variant is
 // specialized for a decode product of Q4_K and Q6_K on 8-bit activations,
-// 3 (cuda/mod.rs, `fused_variant_options`), which keeps that path to 85
-// registers: three blocks of eight warps keep more loads in flight than
-// two (it needs no more; the generic code would spill).
+// 3 (cuda/mod.rs, `fused_variant_options`), which holds that path to 85
+// registers (it fits in 80 without spilling): three blocks of eight warps
+// keep more loads in flight than two. The generic code would spill there,
+// so only these variants ask.
 #ifndef MM_MIN_BLOCKS
 #define MM_MIN_BLOCKS 1
 #endif

@@ -103,14 +103,15 @@ fn eight_bit_types(types: &[u32], k: u32, blocks: bool) -> bool {
 }
 
 /// Dynamic shared memory that holds a row of `k` 8-bit activations: the
-/// codes, then an f32 scale per 32 (`x8_shared_bytes` in the source). The
-/// kernels take the 8-bit products exactly where a launch gives them this.
+/// codes, then an f32 scale per 32. The kernels decide from the shape, as
+/// this module does, and stop with a device error where a launch that
+/// takes the 8-bit products gives them less (`x8_require_shared`).
 fn eight_bit_shared_bytes(k: u32) -> u32 {
     k + k / 32 * 4
 }
 
 /// Dynamic shared memory of a `matmul`: an output head's 8-bit activations
-/// ([`eight_bit_types`]) in the default version, else none.
+/// (`eight_bit_types`) in the default version, else none.
 pub fn matmul_shared_bytes(rows: u32, n: u32, k: u32, dtype: u32, exact: bool) -> u32 {
     if !exact && rows == 1 && n >= MATMUL_WIDE_MIN_COLUMNS && eight_bit_types(&[dtype], k, true) {
         eight_bit_shared_bytes(k)
@@ -184,7 +185,7 @@ pub fn fused_split(shape: &FusedShape, exact: bool) -> u32 {
 }
 
 /// Whether a decode `fused_matmul` of `shape` quantizes its input to 8 bits
-/// once a block ([`eight_bit_types`] of every weight, and the up weight's in
+/// once a block (`eight_bit_types` of every weight, and the up weight's in
 /// the SwiGLU epilogue): weights in blocks of 32 over rows too short to
 /// split, or super-blocks over any row (such a product never splits: a
 /// block's warps share its activations). Never in the exact version.
@@ -207,9 +208,10 @@ pub(crate) fn fused_super_block_eight_bit(shape: &FusedShape) -> bool {
             .all(super_block)
 }
 
-/// `MM_Q8`, whether a kernel's one-row products of weights in blocks of 32
-/// quantize their input to 8 bits once a block and multiply it with `dp4a`
-/// (quant_dots_fast.cuh): in the default version, where a decode step's
+/// `MM_Q8`, whether a kernel's one-row products of weights in blocks of 32,
+/// Q4_K and Q6_K ([`fused_eight_bit`], [`matmul_shared_bytes`]) quantize
+/// their input to 8 bits once a block and multiply it with `dp4a`
+/// (quant_dots_fast.cuh, quant_dots_k8.cuh): in the default version, where a decode step's
 /// products were bound by the instructions each weight cost; never in the
 /// exact one, which keeps the CPU's arithmetic.
 fn eight_bit_activations(exact: bool) -> String {

@@ -14,7 +14,9 @@
 // (for the minimums of Q4_K and the offset 32 of Q6_K) are computed once a
 // step for all rows.
 //
-// Q4_K (144-byte blocks, 16-byte aligned in a row): lane i takes the 8
+// Q4_K (144-byte blocks, 16-byte aligned: rows are whole blocks and each
+// tensor has an allocation of its own, whose start the device aligns far
+// more; a misaligned start would be a device error): lane i takes the 8
 // code bytes at 32 (i / 4) + 8 (i % 4) of `qs`, one 8-byte load: their low
 // nibbles are weights 8 (i % 4).. of sub-block 2 (i / 4), their high
 // nibbles the same weights of sub-block 2 (i / 4) + 1; the 16-byte head (d,
