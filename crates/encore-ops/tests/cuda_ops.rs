@@ -788,6 +788,29 @@ fn matmul_matches_cpu_for_every_weight_type() {
     }
 }
 
+/// Random weights of `n` rows of `k` on `ops`'s device, and the same
+/// weights dequantized.
+fn device_weight(ops: &Ops, rng: &mut Rng, dtype: DType, n: usize, k: usize) -> (Weight, Vec<f32>) {
+    let bytes = random_weights(rng, dtype, n, k);
+    let w = Weight {
+        buffer: upload(ops, &bytes),
+        dtype,
+        n,
+        k,
+    };
+    (w, dequantize(dtype, &bytes, n, k))
+}
+
+/// `rms_norm(x) * g` in f64.
+fn rms_normed(x: &[f32], g: &[f32], eps: f32) -> Vec<f64> {
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + eps as f64).sqrt();
+    x.iter()
+        .zip(g)
+        .map(|(v, g)| *v as f64 * inv * *g as f64)
+        .collect()
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn eight_bit_decode_products_match_the_exact_product() {
@@ -807,16 +830,7 @@ fn eight_bit_decode_products_match_the_exact_product() {
     let (k, nq, nkv, no, ff) = (896usize, 128usize, 64usize, 96usize, 160usize);
     let eps = 1e-5f32;
     for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0] {
-        let mut weight = |n: usize| {
-            let bytes = random_weights(&mut rng, dtype, n, k);
-            let w = Weight {
-                buffer: upload(&cuda, &bytes),
-                dtype,
-                n,
-                k,
-            };
-            (w, dequantize(dtype, &bytes, n, k))
-        };
+        let mut weight = |n: usize| device_weight(&cuda, &mut rng, dtype, n, k);
         let [(wq, fq), (wk, fk), (wv, fv), (wo, fo), (wg, fg), (wu, fu)] =
             [nq, nkv, nkv, no, ff, ff].map(&mut weight);
         let (x, g1, bq, bk, bv) = (
@@ -867,14 +881,7 @@ fn eight_bit_decode_products_match_the_exact_product() {
                 })
                 .collect()
         };
-        let normed = |x: &[f32], g: &[f32]| -> Vec<f64> {
-            let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / k as f64;
-            let inv = 1.0 / (ms + eps as f64).sqrt();
-            x.iter()
-                .zip(g)
-                .map(|(v, g)| *v as f64 * inv * *g as f64)
-                .collect()
-        };
+        let normed = |x: &[f32], g: &[f32]| rms_normed(x, g, eps);
         let check = |what: &str, got: f32, want: f64, tol: f64| {
             assert!(
                 (got as f64 - want).abs() <= tol + 1e-6 * want.abs().max(1.0),
@@ -946,17 +953,7 @@ fn super_block_decode_products_at_full_size_match_the_exact_product() {
     let d = cuda.device();
     let eps = 1e-6f32;
     let f = |n: usize| d.alloc(n * 4).unwrap();
-    // (weights as on the device, dequantized)
-    let weight = |rng: &mut Rng, dtype: DType, n: usize, k: usize| {
-        let bytes = random_weights(rng, dtype, n, k);
-        let w = Weight {
-            buffer: upload(&cuda, &bytes),
-            dtype,
-            n,
-            k,
-        };
-        (w, dequantize(dtype, &bytes, n, k))
-    };
+    let weight = |rng: &mut Rng, dtype, n, k| device_weight(&cuda, rng, dtype, n, k);
     // The exact product of row j of `w` with `x`, and its tolerance.
     let exact = |w: &[f32], x: &[f64], k: usize, j: usize| -> (f64, f64) {
         let row = &w[j * k..(j + 1) * k];
@@ -970,14 +967,7 @@ fn super_block_decode_products_at_full_size_match_the_exact_product() {
             "{what}: CUDA {got} vs exact {want} (tolerance {tol:e})"
         );
     };
-    let normed = |x: &[f32], g: &[f32]| -> Vec<f64> {
-        let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64;
-        let inv = 1.0 / (ms + eps as f64).sqrt();
-        x.iter()
-            .zip(g)
-            .map(|(v, g)| *v as f64 * inv * *g as f64)
-            .collect()
-    };
+    let normed = |x: &[f32], g: &[f32]| rms_normed(x, g, eps);
     let run_graph = |record: &dyn Fn(&mut Encoder), outputs: &[&Buffer], nodes: usize| {
         let mut e = d.capture();
         record(&mut e);
