@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use encore::{Buffer, Device, MemoryInfo};
-use encore_ops::{KernelSet, Ops, Weight};
+use encore_ops::{KernelSet, Ops, Weight, WeightTypes};
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
@@ -80,7 +80,10 @@ impl Model {
         let sizes = upload_sizes(f, &c)?;
         let on_device = sizes.iter().map(|&s| device.allocated_size(s) as u64).sum();
         check_fits(device.name(), on_device, device.memory()?)?;
-        let ops = Ops::new(device, kernels)?;
+        // The products are built for the file's weight types alone, which
+        // compiles them in a fraction of the time of every type's code.
+        let types = WeightTypes::of(f.tensors().iter().map(|t| t.dtype));
+        let ops = Ops::for_weight_types(device, kernels, types)?;
         let mut load = Loader {
             device,
             file: f,

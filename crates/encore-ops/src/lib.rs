@@ -64,6 +64,6 @@ mod ops;
 pub mod wgsl;
 
 pub use args::CpuArg;
-pub use dtype::DType;
+pub use dtype::{DType, WeightTypes};
 pub use kernels::KernelSet;
 pub use ops::{Ops, Weight};

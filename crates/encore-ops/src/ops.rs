@@ -15,6 +15,7 @@
 use encore::graph::passes::FusionPattern;
 use encore::{Buffer, Device, Encoder, Error, Kernel, KernelDef, Result};
 
+use crate::dtype::WeightTypes;
 use crate::kernels::advance::AdvanceArgs;
 use crate::kernels::argmax::{self, ArgmaxArgs};
 use crate::kernels::attention::{self, AttnArgs, KvArgs};
@@ -137,6 +138,7 @@ impl Slot {
 pub struct Ops {
     device: Device,
     kernels: KernelSet,
+    types: WeightTypes,
     rms_norm: Slot,
     matmul: Slot,
     gemm: Slot,
@@ -169,12 +171,24 @@ impl Ops {
     /// device's backend implements. One it does not implement fails when
     /// its op is dispatched, so a backend can be brought up one op at a time.
     pub fn new(device: &Device, kernels: KernelSet) -> Result<Ops> {
+        Ops::for_weight_types(device, kernels, WeightTypes::ALL)
+    }
+
+    /// [`Ops::new`] with the products of weights built for the types
+    /// `types` alone: a model's few types compile in a fraction of the time
+    /// of every type's code. A product of another type is refused when it
+    /// is dispatched, with an error naming the types these ops were built for.
+    pub fn for_weight_types(
+        device: &Device,
+        kernels: KernelSet,
+        types: WeightTypes,
+    ) -> Result<Ops> {
+        let defs = kernels.defs_for(types);
         // Every kernel of the set compiles at once first, into the device's
         // kernel cache, where the loads below find it: a backend that
         // compiles from source then takes its slowest kernel's time, not
         // the sum of all.
-        crate::kernels::load_all(device, &[kernels])?;
-        let defs = kernels.defs();
+        crate::kernels::load_defs(device, defs.clone().all())?;
         // A kernel the exact set lacks on a backend is named as the exact
         // set's, so the error says which set to leave.
         let set = |mut slot: Slot| {
@@ -188,6 +202,7 @@ impl Ops {
         Ok(Ops {
             device: device.clone(),
             kernels,
+            types,
             rms_norm: load(defs.rms_norm)?,
             matmul: load(defs.matmul)?,
             gemm: optional(defs.gemm)?,
@@ -218,6 +233,27 @@ impl Ops {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The weight types these ops' products are built for.
+    pub fn weight_types(&self) -> WeightTypes {
+        self.types
+    }
+
+    /// Refuses a product of `w` where these ops were built for other types.
+    fn check_type(&self, w: &Weight, label: &str) -> Result<()> {
+        if self.types.contains(w.dtype) {
+            return Ok(());
+        }
+        Err(invalid(
+            "matmul",
+            label,
+            format!(
+                "weights of type {} reach kernels built for the types {} alone",
+                w.dtype.name(),
+                self.types.names().join(", ")
+            ),
+        ))
     }
 
     /// The kernel set these are.
@@ -320,6 +356,7 @@ impl Ops {
         rows: usize,
         label: &'static str,
     ) -> Result<()> {
+        self.check_type(w, label)?;
         let args = matmul_args(w, x, y, rows)?;
         let kernel = match &self.gemm.kernel {
             Some(gemm) if rows >= gemm::GEMM_MIN_ROWS => gemm,
@@ -469,6 +506,7 @@ impl Ops {
         tiled: bool,
         label: &'static str,
     ) -> Result<()> {
+        self.check_type(w, label)?;
         let args = matmul_args(w, x, y, rows)?;
         let kernel = match &self.gemm.kernel {
             Some(gemm) if tiled => gemm,
@@ -831,6 +869,45 @@ mod tests {
             all > exact.all_fusion_patterns().len(),
             "exact leaves out attention_step"
         );
+        Ok(())
+    }
+
+    /// Ops built for some weight types refuse a product of another type
+    /// with an error naming both, and compute the types they were built for.
+    #[test]
+    fn products_of_a_type_left_out_are_refused() -> Result<()> {
+        let device = Device::cpu()?;
+        let ops = Ops::for_weight_types(
+            &device,
+            KernelSet::Default,
+            WeightTypes::of([DType::F32, DType::Q4_K]),
+        )?;
+        let (n, k) = (4, 256);
+        let x = device.buffer_from(&vec![0.5f32; k])?;
+        let y = device.alloc(n * 4)?;
+        let weight = |dtype: DType, bytes: usize| -> Result<Weight> {
+            Ok(Weight {
+                buffer: device.buffer_from(&vec![0x11u8; bytes])?,
+                dtype,
+                n,
+                k,
+            })
+        };
+        let q6 = weight(DType::Q6_K, n * 210)?;
+        let mut enc = device.encoder();
+        let err = ops
+            .matmul(&mut enc, &q6, &x, &y, 1, "head")
+            .expect_err("a Q6_K product on ops built for F32 and Q4_K");
+        let text = err.to_string();
+        assert!(
+            text.contains("Q6_K") && text.contains("F32, Q4_K"),
+            "{text}"
+        );
+        let err = ops.matmul_rows(&mut enc, &q6, &x, &y, 1, false, "head");
+        assert!(err.is_err(), "the paged product refuses it too");
+        let q4 = weight(DType::Q4_K, n * 144)?;
+        ops.matmul(&mut enc, &q4, &x, &y, 1, "ffn")?;
+        enc.commit()?.wait()?;
         Ok(())
     }
 }

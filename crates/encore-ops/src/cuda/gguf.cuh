@@ -49,9 +49,11 @@ __device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
 
 // Which ggml types a kernel carries code for: every type, unless compiled
 // with ENCORE_TYPE_MASK (bit t for type t), as a variant specialized for a
-// shape is, with its weights' types. A dispatch on the type writes each case
-// as `GGML_CASE(GGML_Q4_K) statement`: for a type left out, the case leaves
-// the switch without running the statement, and the compiler drops that
+// shape is, with its weights' types, and a generic kernel built for one
+// model's types. A dispatch on the type writes each case as
+// `GGML_CASE(GGML_Q4_K) statement`: for a type left out, the case traps
+// instead of running the statement (a device error, never a silent zero:
+// the launch side refuses such a type first), and the compiler drops that
 // type's code. Without the mask, NVRTC optimizes the code of every type
 // before the shape's constants fold the dispatch away, which costs most of
 // a specialized variant's compile time.
@@ -59,7 +61,7 @@ __device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
 #define ENCORE_TYPE_MASK 0xffffffffu
 #endif
 #define GGML_USES(t) ((ENCORE_TYPE_MASK >> (t)) & 1u)
-#define GGML_CASE(t) case t: if (!GGML_USES(t)) break; else
+#define GGML_CASE(t) case t: if (!GGML_USES(t)) __trap(); else
 
 // Q5_0, Q5_1, IQ4_NL and the super-block types (quant_codes.cuh).
 __device__ __forceinline__ bool ggml_coded(unsigned int dtype) {

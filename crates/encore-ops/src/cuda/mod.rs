@@ -85,6 +85,15 @@ fn type_mask_options(types: &[u32]) -> Vec<String> {
     vec![format!("--define-macro=ENCORE_TYPE_MASK={mask:#x}u")]
 }
 
+/// The compile option that narrows a generic product kernel to the weight
+/// types `types` (`ENCORE_TYPE_MASK`, as a variant's); `None` for every
+/// type. A type left out traps if it reaches the kernel (gguf.cuh); the
+/// ops refuse it before that ([`crate::Ops::for_weight_types`]).
+pub(crate) fn types_option(types: crate::dtype::WeightTypes) -> Option<String> {
+    (types != crate::dtype::WeightTypes::ALL)
+        .then(|| format!("--define-macro=ENCORE_TYPE_MASK={:#x}u", types.mask()))
+}
+
 /// [`encore::KernelDef::variant_options`] of `matmul` and `matmul_rows`:
 /// the weights' type.
 pub(crate) fn matmul_variant_options(value: &[u8]) -> Vec<String> {

@@ -211,7 +211,7 @@ __device__ __forceinline__ void quant_pass_first(unsigned int dtype, const unsig
         GGML_CASE(GGML_Q4_0) quant_pass_first_of<GGML_Q4_0, N>(rows, g, k, lane, w, dtype); return;
         GGML_CASE(GGML_Q8_0) quant_pass_first_of<GGML_Q8_0, N>(rows, g, k, lane, w, dtype); return;
         case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL:
-            if (!GGML_USES_CODED32) break;
+            if (!GGML_USES_CODED32) __trap();
             quant_pass_first_of<GGML_CODED32, N>(rows, g, k, lane, w, dtype);
             return;
         default: return;
@@ -450,7 +450,7 @@ __device__ __forceinline__ void dot_cols(unsigned int dtype, const unsigned char
         GGML_CASE(GGML_Q4_0) dot_cols_quant<GGML_Q4_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
         GGML_CASE(GGML_Q8_0) dot_cols_quant<GGML_Q8_0, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype); return;
         case GGML_Q5_0: case GGML_Q5_1: case GGML_IQ4_NL:
-            if (!GGML_USES_CODED32) break;
+            if (!GGML_USES_CODED32) __trap();
             dot_cols_quant<GGML_CODED32, NORM, N>(rows, x, g, k, eps, lane, x16, out, first, dtype);
             return;
         GGML_CASE(GGML_Q2_K) dot_cols_super<GGML_Q2_K, NORM, N>(rows, x, g, k, eps, lane, out); return;

@@ -24,6 +24,7 @@ pub mod paged;
 pub mod prefill_attention;
 pub mod rope;
 
+use crate::dtype::WeightTypes;
 use encore::KernelDef;
 
 /// Which version of the kernels [`crate::Ops`] loads.
@@ -44,6 +45,7 @@ pub enum KernelSet {
 
 /// The definitions of one [`KernelSet`], one per slot of [`crate::Ops`];
 /// `None` where the set leaves a kernel out.
+#[derive(Clone)]
 pub struct KernelDefs {
     pub rms_norm: KernelDef,
     pub matmul: KernelDef,
@@ -80,13 +82,23 @@ pub struct KernelDefs {
 }
 
 impl KernelSet {
-    /// Every definition of this set.
+    /// Every definition of this set, for weights of every type.
     pub fn defs(self) -> KernelDefs {
+        self.defs_for(WeightTypes::ALL)
+    }
+
+    /// Every definition of this set, the products of weights built for the
+    /// weight types `types` alone (see [`WeightTypes`]).
+    pub fn defs_for(self, types: WeightTypes) -> KernelDefs {
         let exact = self == KernelSet::Exact;
+        let narrow = |def: KernelDef| match crate::cuda::types_option(types) {
+            Some(option) => def.option(option),
+            None => def,
+        };
         KernelDefs {
             rms_norm: norm::def(),
-            matmul: matmul::def(exact),
-            gemm: (!exact).then(gemm::def),
+            matmul: narrow(matmul::def(exact)),
+            gemm: (!exact).then(|| narrow(gemm::def())),
             rope: rope::def(),
             rope_store: rope::rope_store_def(),
             kv_store: attention::kv_store_def(),
@@ -105,13 +117,13 @@ impl KernelSet {
             embed: embed::def(),
             argmax: argmax::def(),
             advance: advance::def(),
-            fused_matmul: fused::def(exact),
-            matmul_rows: paged::matmul_rows_def(exact),
+            fused_matmul: narrow(fused::def(exact)),
+            matmul_rows: narrow(paged::matmul_rows_def(exact)),
             rope_rows: paged::rope_rows_def(),
             kv_store_paged: paged::kv_store_paged_def(),
             attention_paged: paged::attention_paged_def(),
             argmax_rows: paged::argmax_rows_def(),
-            fused_matmul_rows: fused::rows_def(exact),
+            fused_matmul_rows: narrow(fused::rows_def(exact)),
             attention_step_paged: (!exact).then(paged::attention_step_paged_def),
         }
     }
@@ -124,8 +136,12 @@ impl KernelSet {
 /// processes that open several devices or kernel sets. Returns how many
 /// distinct kernels were loaded.
 pub fn load_all(device: &encore::Device, sets: &[KernelSet]) -> encore::Result<usize> {
+    load_defs(device, sets.iter().flat_map(|s| s.defs().all()).collect())
+}
+
+/// [`load_all`] of the definitions `all`.
+pub(crate) fn load_defs(device: &encore::Device, all: Vec<KernelDef>) -> encore::Result<usize> {
     let backend = device.kind();
-    let all: Vec<KernelDef> = sets.iter().flat_map(|s| s.defs().all()).collect();
     // Two definitions are one kernel when name, options and code agree.
     let mut seen = std::collections::HashSet::new();
     let defs: Vec<&KernelDef> = all

@@ -60,6 +60,15 @@ impl Implementation {
     }
 }
 
+/// The macro a compile option defines (`--define-macro=NAME=...` or
+/// `-DNAME=...`), if it defines one.
+fn macro_name(option: &str) -> Option<&str> {
+    let body = option
+        .strip_prefix("--define-macro=")
+        .or_else(|| option.strip_prefix("-D"))?;
+    Some(body.split('=').next().unwrap_or(body))
+}
+
 /// A kernel's definition: its name, the operation it performs (used by graph
 /// fusion patterns) and a table of implementations, one per backend.
 #[derive(Clone)]
@@ -252,11 +261,26 @@ impl KernelDef {
                 false => format!("{:#x}u", u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
             })
             .collect();
-        // Specializing a variant again replaces its value and what it derived.
+        // Specializing a variant again replaces its value and what it
+        // derived; a macro the value defines replaces the definition's own
+        // (a generic kernel narrowed to some weight types, say, gives way
+        // to the variant's one type).
         let mut def = self.clone();
-        def.options
-            .retain(|o| !o.starts_with(VALUE_WORDS_OPTION) && !self.derived_options.contains(o));
         def.derived_options = self.variant_options.map(|f| f(value)).unwrap_or_default();
+        let redefined = |o: &String| {
+            macro_name(o)
+                .is_some_and(|m| def.derived_options.iter().any(|d| macro_name(d) == Some(m)))
+        };
+        def.options = self
+            .options
+            .iter()
+            .filter(|o| {
+                !o.starts_with(VALUE_WORDS_OPTION)
+                    && !self.derived_options.contains(o)
+                    && !redefined(o)
+            })
+            .cloned()
+            .collect();
         def.options.extend(def.derived_options.iter().cloned());
         Some(def.option(format!("{VALUE_WORDS_OPTION}{{{}}}", words.join(","))))
     }
@@ -468,6 +492,31 @@ mod tests {
         let b = variant(&a, [576, 14]);
         assert_eq!(b.options(), variant(&derived, [576, 14]).options());
         assert!(!b.options().iter().any(|o| o.contains("=12")));
+    }
+
+    #[test]
+    fn a_macro_the_value_derives_replaces_the_definitions_own() {
+        let derived = def()
+            .option("--define-macro=TYPES=0x5000u")
+            .option("--use_fast_math")
+            .variant_options(|v| vec![format!("--define-macro=TYPES={}", v[v.len() - 4])]);
+        let v = derived
+            .specialized(bytemuck::cast_slice(&[576u32, 12]))
+            .unwrap();
+        assert_eq!(
+            v.options(),
+            [
+                "--use_fast_math",
+                "--define-macro=TYPES=12",
+                "--define-macro=ENCORE_VALUE_WORDS={0x240u,0xcu}"
+            ]
+        );
+        // A value that derives nothing keeps the definition's own.
+        let none = def()
+            .option("--define-macro=TYPES=0x5000u")
+            .variant_options(|_| Vec::new());
+        let v = none.specialized(bytemuck::cast_slice(&[576u32])).unwrap();
+        assert_eq!(v.options()[0], "--define-macro=TYPES=0x5000u");
     }
 
     #[test]
