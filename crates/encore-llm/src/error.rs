@@ -1,7 +1,8 @@
-//! The engine's error type.
+//! The engine's error type, and the [`Pass`] it names when logits are not
+//! finite: kept here, below every module that returns them, so that the
+//! error depends on no part of the engine.
 
 use crate::gguf::GgufError;
-use crate::session::Pass;
 
 /// Anything that can go wrong loading a model or generating text.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,26 @@ fn found(sha256: Option<&str>, size: u64, expected_size: u64) -> String {
     match sha256 {
         Some(sha256) => format!("sha256 {sha256} and {size} bytes"),
         None => format!("more than {expected_size} bytes"),
+    }
+}
+
+/// Which forward pass produced logits that were not finite
+/// ([`LlmError::NonFinite`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// The prompt's batched pass ([`Session::prefill`](crate::Session::prefill)).
+    Prefill,
+    /// One decode step ([`Session::step`](crate::Session::step),
+    /// [`Session::decode_greedy`](crate::Session::decode_greedy)).
+    Decode,
+}
+
+impl std::fmt::Display for Pass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Pass::Prefill => "prefill",
+            Pass::Decode => "decode step",
+        })
     }
 }
 

@@ -30,27 +30,9 @@ use std::sync::Arc;
 
 use encore::{Buffer, GraphCache, GraphExec, Params};
 
+pub use crate::error::Pass;
 use crate::error::{LlmError, Result};
 use crate::model::{Activations, LayerCache, Model};
-
-/// Which forward pass produced logits that were not finite
-/// ([`LlmError::NonFinite`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
-    /// The prompt's batched pass ([`Session::prefill`]).
-    Prefill,
-    /// One decode step ([`Session::step`], [`Session::decode_greedy`]).
-    Decode,
-}
-
-impl std::fmt::Display for Pass {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Pass::Prefill => "prefill",
-            Pass::Decode => "decode step",
-        })
-    }
-}
 
 /// Whether every value is finite. Written as a reduction without an early
 /// exit so that it vectorizes: a pass over the logits costs about as much
