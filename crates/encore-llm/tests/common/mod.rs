@@ -6,6 +6,6 @@ use std::path::PathBuf;
 
 /// The file of the catalog model `name`, fetched (and verified) on first use.
 pub fn catalog_model(name: &str) -> PathBuf {
-    encore_llm::catalog::resolve(Some(OsStr::new(name)), |p| eprintln!("{name}: {p:?}"))
+    encore_llm::fetch::resolve(Some(OsStr::new(name)), |p| eprintln!("{name}: {p:?}"))
         .unwrap_or_else(|e| panic!("fetching {name}: {e}"))
 }
