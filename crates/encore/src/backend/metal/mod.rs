@@ -70,6 +70,8 @@ pub(crate) mod plan;
 #[cfg(target_vendor = "apple")]
 mod device;
 #[cfg(target_vendor = "apple")]
+mod shared;
+#[cfg(target_vendor = "apple")]
 mod submit;
 
 #[cfg(target_vendor = "apple")]

@@ -15,10 +15,10 @@ use objc2_metal::{
     MTLCounterSampleBufferDescriptor, MTLDevice, MTLDispatchType, MTLSize, MTLStorageMode,
 };
 
-use super::device::{
+use super::msl::{self, ARGS_INDEX, SIZES_INDEX};
+use super::shared::{
     command_error, Buffer, CommandBuffer, Held, Keep, Pipeline, PipelineState, Sendable, Shared,
 };
-use super::msl::{self, ARGS_INDEX, SIZES_INDEX};
 use super::{plan, BIND_ALIGN};
 use crate::backend::wgsl::ArgBlocks;
 use crate::backend::{BackendSubmission, Executable, Timing};
