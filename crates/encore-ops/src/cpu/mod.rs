@@ -71,6 +71,7 @@ mod kquant;
 mod matmul;
 mod quant;
 mod simd;
+mod tasks;
 
 pub use dot::{dot_f32, dot_q8, dot_q8_k};
 pub use kquant::{quantize_row_q8_k, BlockQ8K, IQ4_LEVELS};

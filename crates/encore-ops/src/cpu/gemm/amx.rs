@@ -216,7 +216,7 @@ pub(crate) fn multiply(
     with_activations(|acts| {
         acts.pack(x, offsets);
         let row_bytes = weights.len().checked_div(rows).unwrap_or(0);
-        super::super::matmul::for_each_task(weights, row_bytes, m, y, |w, out| {
+        super::super::tasks::for_each_task(weights, row_bytes, m, y, |w, out| {
             with_scratch(&WEIGHTS, |unpacked| {
                 // SAFETY: AMX is granted (the proof); `acts` holds the
                 // activations of `out`'s rows; AMX CPUs have AVX-512.

@@ -195,7 +195,7 @@ fn multiply_vnni(
         unsafe { pack_activations(x, acts) };
         let acts = &*acts;
         let row_bytes = weights.len().checked_div(rows).unwrap_or(0);
-        super::matmul::for_each_task(weights, row_bytes, m, y, |w, out| {
+        super::tasks::for_each_task(weights, row_bytes, m, y, |w, out| {
             with_scratch(&WEIGHTS, |unpacked| {
                 // SAFETY: as above.
                 unsafe { multiply_task(dtype, w, row_bytes, acts, unpacked, out) }
