@@ -2,8 +2,9 @@
 //!
 //! The port is bound first, then the model is loaded and warmed behind it:
 //! `/health` answers 503 until then, 200 after. Ctrl-C or SIGTERM stops
-//! accepting requests, lets running ones finish (cutting them after
-//! [`encore_serve::SHUTDOWN_GRACE`]) and exits 0.
+//! accepting requests, answers waiting ones 503, lets running ones finish
+//! (cutting them after `--shutdown-grace`) and exits 0; a device error
+//! does the same but exits 1, so a supervisor replaces the process.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,6 +38,85 @@ pub struct ServeArgs {
     /// min(ctx-size, 1024), at least ctx-size].
     #[arg(long, value_parser = count, allow_negative_numbers = true)]
     kv_size: Option<usize>,
+    /// Requests that may wait for a free slot; more are answered 503 with
+    /// Retry-After.
+    #[arg(long, default_value_t = 256, value_parser = count, allow_negative_numbers = true)]
+    max_queue: usize,
+    /// Client connections open at once; more are answered 503 and closed.
+    #[arg(long, default_value_t = 512, value_parser = count, allow_negative_numbers = true)]
+    max_connections: usize,
+    /// Largest request body in bytes; larger ones are answered 413.
+    #[arg(long, default_value_t = 4 << 20, value_parser = count, allow_negative_numbers = true)]
+    max_body_bytes: usize,
+    /// Seconds a connection has to send a request's headers (from its
+    /// opening or its previous answer's end).
+    #[arg(long, default_value_t = 10.0, value_parser = seconds, allow_negative_numbers = true)]
+    header_timeout: f64,
+    /// Seconds a silent keep-alive connection with no request running stays
+    /// open.
+    #[arg(long, default_value_t = 5.0, value_parser = seconds, allow_negative_numbers = true)]
+    idle_timeout: f64,
+    /// Seconds a request body has to arrive (else 408), and that a client
+    /// may leave an answer unread before its connection is dropped.
+    #[arg(long, default_value_t = 30.0, value_parser = seconds, allow_negative_numbers = true)]
+    body_timeout: f64,
+    /// Seconds a request may take to its last token; past it the request is
+    /// cancelled and answered 504. A request may ask for less with the
+    /// X-Request-Timeout header [default: no limit].
+    #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
+    request_timeout: Option<f64>,
+    /// Seconds running requests may go on after SIGTERM or Ctrl-C before
+    /// they are cut.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds, allow_negative_numbers = true)]
+    shutdown_grace: f64,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long, conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the key --api-key would give from a file (its first line).
+    #[arg(long)]
+    api_key_file: Option<std::path::PathBuf>,
+    /// Fail the scheduler's step with this number (counting from 0; the
+    /// warm-up request runs the first few) as a device error would, for
+    /// tests of fault handling.
+    #[arg(long, hide = true)]
+    inject_fault_at_step: Option<u64>,
+}
+
+/// Parses a duration flag in seconds: a finite number above 0.
+fn seconds(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 1e9)
+        .ok_or_else(|| "expected a number of seconds above 0".to_string())
+}
+
+/// The server's limits from the flags.
+fn limits(a: &ServeArgs) -> Result<encore_serve::Limits, String> {
+    let key = match (&a.api_key, &a.api_key_file) {
+        (Some(key), _) => Some(key.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--api-key-file {}: {e}", path.display()))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_string())
+        }
+        (None, None) => None,
+    };
+    if key.as_ref().is_some_and(String::is_empty) {
+        return Err("--api-key: the key is empty".into());
+    }
+    let secs = std::time::Duration::from_secs_f64;
+    Ok(encore_serve::Limits {
+        max_body_bytes: a.max_body_bytes,
+        header_timeout: secs(a.header_timeout),
+        idle_timeout: secs(a.idle_timeout),
+        body_timeout: secs(a.body_timeout),
+        max_connections: a.max_connections,
+        max_queue: a.max_queue,
+        request_timeout: a.request_timeout.map(secs),
+        api_key: key,
+        shutdown_grace: secs(a.shutdown_grace),
+        ..encore_serve::Limits::default()
+    })
 }
 
 /// The id requests use for the model: the catalog name, or a file's stem.
@@ -52,6 +132,8 @@ fn model_id(args: &ModelArgs) -> String {
 
 pub fn run(a: ServeArgs) -> CliResult {
     in_range("--parallel", a.parallel, 1, 1024, "")?;
+    in_range("--max-connections", a.max_connections, 1, 1 << 20, "")?;
+    in_range("--max-body-bytes", a.max_body_bytes, 1, 1 << 30, "")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -67,7 +149,15 @@ async fn serve(a: ServeArgs) -> CliResult {
     let bound = listener
         .local_addr()
         .map_err(|e| format!("listening on {address}: {e}"))?;
-    let state = encore_serve::State::new(&model_id(&a.model));
+    let limits = limits(&a)?;
+    if limits.api_key.is_none() && !bound.ip().is_loopback() {
+        to_stderr(&format!(
+            "warning: listening on {} without an API key: anyone who can reach it may use it \
+             (give --api-key or --api-key-file)\n",
+            bound.ip()
+        ));
+    }
+    let state = encore_serve::State::new(&model_id(&a.model), limits);
     to_stderr(&format!(
         "encore: listening on http://{bound} (model `{}`; /health is ready once it is loaded)\n",
         state.model_id
@@ -83,9 +173,13 @@ async fn serve(a: ServeArgs) -> CliResult {
             loading.fail(e);
         }
     });
-    encore_serve::serve(listener, state, encore_serve::shutdown_signal())
+    encore_serve::serve(listener, state.clone(), encore_serve::shutdown_signal())
         .await
         .map_err(|e| format!("serving: {e}"))?;
+    if state.faulted() {
+        let message = "a device error made the server unhealthy; it stopped after draining";
+        return Err(message.to_string().into());
+    }
     to_stderr("encore: stopped\n");
     Ok(())
 }
@@ -112,6 +206,7 @@ fn start(a: &ServeArgs) -> Result<(Arc<Engine>, Arc<Scheduler>), String> {
     if let Some(kv) = a.kv_size {
         config.kv_positions = kv;
     }
+    config.fault_at_step = a.inject_fault_at_step;
     let scheduler = Scheduler::start(engine.clone(), config).map_err(|e| e.to_string())?;
     let warm = engine
         .prompt_tokens("Hello", true)

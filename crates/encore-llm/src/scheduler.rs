@@ -52,6 +52,9 @@ pub struct SchedulerConfig {
     pub chunk: usize,
     /// Replay recorded decode graphs (else encode every step).
     pub graphs: bool,
+    /// Fails the step with this number (counting from 0) as a device error
+    /// would: a hook for tests of how a server handles faults.
+    pub fault_at_step: Option<u64>,
 }
 
 impl SchedulerConfig {
@@ -66,6 +69,7 @@ impl SchedulerConfig {
             block_size: 16,
             chunk: 256,
             graphs: true,
+            fault_at_step: None,
         }
     }
 
@@ -98,8 +102,11 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens`, or the context is full.
     Length,
-    /// The client went away, or the server is shutting down.
+    /// The requester cancelled it (a client that went away).
     Cancelled,
+    /// The scheduler shut down before the generation ended: the answer is
+    /// cut, or, for a request that generated nothing, never started.
+    Shutdown,
 }
 
 impl From<StopReason> for FinishReason {
@@ -203,6 +210,8 @@ pub struct Metrics {
     pub cached_prompt_tokens: AtomicU64,
     pub preemptions: AtomicU64,
     pub steps: AtomicU64,
+    /// Steps that failed with a device error (each fails its sequences).
+    pub device_errors: AtomicU64,
     /// Requests waiting to be admitted.
     pub queue_depth: AtomicU64,
     /// Sequences in the running batch.
@@ -223,6 +232,7 @@ impl Metrics {
             cached_prompt_tokens: z(),
             preemptions: z(),
             steps: z(),
+            device_errors: z(),
             queue_depth: z(),
             running: z(),
             kv_blocks_used: z(),
@@ -244,6 +254,7 @@ pub struct Scheduler {
     metrics: Arc<Metrics>,
     thread: Mutex<Option<JoinHandle<()>>>,
     ctx_size: usize,
+    parallel: usize,
     vocab: usize,
 }
 
@@ -270,6 +281,7 @@ impl Scheduler {
         let vocab = engine.model().config.vocab;
         let m = metrics.clone();
         let ctx_size = config.ctx_size;
+        let parallel = config.parallel;
         let thread = std::thread::Builder::new()
             .name("encore-scheduler".into())
             .spawn(move || {
@@ -282,6 +294,7 @@ impl Scheduler {
             metrics,
             thread: Mutex::new(Some(thread)),
             ctx_size,
+            parallel,
             vocab,
         })
     }
@@ -293,6 +306,11 @@ impl Scheduler {
     /// Positions one sequence may use.
     pub fn ctx_size(&self) -> usize {
         self.ctx_size
+    }
+
+    /// Sequences generating at once; more wait in the queue.
+    pub fn parallel(&self) -> usize {
+        self.parallel
     }
 
     /// Queues a request. A prompt that is empty, holds a token outside the
@@ -462,6 +480,7 @@ impl<'e> Loop<'e> {
                     Ok(Msg::Shutdown(grace)) => {
                         open = false;
                         self.deadline = Some(Instant::now() + grace);
+                        self.end_unstarted();
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
@@ -470,12 +489,17 @@ impl<'e> Loop<'e> {
                     }
                 }
             }
+            self.drop_cancelled();
             if self.deadline.is_some_and(|d| Instant::now() >= d) {
-                for s in self.waiting.iter_mut().chain(self.running.iter_mut()) {
-                    s.req.cancel.store(true, Ordering::Relaxed);
+                let cut: Vec<_> = self
+                    .waiting
+                    .drain(..)
+                    .chain(self.running.drain(..))
+                    .collect();
+                for s in cut {
+                    self.finish(s, FinishReason::Shutdown);
                 }
             }
-            self.drop_cancelled();
             self.admit();
             self.publish();
             if self.running.is_empty() {
@@ -486,10 +510,18 @@ impl<'e> Loop<'e> {
                     continue;
                 }
             }
-            if let Err(e) = self.step() {
+            let fault =
+                self.config.fault_at_step == Some(self.metrics.steps.load(Ordering::Relaxed));
+            let result = if fault {
+                Err(LlmError::Request("a fault injected for a test".into()))
+            } else {
+                self.step()
+            };
+            if let Err(e) = result {
                 // A failed step fails every running sequence; the device
                 // may be unusable, which the next requests will hear.
-                let message = e.to_string();
+                self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
+                let message = format!("device error: {e}");
                 for s in std::mem::take(&mut self.running) {
                     self.fail(s, message.clone());
                 }
@@ -515,7 +547,8 @@ impl<'e> Loop<'e> {
     fn finish(&mut self, mut s: Seq<'e>, reason: FinishReason) {
         let completion_tokens = s.generated();
         let rest = s.stepper.finish();
-        if reason != FinishReason::Cancelled && !rest.is_empty() {
+        let cut = matches!(reason, FinishReason::Cancelled | FinishReason::Shutdown);
+        if !cut && !rest.is_empty() {
             s.req.send(Event::Text(rest));
         }
         self.pool.release(&s.table);
@@ -531,6 +564,18 @@ impl<'e> Loop<'e> {
     fn fail(&mut self, mut s: Seq<'e>, message: String) {
         s.req.send(Event::Error(message));
         self.pool.release(&s.table);
+    }
+
+    /// Ends the waiting sequences that have generated nothing yet: at a
+    /// shutdown they are refused rather than started.
+    fn end_unstarted(&mut self) {
+        let (gone, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|s| s.generated() == 0);
+        self.waiting = kept;
+        for s in gone {
+            self.finish(s, FinishReason::Shutdown);
+        }
     }
 
     fn drop_cancelled(&mut self) {

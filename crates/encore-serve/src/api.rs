@@ -2,8 +2,10 @@
 //! their translation into scheduler requests.
 //!
 //! Fields Encore does not know are ignored, as OpenAI's own server ignores
-//! unknown ones; known fields whose values Encore cannot honour (`n` above
-//! 1, `logprobs`, tools) are refused with a message that names them.
+//! unknown ones; OpenAI's fields whose values Encore cannot honour (`n` or
+//! `best_of` above 1, `logprobs`, tools, `response_format` other than
+//! text, `logit_bias`, ...) are refused with a 400 that names them, so a
+//! client never takes an answer for one it did not ask for.
 
 use serde::Deserialize;
 
@@ -68,6 +70,108 @@ pub struct Sampling {
     pub stream_options: Option<StreamOptions>,
     /// llama.cpp's extension: generate past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// OpenAI's fields Encore does not implement: refused unless absent or
+    /// set to what Encore does anyway ([`Unimplemented::check`]).
+    #[serde(flatten)]
+    pub unimplemented: Unimplemented,
+}
+
+/// OpenAI's request fields that Encore does not implement.
+#[derive(Debug, Default, Deserialize)]
+pub struct Unimplemented {
+    pub response_format: Option<serde_json::Value>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub best_of: Option<serde_json::Value>,
+    pub logit_bias: Option<serde_json::Value>,
+    pub top_logprobs: Option<serde_json::Value>,
+    pub functions: Option<serde_json::Value>,
+    pub function_call: Option<serde_json::Value>,
+    pub modalities: Option<serde_json::Value>,
+    pub audio: Option<serde_json::Value>,
+    pub prediction: Option<serde_json::Value>,
+}
+
+impl Unimplemented {
+    /// Refuses the first field set to something Encore would not do.
+    pub fn check(&self) -> Result<(), ApiError> {
+        use serde_json::Value;
+        fn given(v: &Option<Value>) -> Option<&Value> {
+            v.as_ref().filter(|v| !v.is_null())
+        }
+        let fields: [(&str, &Option<Value>, fn(&Value) -> bool, &str); 10] = [
+            (
+                "response_format",
+                &self.response_format,
+                |v| v.get("type").and_then(Value::as_str) == Some("text"),
+                "only {\"type\": \"text\"}",
+            ),
+            (
+                "tool_choice",
+                &self.tool_choice,
+                |v| v.as_str() == Some("none"),
+                "only \"none\" (tool calling is not supported)",
+            ),
+            (
+                "best_of",
+                &self.best_of,
+                |v| v.as_i64() == Some(1),
+                "only 1",
+            ),
+            (
+                "logit_bias",
+                &self.logit_bias,
+                |v| v.as_object().is_some_and(|o| o.is_empty()),
+                "only an empty map",
+            ),
+            (
+                "top_logprobs",
+                &self.top_logprobs,
+                |v| v.as_i64() == Some(0),
+                "only 0 (log probabilities are not supported)",
+            ),
+            (
+                "functions",
+                &self.functions,
+                |_| false,
+                "function calling is not supported",
+            ),
+            (
+                "function_call",
+                &self.function_call,
+                |v| v.as_str() == Some("none"),
+                "function calling is not supported",
+            ),
+            (
+                "modalities",
+                &self.modalities,
+                |v| v == &serde_json::json!(["text"]),
+                "only [\"text\"]",
+            ),
+            (
+                "audio",
+                &self.audio,
+                |_| false,
+                "audio output is not supported",
+            ),
+            (
+                "prediction",
+                &self.prediction,
+                |_| false,
+                "predicted outputs are not supported",
+            ),
+        ];
+        for (name, value, honoured, what) in fields {
+            if let Some(v) = given(value) {
+                if !honoured(v) {
+                    return Err(ApiError::bad_request(
+                        format!("{name} = {v} is not supported: {what}"),
+                        Some(name),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +227,7 @@ impl Sampling {
     /// Checks the fields and fills a sampler (OpenAI's defaults where a
     /// field is absent: temperature 1, no top-p cut).
     pub fn settings(&self) -> Result<Settings, ApiError> {
+        self.unimplemented.check()?;
         if let Some(n) = self.n {
             if n != 1 {
                 return Err(unsupported("n", &format!("n = {n} (only n = 1)")));

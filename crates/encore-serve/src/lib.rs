@@ -1,10 +1,11 @@
-//! Encore's OpenAI-compatible HTTP server, on axum and tokio, over the
-//! continuous-batching [`Scheduler`].
+//! Encore's OpenAI-compatible HTTP server, on axum, hyper and tokio, over
+//! the continuous-batching [`Scheduler`].
 //!
 //! Routes: `GET /v1/models`, `POST /v1/chat/completions`, `POST
 //! /v1/completions` (both streaming as server-sent events when asked),
-//! `GET /health` (200 once the model is loaded and warmed, 503 before) and
-//! `GET /metrics` (Prometheus text).
+//! `GET /health` (200 once the model is loaded and warmed, 503 before,
+//! while stopping and after a device error) and `GET /metrics`
+//! (Prometheus text).
 //!
 //! The server binds first and loads the model behind it ([`State::ready`]),
 //! so a load balancer sees it come up and waits for `/health`. It keeps no
@@ -12,12 +13,20 @@
 //! any HTTP load balancer. A client that disconnects cancels its request,
 //! which frees its KV blocks at the scheduler's next step.
 //!
+//! Every resource a client can hold is bounded ([`Limits`]): connections,
+//! the time to send headers, to send a body and to read an answer, idle
+//! keep-alive time, body and header sizes, waiting requests, concurrent
+//! tokenization, and (when asked) a request's time to answer. Every
+//! answer is honest: a cut answer ends with an error, never with a
+//! `finish_reason`, and every error is in OpenAI's JSON shape
+//! ([`ApiError`]).
+//!
 //! ```no_run
 //! # async fn run(engine: std::sync::Arc<encore_llm::Engine>) -> std::io::Result<()> {
 //! use std::sync::Arc;
 //! use encore_llm::{Scheduler, SchedulerConfig};
 //!
-//! let state = encore_serve::State::new("smollm2-135m");
+//! let state = encore_serve::State::new("smollm2-135m", encore_serve::Limits::default());
 //! let scheduler = Scheduler::start(engine.clone(), SchedulerConfig::new(8, 4096)).expect("start");
 //! state.ready(engine, Arc::new(scheduler));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
@@ -26,12 +35,13 @@
 //! ```
 
 pub mod api;
+mod conn;
 pub mod error;
 mod metrics;
 mod routes;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -39,44 +49,140 @@ use encore_llm::{Engine, Scheduler};
 
 pub use error::ApiError;
 
+/// The bounds the server holds every client to.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request body, in bytes; a larger one gets a 413.
+    pub max_body_bytes: usize,
+    /// Largest request head (the request line and headers), in bytes; a
+    /// larger one gets a 431.
+    pub max_header_bytes: usize,
+    /// Most headers a request may carry; more get a 431.
+    pub max_headers: usize,
+    /// Time a connection has to send a request's headers, from its opening
+    /// or the end of its previous answer.
+    pub header_timeout: Duration,
+    /// A keep-alive connection that is silent this long with no request
+    /// running is closed.
+    pub idle_timeout: Duration,
+    /// Time a request's body has to arrive (else a 408), and the longest a
+    /// client may leave an answer unread before its connection is dropped.
+    pub body_timeout: Duration,
+    /// Connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Requests waiting for a free sequence slot; more get a 503 with
+    /// `Retry-After`.
+    pub max_queue: usize,
+    /// The longest a request may take from its arrival to its last token;
+    /// a request may ask for less with the `X-Request-Timeout` header (in
+    /// seconds). Past it the request is cancelled and answered 504.
+    pub request_timeout: Option<Duration>,
+    /// Prompts tokenized at once (on blocking threads).
+    pub tokenizer_threads: usize,
+    /// The key every route but `/health` requires, as `Authorization:
+    /// Bearer KEY`.
+    pub api_key: Option<String>,
+    /// How long running requests may go on after a shutdown signal before
+    /// they are cut.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_body_bytes: 4 << 20,
+            max_header_bytes: 32 << 10,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            max_queue: 256,
+            request_timeout: None,
+            tokenizer_threads: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .min(4),
+            api_key: None,
+            shutdown_grace: SHUTDOWN_GRACE,
+        }
+    }
+}
+
 /// How long running requests may go on after a shutdown signal before
-/// they are cut.
+/// they are cut, unless [`Limits::shutdown_grace`] says otherwise.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The loaded model and its scheduler.
 pub struct Ready {
+    /// The model, its tokenizer and chat template.
     pub engine: Arc<Engine>,
+    /// The batching loop that runs every request.
     pub scheduler: Arc<Scheduler>,
+    /// The most bytes one token of the vocabulary stands for: a prompt of
+    /// more than `ctx_size` times this many bytes cannot fit the context,
+    /// whatever its tokens.
+    longest_token: usize,
 }
 
 /// Everything the handlers share.
 pub struct State {
     /// The id `/v1/models` lists and requests name.
     pub model_id: String,
+    /// The bounds clients are held to.
+    pub limits: Limits,
     ready: OnceLock<Ready>,
     /// When the server started (Unix seconds), for `/v1/models`.
     created: u64,
-    /// Responses by status class, for `/metrics`.
-    responses: [AtomicU64; 5],
+    counters: metrics::Counters,
     /// A load that failed: `/health` reports it.
     failed: OnceLock<String>,
+    /// Set on a device error: `/health` answers 503, and the server drains
+    /// and stops.
+    faulted: AtomicBool,
+    /// Set once the server stops taking requests.
+    stopping: AtomicBool,
+    /// Wakes the accept loop on a fault.
+    fault: tokio::sync::Notify,
+    /// Bounds the prompts tokenized at once.
+    tokenizers: Arc<tokio::sync::Semaphore>,
 }
 
 impl State {
-    pub fn new(model_id: &str) -> Arc<State> {
+    /// A server for `model_id`, not ready until [`State::ready`].
+    pub fn new(model_id: &str, limits: Limits) -> Arc<State> {
+        let tokenizers = Arc::new(tokio::sync::Semaphore::new(limits.tokenizer_threads.max(1)));
         Arc::new(State {
             model_id: model_id.to_string(),
+            limits,
             ready: OnceLock::new(),
             created: now(),
-            responses: Default::default(),
+            counters: metrics::Counters::default(),
             failed: OnceLock::new(),
+            faulted: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            fault: tokio::sync::Notify::new(),
+            tokenizers,
         })
     }
 
     /// Marks the server ready with the loaded model: requests are served
     /// from here on.
     pub fn ready(&self, engine: Arc<Engine>, scheduler: Arc<Scheduler>) {
-        let _ = self.ready.set(Ready { engine, scheduler });
+        let tokenizer = engine.tokenizer();
+        let longest_token = (0..tokenizer.vocab_size() as u32)
+            .map(|id| {
+                let bytes = tokenizer.token_bytes(id).map_or(0, <[u8]>::len);
+                let text = tokenizer.token_text(id).map_or(0, str::len);
+                bytes.max(text)
+            })
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let _ = self.ready.set(Ready {
+            engine,
+            scheduler,
+            longest_token,
+        });
     }
 
     /// Records that loading failed: `/health` answers 500 with `message`.
@@ -89,9 +195,21 @@ impl State {
         self.ready.get()
     }
 
-    fn count(&self, status: u16) {
-        let class = (status / 100).clamp(1, 5) as usize - 1;
-        self.responses[class].fetch_add(1, Ordering::Relaxed);
+    /// Whether a device error has made the server unhealthy: it drains and
+    /// stops, and its process should exit with a failure.
+    pub fn faulted(&self) -> bool {
+        self.faulted.load(Ordering::Relaxed)
+            || self
+                .get()
+                .is_some_and(|r| r.scheduler.metrics().device_errors.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Marks the server unhealthy and starts its drain.
+    fn fault(&self) {
+        if !self.faulted.swap(true, Ordering::Relaxed) {
+            tracing::error!("a device error: the server is unhealthy and stops");
+        }
+        self.fault.notify_one();
     }
 }
 
@@ -107,31 +225,18 @@ pub fn router(state: Arc<State>) -> axum::Router {
     routes::router(state)
 }
 
-/// Serves `state` on `listener` until `shutdown` completes; then stops
-/// accepting connections, lets running requests finish for up to
-/// [`SHUTDOWN_GRACE`] (cancelling what is left, so every stream ends with
-/// its final chunk), and returns once every connection has closed.
+/// Serves `state` on `listener` until `shutdown` completes or a device
+/// error makes the server unhealthy; then stops accepting connections,
+/// answers waiting requests 503, lets running ones finish for up to
+/// [`Limits::shutdown_grace`] (ending what is left with an error), and
+/// returns once every connection has closed. After a device error
+/// [`State::faulted`] is true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<State>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(state.clone());
-    let on_signal = {
-        let state = state.clone();
-        async move {
-            shutdown.await;
-            tracing::info!("shutting down: no new requests; finishing running ones");
-            if let Some(ready) = state.get() {
-                let scheduler = ready.scheduler.clone();
-                // Blocking: waits for the scheduler's loop to end.
-                tokio::task::spawn_blocking(move || scheduler.shutdown(SHUTDOWN_GRACE));
-            }
-        }
-    };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(on_signal)
-        .await
+    conn::serve(listener, state, shutdown).await
 }
 
 /// Completes on Ctrl-C or SIGTERM.

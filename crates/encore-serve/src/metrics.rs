@@ -1,7 +1,8 @@
-//! `GET /metrics`: the scheduler's counters in Prometheus' text format.
+//! `GET /metrics`: the server's and the scheduler's counters in
+//! Prometheus' text format, and the server's own counters.
 
 use std::fmt::Write;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State as Extract;
@@ -10,7 +11,72 @@ use axum::response::IntoResponse;
 
 use encore_llm::scheduler::Histogram;
 
+use crate::error::Outcome;
 use crate::State;
+
+/// Why requests are refused before they run, as `/metrics` labels them.
+const REJECTED: [&str; 10] = [
+    "invalid_request",
+    "context_length",
+    "unauthorized",
+    "method_not_allowed",
+    "body_timeout",
+    "body_too_large",
+    "headers_too_large",
+    "queue_full",
+    "unavailable",
+    "too_many_connections",
+];
+
+/// Why running or waiting requests are cut, as `/metrics` labels them.
+const CUT: [&str; 3] = ["shutdown", "deadline", "device_error"];
+
+/// The server's own counters and gauges.
+#[derive(Default)]
+pub(crate) struct Counters {
+    /// Responses by status class.
+    responses: [AtomicU64; 5],
+    rejected: [AtomicU64; REJECTED.len()],
+    cut: [AtomicU64; CUT.len()],
+    /// Connections open now.
+    pub connections: AtomicU64,
+    /// Generation requests between their admission and their end.
+    pub in_flight: AtomicU64,
+    /// Prompts being tokenized now.
+    pub tokenizing: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a response by its status class and, for an error, its
+    /// outcome.
+    pub fn response(&self, status: u16, outcome: Option<Outcome>) {
+        let class = (status / 100).clamp(1, 5) as usize - 1;
+        self.responses[class].fetch_add(1, Ordering::Relaxed);
+        if let Some(outcome) = outcome {
+            self.outcome(outcome);
+        }
+    }
+
+    /// Counts a request that ended without its answer.
+    pub fn outcome(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::Rejected(label) => self.reject(label),
+            Outcome::Cut(label) => {
+                if let Some(i) = CUT.iter().position(|&c| c == label) {
+                    self.cut[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Outcome::Failed => {}
+        }
+    }
+
+    /// Counts a request refused for `reason`, one of [`REJECTED`].
+    pub fn reject(&self, reason: &str) {
+        if let Some(i) = REJECTED.iter().position(|&r| r == reason) {
+            self.rejected[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
 
 fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
     let _ = writeln!(
@@ -31,6 +97,18 @@ fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
     );
 }
 
+fn labelled(out: &mut String, name: &str, help: &str, labels: &[&str], values: &[AtomicU64]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (label, value) in labels.iter().zip(values) {
+        let _ = writeln!(
+            out,
+            "{name}{{reason=\"{label}\"}} {}",
+            value.load(Ordering::Relaxed)
+        );
+    }
+}
+
+/// The `/metrics` handler.
 pub async fn render(Extract(state): Extract<Arc<State>>) -> impl IntoResponse {
     let mut out = String::new();
     let _ = writeln!(
@@ -38,7 +116,8 @@ pub async fn render(Extract(state): Extract<Arc<State>>) -> impl IntoResponse {
         "# HELP encore_http_responses_total HTTP responses by status class.\n\
          # TYPE encore_http_responses_total counter"
     );
-    for (i, n) in state.responses.iter().enumerate() {
+    let c = &state.counters;
+    for (i, n) in c.responses.iter().enumerate() {
         let _ = writeln!(
             out,
             "encore_http_responses_total{{class=\"{}xx\"}} {}",
@@ -46,6 +125,49 @@ pub async fn render(Extract(state): Extract<Arc<State>>) -> impl IntoResponse {
             n.load(Ordering::Relaxed)
         );
     }
+    labelled(
+        &mut out,
+        "encore_requests_rejected_total",
+        "Requests refused before they ran, by reason.",
+        &REJECTED,
+        &c.rejected,
+    );
+    labelled(
+        &mut out,
+        "encore_requests_cut_total",
+        "Requests cut while they waited or ran, by cause.",
+        &CUT,
+        &c.cut,
+    );
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    scalar(
+        &mut out,
+        "encore_open_connections",
+        "gauge",
+        "Client connections open.",
+        load(&c.connections),
+    );
+    scalar(
+        &mut out,
+        "encore_requests_in_flight",
+        "gauge",
+        "Generation requests admitted and not yet ended.",
+        load(&c.in_flight),
+    );
+    scalar(
+        &mut out,
+        "encore_prompts_tokenizing",
+        "gauge",
+        "Prompts being tokenized.",
+        load(&c.tokenizing),
+    );
+    scalar(
+        &mut out,
+        "encore_healthy",
+        "gauge",
+        "0 once a device error has made the server unhealthy.",
+        u64::from(!state.faulted()),
+    );
     scalar(
         &mut out,
         "encore_ready",
@@ -55,7 +177,6 @@ pub async fn render(Extract(state): Extract<Arc<State>>) -> impl IntoResponse {
     );
     if let Some(ready) = state.get() {
         let m = ready.scheduler.metrics();
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         for (name, kind, help, value) in [
             (
                 "encore_requests_total",
@@ -92,6 +213,12 @@ pub async fn render(Extract(state): Extract<Arc<State>>) -> impl IntoResponse {
                 "counter",
                 "Batched forward passes.",
                 load(&m.steps),
+            ),
+            (
+                "encore_device_errors_total",
+                "counter",
+                "Batched steps that failed with a device error.",
+                load(&m.device_errors),
             ),
             (
                 "encore_queue_depth",

@@ -1,25 +1,39 @@
-//! The handlers.
+//! The routes, the checks every request passes (its head's size, the API
+//! key), and the handlers.
+//!
+//! A generation request is read (its body bounded in size and time),
+//! parsed and checked, refused at once when its prompt's bytes alone
+//! cannot fit the context, admitted against the queue bound, tokenized on
+//! a blocking thread (a bounded number at once, so no async thread waits
+//! on a long prompt), then submitted. Its status is decided by its first
+//! event, so a request that never ran (cut by a shutdown, failed by the
+//! device, past its deadline) gets an error status, streaming or not;
+//! after that a cut stream ends with an error event and no `[DONE]`.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Request, State as Extract};
-use axum::http::{StatusCode, Uri};
+use axum::http::{header, HeaderMap, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use encore_llm::{Event, FinishReason, GenRequest};
+use encore_llm::{Engine, Event, FinishReason, GenRequest};
 
 use crate::api::{self, Settings};
-use crate::error::ApiError;
+use crate::error::{ApiError, Outcome};
 use crate::{now, Ready, State};
 
 type Shared = Extract<Arc<State>>;
@@ -32,39 +46,154 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(crate::metrics::render))
         .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), check_head))
+        .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
 }
 
-/// Counts responses by status class.
+/// Counts responses by status class and errors by outcome.
 async fn count(Extract(state): Shared, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
-    state.count(response.status().as_u16());
+    let outcome = response.extensions().get::<Outcome>().copied();
+    state.counters.response(response.status().as_u16(), outcome);
     response
+}
+
+/// Gives an error from outside the handlers (an extractor's rejection, a
+/// layer's refusal) OpenAI's shape.
+async fn json_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error())
+        || response.extensions().get::<Outcome>().is_some()
+    {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let message = match String::from_utf8_lossy(&text).trim() {
+        "" => status.canonical_reason().unwrap_or("error").to_string(),
+        text => text.to_string(),
+    };
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    let error = ApiError {
+        status,
+        message,
+        kind,
+        param: None,
+        code: None,
+        retry_after: None,
+    };
+    let mut fixed = error.into_response();
+    if let Some(allow) = parts.headers.get(header::ALLOW) {
+        fixed.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    fixed
+}
+
+/// Refuses a request whose head is over the configured bounds with a 431.
+async fn check_head(Extract(state): Shared, request: Request, next: Next) -> Response {
+    let limits = &state.limits;
+    let headers = request.headers();
+    if headers.len() > limits.max_headers {
+        return ApiError::headers_too_large(format!(
+            "{} headers: at most {}",
+            headers.len(),
+            limits.max_headers
+        ))
+        .into_response();
+    }
+    let size = request.method().as_str().len()
+        + request.uri().to_string().len()
+        + headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>();
+    if size > limits.max_header_bytes {
+        return ApiError::headers_too_large(format!(
+            "the request line and headers hold {size} bytes: at most {}",
+            limits.max_header_bytes
+        ))
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// Requires the API key, when the server has one, on every route but
+/// `/health`; compares it in constant time.
+async fn authorize(Extract(state): Shared, request: Request, next: Next) -> Response {
+    let Some(key) = &state.limits.api_key else {
+        return next.run(request).await;
+    };
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    match given {
+        None => ApiError::unauthorized(
+            "this server requires an API key: send `Authorization: Bearer KEY`",
+        )
+        .into_response(),
+        Some(token) if bool::from(token.as_bytes().ct_eq(key.as_bytes())) => {
+            next.run(request).await
+        }
+        Some(_) => ApiError::unauthorized("the API key is not valid").into_response(),
+    }
 }
 
 async fn fallback(uri: Uri) -> ApiError {
     ApiError::not_found(uri.path())
 }
 
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}
+
 fn ready(state: &State) -> Result<&Ready, ApiError> {
+    if state.faulted() {
+        return Err(ApiError::unavailable(
+            "a device error made the server unhealthy; it stops after the running requests",
+        ));
+    }
+    if state.stopping.load(Ordering::Relaxed) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
     state
         .get()
         .ok_or_else(|| ApiError::unavailable("the model is still loading; see /health"))
 }
 
 async fn health(Extract(state): Shared) -> Response {
+    let unavailable = axum::http::StatusCode::SERVICE_UNAVAILABLE;
     if let Some(message) = state.failed.get() {
         let body = json!({"status": "error", "message": message});
-        return (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response();
+        return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response();
+    }
+    if state.faulted() {
+        let body =
+            json!({"status": "error", "message": "a device error made the server unhealthy"});
+        return (unavailable, Json(body)).into_response();
+    }
+    if state.stopping.load(Ordering::Relaxed) {
+        return (unavailable, Json(json!({"status": "stopping"}))).into_response();
     }
     match state.get() {
         Some(_) => Json(json!({"status": "ok"})).into_response(),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "loading"})),
-        )
-            .into_response(),
+        None => (unavailable, Json(json!({"status": "loading"}))).into_response(),
     }
 }
 
@@ -88,8 +217,159 @@ fn check_model(state: &State, model: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Reads a request's body: at most the body limit (a 413 past it), within
+/// the body timeout (a 408 past it). Past the limit the rest is read and
+/// dropped, up to [`DRAIN`] bytes, so the client gets to read the 413
+/// rather than a reset connection.
+async fn read_body(state: &State, request: Request) -> Result<Bytes, ApiError> {
+    let limit = state.limits.max_body_bytes;
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let timeout = state.limits.body_timeout;
+    let mut body = request.into_body();
+    let read = async {
+        let mut bytes = Vec::new();
+        let mut over = announced.is_some_and(|n| n > limit as u64);
+        let mut drained = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|e| ApiError::bad_request(format!("reading the body: {e}"), None))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if !over && bytes.len() + data.len() > limit {
+                over = true;
+                bytes = Vec::new();
+            }
+            if over {
+                drained += data.len();
+                if drained > DRAIN {
+                    break;
+                }
+            } else {
+                bytes.extend_from_slice(&data);
+            }
+        }
+        if over {
+            Err(ApiError::body_too_large(limit))
+        } else {
+            Ok(Bytes::from(bytes))
+        }
+    };
+    match announced {
+        // Too large to be worth reading: refused at once.
+        Some(n) if n > (limit + DRAIN) as u64 => Err(ApiError::body_too_large(limit)),
+        _ => tokio::time::timeout(timeout, read)
+            .await
+            .map_err(|_| ApiError::body_timeout(timeout.as_secs_f64()))?,
+    }
+}
+
+/// The most bytes of a body over the limit read and dropped.
+const DRAIN: usize = 16 << 20;
+
+/// When the request must end: the server's request timeout, or less when
+/// the request asks for less with `X-Request-Timeout` (seconds).
+fn deadline(state: &State, headers: &HeaderMap) -> Result<Option<(Instant, f64)>, ApiError> {
+    let asked = match headers.get("x-request-timeout") {
+        None => None,
+        Some(v) => {
+            let seconds = v
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "X-Request-Timeout must be a number of seconds above 0".into(),
+                        None,
+                    )
+                })?;
+            Some(Duration::from_secs_f64(seconds))
+        }
+    };
+    let limit = match (asked, state.limits.request_timeout) {
+        (Some(a), Some(s)) => Some(a.min(s)),
+        (a, s) => a.or(s),
+    };
+    Ok(limit.map(|d| (Instant::now() + d, d.as_secs_f64())))
+}
+
+/// Holds a place among the requests the server has admitted; gives it
+/// back when dropped.
+struct Admitted(Arc<State>);
+
+impl Admitted {
+    /// A place, unless `parallel` requests run and `max_queue` more wait.
+    fn take(state: &Arc<State>, ready: &Ready) -> Result<Admitted, ApiError> {
+        let queue = state.limits.max_queue;
+        let most = (ready.scheduler.parallel() + queue) as u64;
+        let taken =
+            state
+                .counters
+                .in_flight
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < most).then_some(n + 1)
+                });
+        match taken {
+            Ok(_) => Ok(Admitted(state.clone())),
+            Err(_) => Err(ApiError::queue_full(queue)),
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Refuses a prompt whose bytes alone cannot fit the context: no token
+/// stands for more than [`Ready::longest_token`] bytes.
+fn check_prompt_bytes(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
+    let ctx = ready.scheduler.ctx_size();
+    if bytes > ctx.saturating_mul(ready.longest_token) {
+        return Err(ApiError::context_length(format!(
+            "the prompt has {bytes} bytes, more than the {ctx} tokens the context holds \
+             (prompt and answer together) can stand for"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `tokenize` on a blocking thread, at most the configured number at
+/// once (a permit is held until the work ends, even when the client has
+/// gone).
+async fn tokenize<F>(state: &Arc<State>, ready: &Ready, tokenize: F) -> Result<Vec<u32>, ApiError>
+where
+    F: FnOnce(&Engine) -> encore_llm::Result<Vec<u32>> + Send + 'static,
+{
+    let permit = state
+        .tokenizers
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+    let engine = ready.engine.clone();
+    let counters = state.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        counters.counters.tokenizing.fetch_add(1, Ordering::Relaxed);
+        let tokens = tokenize(&engine);
+        counters.counters.tokenizing.fetch_sub(1, Ordering::Relaxed);
+        tokens
+    });
+    match work.await {
+        Ok(tokens) => Ok(tokens?),
+        Err(e) => Err(ApiError::internal(format!("tokenizing the prompt: {e}"))),
+    }
+}
+
 /// Sets the cancel flag when dropped: a request whose handler or stream is
-/// dropped (the client went away) is cancelled.
+/// dropped (the client went away, or its deadline passed) is cancelled.
 struct CancelOnDrop(Arc<AtomicBool>);
 
 impl Drop for CancelOnDrop {
@@ -105,22 +385,95 @@ enum Kind {
     Completion,
 }
 
-/// A generation on its way: its events, and the guard that cancels it.
+/// What a generation gives its handler: text, or its end (only the two
+/// endings that complete an answer; every other ending is an error).
+enum Piece {
+    Text(String),
+    Done {
+        finish: &'static str,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+}
+
+/// A generation on its way: its events, and the guards that cancel it and
+/// hold its place.
 struct Running {
     events: mpsc::UnboundedReceiver<Event>,
     guard: CancelOnDrop,
+    _admitted: Admitted,
+    state: Arc<State>,
+    deadline: Option<(Instant, f64)>,
+    /// Whether text has been given out.
+    started: bool,
     id: String,
     created: u64,
     model: String,
     kind: Kind,
 }
 
+impl Running {
+    /// The next piece, or the error that ends the request.
+    async fn next(&mut self) -> Result<Piece, ApiError> {
+        let event = match self.deadline {
+            None => self.events.recv().await,
+            Some((at, seconds)) => match tokio::time::timeout_at(at, self.events.recv()).await {
+                Ok(event) => event,
+                Err(_) => {
+                    self.guard.0.store(true, Ordering::Relaxed);
+                    return Err(ApiError::deadline(seconds));
+                }
+            },
+        };
+        match event {
+            Some(Event::Text(t)) => {
+                self.started = true;
+                Ok(Piece::Text(t))
+            }
+            Some(Event::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                let finish = match reason {
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length => "length",
+                    FinishReason::Shutdown => {
+                        return Err(ApiError::shut_down(self.started || completion_tokens > 0))
+                    }
+                    FinishReason::Cancelled => {
+                        return Err(ApiError::internal("the request was cancelled".into()))
+                    }
+                };
+                Ok(Piece::Done {
+                    finish,
+                    prompt_tokens,
+                    completion_tokens,
+                })
+            }
+            Some(Event::Error(message)) => {
+                if self.state.faulted() {
+                    self.state.fault();
+                    Err(ApiError::device(&message))
+                } else {
+                    Err(ApiError::internal(message))
+                }
+            }
+            None => Err(ApiError::internal(
+                "the generation ended without a result".into(),
+            )),
+        }
+    }
+}
+
 fn submit(
-    state: &State,
+    state: &Arc<State>,
     ready: &Ready,
+    admitted: Admitted,
     prompt: Vec<u32>,
     settings: &Settings,
     kind: Kind,
+    deadline: Option<(Instant, f64)>,
 ) -> Result<Running, ApiError> {
     let ctx = ready.scheduler.ctx_size();
     let room = ctx.saturating_sub(prompt.len());
@@ -143,6 +496,10 @@ fn submit(
     Ok(Running {
         events: rx,
         guard: CancelOnDrop(cancel),
+        _admitted: admitted,
+        state: state.clone(),
+        deadline,
+        started: false,
         id: format!("{prefix}-{:016x}", request_id()),
         created: now(),
         model: state.model_id.clone(),
@@ -157,13 +514,6 @@ fn request_id() -> u64 {
     (now() << 20) ^ n
 }
 
-fn finish_reason(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Length => "length",
-        FinishReason::Stop | FinishReason::Cancelled => "stop",
-    }
-}
-
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
@@ -172,44 +522,73 @@ fn usage(prompt: usize, completion: usize) -> Value {
     })
 }
 
-async fn chat(Extract(state): Shared, body: Bytes) -> Result<Response, ApiError> {
+async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiError> {
     let ready = ready(&state)?;
+    let deadline = deadline(&state, request.headers())?;
+    let body = read_body(&state, request).await?;
     let request: api::ChatRequest = api::parse(&body)?;
     let settings = request.sampling.settings()?;
     check_model(&state, &request.model)?;
     let messages = request.messages()?;
-    let prompt = ready.engine.chat_tokens(&messages, true)?;
-    let running = submit(&state, ready, prompt, &settings, Kind::Chat)?;
+    check_prompt_bytes(ready, messages.iter().map(|m| m.content.len()).sum())?;
+    let admitted = Admitted::take(&state, ready)?;
+    let prompt = tokenize(&state, ready, move |e| e.chat_tokens(&messages, true)).await?;
+    let running = submit(
+        &state,
+        ready,
+        admitted,
+        prompt,
+        &settings,
+        Kind::Chat,
+        deadline,
+    )?;
     respond(running, &settings).await
 }
 
-async fn completions(Extract(state): Shared, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(Extract(state): Shared, request: Request) -> Result<Response, ApiError> {
     let ready = ready(&state)?;
+    let deadline = deadline(&state, request.headers())?;
+    let body = read_body(&state, request).await?;
     let request: api::CompletionRequest = api::parse(&body)?;
     let settings = request.sampling.settings()?;
     check_model(&state, &request.model)?;
-    let prompt = ready.engine.prompt_tokens(request.prompt()?, true)?;
-    let running = submit(&state, ready, prompt, &settings, Kind::Completion)?;
+    let prompt = request.prompt()?.to_string();
+    check_prompt_bytes(ready, prompt.len())?;
+    let admitted = Admitted::take(&state, ready)?;
+    let prompt = tokenize(&state, ready, move |e| e.prompt_tokens(&prompt, true)).await?;
+    let running = submit(
+        &state,
+        ready,
+        admitted,
+        prompt,
+        &settings,
+        Kind::Completion,
+        deadline,
+    )?;
     respond(running, &settings).await
 }
 
-async fn respond(running: Running, settings: &Settings) -> Result<Response, ApiError> {
+async fn respond(mut running: Running, settings: &Settings) -> Result<Response, ApiError> {
+    // The first piece decides the status.
+    let first = running.next().await?;
     if settings.stream {
-        Ok(stream(running, settings.include_usage).into_response())
+        Ok(stream(running, first, settings.include_usage).into_response())
     } else {
-        collect(running).await.map(IntoResponse::into_response)
+        collect(running, first)
+            .await
+            .map(IntoResponse::into_response)
     }
 }
 
 /// Waits for the whole answer.
-async fn collect(mut r: Running) -> Result<Json<Value>, ApiError> {
+async fn collect(mut r: Running, first: Piece) -> Result<Json<Value>, ApiError> {
     let mut text = String::new();
-    while let Some(event) = r.events.recv().await {
-        match event {
-            Event::Text(t) => text.push_str(&t),
-            Event::Error(e) => return Err(ApiError::internal(e)),
-            Event::Done {
-                reason,
+    let mut piece = first;
+    loop {
+        match piece {
+            Piece::Text(t) => text.push_str(&t),
+            Piece::Done {
+                finish,
                 prompt_tokens,
                 completion_tokens,
             } => {
@@ -217,13 +596,13 @@ async fn collect(mut r: Running) -> Result<Json<Value>, ApiError> {
                     Kind::Chat => json!({
                         "index": 0,
                         "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish_reason(reason),
+                        "finish_reason": finish,
                         "logprobs": null,
                     }),
                     Kind::Completion => json!({
                         "index": 0,
                         "text": text,
-                        "finish_reason": finish_reason(reason),
+                        "finish_reason": finish,
                         "logprobs": null,
                     }),
                 };
@@ -231,7 +610,6 @@ async fn collect(mut r: Running) -> Result<Json<Value>, ApiError> {
                     Kind::Chat => "chat.completion",
                     Kind::Completion => "text_completion",
                 };
-                drop(r.guard);
                 return Ok(Json(json!({
                     "id": r.id,
                     "object": object,
@@ -242,31 +620,28 @@ async fn collect(mut r: Running) -> Result<Json<Value>, ApiError> {
                 })));
             }
         }
+        piece = r.next().await?;
     }
-    Err(ApiError::internal(
-        "the generation ended without a result".into(),
-    ))
 }
 
 /// The answer as server-sent events: a chunk per piece of text, a last
 /// chunk with the finish reason (and, when asked, one with the usage), then
-/// `[DONE]`.
-fn stream(mut r: Running, include_usage: bool) -> impl IntoResponse {
+/// `[DONE]`. A generation cut after its first piece ends with an error
+/// event instead, and no `[DONE]`.
+fn stream(mut r: Running, first: Piece, include_usage: bool) -> impl IntoResponse {
     let (tx, rx) = mpsc::unbounded_channel::<Result<Sse, Infallible>>();
     tokio::spawn(async move {
-        // Held until the stream ends: dropping it cancels the request. (An
-        // async block takes only the fields it uses; this takes the guard.)
-        let _guard = &r.guard;
         let object = match r.kind {
             Kind::Chat => "chat.completion.chunk",
             Kind::Completion => "text_completion",
         };
+        let (id, created, model, kind) = (r.id.clone(), r.created, r.model.clone(), r.kind);
         let chunk = |choice: Value| {
             let mut c = json!({
-                "id": r.id,
+                "id": id,
                 "object": object,
-                "created": r.created,
-                "model": r.model,
+                "created": created,
+                "model": model,
                 "choices": [choice],
             });
             if include_usage {
@@ -274,7 +649,7 @@ fn stream(mut r: Running, include_usage: bool) -> impl IntoResponse {
             }
             Sse::default().data(c.to_string())
         };
-        let piece = |text: &str, finish: Option<&str>| match r.kind {
+        let piece = |text: &str, finish: Option<&str>| match kind {
             Kind::Chat => json!({
                 "index": 0,
                 "delta": if finish.is_some() { json!({}) } else { json!({"content": text}) },
@@ -289,7 +664,7 @@ fn stream(mut r: Running, include_usage: bool) -> impl IntoResponse {
             }),
         };
         let send = |e: Sse| tx.send(Ok(e)).is_ok();
-        if r.kind == Kind::Chat {
+        if kind == Kind::Chat {
             let first = json!({
                 "index": 0,
                 "delta": {"role": "assistant", "content": ""},
@@ -300,40 +675,43 @@ fn stream(mut r: Running, include_usage: bool) -> impl IntoResponse {
                 return;
             }
         }
-        while let Some(event) = r.events.recv().await {
-            match event {
-                Event::Text(t) => {
+        let mut next: Result<Piece, ApiError> = Ok(first);
+        loop {
+            match next {
+                Ok(Piece::Text(t)) => {
                     if !send(chunk(piece(&t, None))) {
                         return; // the client left; dropping `r` cancels
                     }
                 }
-                Event::Error(e) => {
-                    let error = ApiError::internal(e).body();
-                    send(Sse::default().data(error.to_string()));
-                    break;
-                }
-                Event::Done {
-                    reason,
+                Ok(Piece::Done {
+                    finish,
                     prompt_tokens,
                     completion_tokens,
-                } => {
-                    send(chunk(piece("", Some(finish_reason(reason)))));
+                }) => {
+                    send(chunk(piece("", Some(finish))));
                     if include_usage {
                         let last = json!({
-                            "id": r.id,
+                            "id": id,
                             "object": object,
-                            "created": r.created,
-                            "model": r.model,
+                            "created": created,
+                            "model": model,
                             "choices": [],
                             "usage": usage(prompt_tokens, completion_tokens),
                         });
                         send(Sse::default().data(last.to_string()));
                     }
-                    break;
+                    send(Sse::default().data("[DONE]"));
+                    return;
+                }
+                Err(error) => {
+                    // Counted here: the response's status went out long ago.
+                    r.state.counters.outcome(error.outcome());
+                    send(Sse::default().data(error.body().to_string()));
+                    return;
                 }
             }
+            next = r.next().await;
         }
-        send(Sse::default().data("[DONE]"));
     });
     axum::response::sse::Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }

@@ -45,7 +45,7 @@ struct Server {
 async fn start(ready: bool, ctx: usize) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let state = encore_serve::State::new("smollm2-135m");
+    let state = encore_serve::State::new("smollm2-135m", encore_serve::Limits::default());
     if ready {
         let scheduler = Scheduler::start(engine(), SchedulerConfig::new(8, ctx)).unwrap();
         state.ready(engine(), Arc::new(scheduler));
