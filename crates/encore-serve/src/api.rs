@@ -91,6 +91,10 @@ pub struct Unimplemented {
     pub prediction: Option<serde_json::Value>,
 }
 
+/// Whether a value of an unimplemented field asks for what Encore does
+/// anyway.
+type Honoured = fn(&serde_json::Value) -> bool;
+
 impl Unimplemented {
     /// Refuses the first field set to something Encore would not do.
     pub fn check(&self) -> Result<(), ApiError> {
@@ -98,7 +102,7 @@ impl Unimplemented {
         fn given(v: &Option<Value>) -> Option<&Value> {
             v.as_ref().filter(|v| !v.is_null())
         }
-        let fields: [(&str, &Option<Value>, fn(&Value) -> bool, &str); 10] = [
+        let fields: [(&str, &Option<Value>, Honoured, &str); 10] = [
             (
                 "response_format",
                 &self.response_format,

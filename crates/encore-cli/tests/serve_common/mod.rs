@@ -21,11 +21,17 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `encore serve --device cpu --port 0 EXTRA` and waits until
-    /// `/health` answers 200.
+    /// Starts `encore serve --device cpu --port 0 -c 1024 EXTRA` (`-c`
+    /// only when `extra` lacks it) and waits until `/health` answers 200.
     pub fn start(extra: &[&str]) -> Server {
+        let ctx: &[&str] = if extra.contains(&"-c") {
+            &[]
+        } else {
+            &["-c", "1024"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_encore"))
-            .args(["serve", "--device", "cpu", "--port", "0", "-c", "1024"])
+            .args(["serve", "--device", "cpu", "--port", "0"])
+            .args(ctx)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
