@@ -16,14 +16,15 @@ mod serve;
 use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use encore::{Config, Device, ProfileMode};
-use encore_llm::catalog;
+use encore_llm::catalog::{self, Choice};
 use encore_llm::fetch::{self, CacheState, Progress};
+use encore_llm::gguf::GgufFile;
 use encore_llm::sampler::{SamplerError, SamplerField};
 use encore_llm::{Engine, EngineOptions, GenerateOptions, LoadProgress, SamplerConfig};
 use encore_ops::KernelSet;
@@ -479,11 +480,14 @@ fn model_label(args: &ModelArgs) -> std::borrow::Cow<'_, str> {
         .map_or(catalog::DEFAULT.into(), |m| m.to_string_lossy())
 }
 
-/// Opens the device (tracing from the start when asked) and loads the model.
+/// Opens the device, tracing from the start when asked. A `--model` that
+/// names nothing, or a file that is not a readable GGUF file, is refused
+/// first: such a request needs no device, and a probe can be slow and wakes
+/// drivers that print to stderr.
 fn open(args: &ModelArgs, profile: &ProfileArgs) -> Result<Device, String> {
-    // A `--model` that names nothing is refused before any device is
-    // probed (an adapter probe can be slow, and drivers print to stderr).
-    catalog::choose(args.model.as_deref()).map_err(|e| e.to_string())?;
+    if let Choice::Path(path) = catalog::choose(args.model.as_deref()).map_err(|e| e.to_string())? {
+        GgufFile::open(&path).map_err(|e| naming_file(&path, e.to_string()))?;
+    }
     let mut config = Config::from_env().map_err(|e| e.to_string())?;
     if let Some(mode) = profile.profile {
         config.profile = mode;
@@ -508,20 +512,22 @@ fn load(args: &ModelArgs, device: &Device) -> Result<Engine, String> {
     let mut shown = LoadShown::default();
     let engine = Engine::load_with_progress(&path, device, &options, |p| shown.update(p));
     let copied = shown.finish();
-    let engine = engine.map_err(|e| {
-        // Name the file once: I/O errors already carry its path.
-        let message = e.to_string();
-        let shown = path.display().to_string();
-        if message.contains(&shown) {
-            message
-        } else {
-            format!("{shown}: {message}")
-        }
-    })?;
+    let engine = engine.map_err(|e| naming_file(&path, e.to_string()))?;
     if let Some((bytes, seconds)) = copied {
         to_stderr(&loaded_line(bytes, seconds, encore::host::resident_bytes()));
     }
     Ok(engine)
+}
+
+/// An error about the model file, naming the file once: I/O errors
+/// already carry its path.
+fn naming_file(path: &Path, message: String) -> String {
+    let shown = path.display().to_string();
+    if message.contains(&shown) {
+        message
+    } else {
+        format!("{shown}: {message}")
+    }
 }
 
 /// Weights above which loading shows a progress bar.

@@ -313,6 +313,10 @@ fn a_catalog_name_is_a_model() {
     std::fs::remove_dir_all(&cache).unwrap();
 }
 
+/// Run as on a fresh headless machine (no `XDG_RUNTIME_DIR`), with the
+/// Vulkan loader reporting everything it does (`VK_LOADER_DEBUG=all`): the
+/// name is refused before any device is probed, so stderr is the one error
+/// line and nothing else.
 #[test]
 fn an_unknown_model_name_is_one_error_listing_the_catalog() {
     let cache = fresh_cache("unknown_name");
@@ -321,6 +325,8 @@ fn an_unknown_model_name_is_one_error_listing_the_catalog() {
         Network::Off,
         &["generate", "--model", "llama-7b", "hi"],
     )
+    .env_remove("XDG_RUNTIME_DIR")
+    .env("VK_LOADER_DEBUG", "all")
     .output()
     .unwrap();
     assert!(!out.status.success());
@@ -328,6 +334,7 @@ fn an_unknown_model_name_is_one_error_listing_the_catalog() {
     let mut expected = vec!["llama-7b"];
     expected.extend(catalog::MODELS.iter().map(|m| m.name));
     common::assert_one_error_line(&err, &expected, &err);
+    assert_eq!(err.lines().count(), 1, "more than the error:\n{err}");
     // Nothing was fetched, nor a folder made.
     assert!(!cache.join("models").exists());
     std::fs::remove_dir_all(&cache).unwrap();

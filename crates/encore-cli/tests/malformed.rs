@@ -441,3 +441,36 @@ fn directory_instead_of_file() {
     std::fs::create_dir_all(&path).unwrap();
     assert_rejected(&path, &["model.gguf", "is a directory"]);
 }
+
+/// A model file that cannot be used is refused before any device is
+/// probed: run as on a fresh headless machine (no `XDG_RUNTIME_DIR`) with
+/// the default device (`auto`, which probes CUDA and then the wgpu
+/// adapters) and the Vulkan loader reporting everything it does
+/// (`VK_LOADER_DEBUG=all`), stderr is the one error line and nothing else.
+#[test]
+fn an_unusable_file_is_refused_before_a_device_is_probed() {
+    let dir = scratch("before_probe");
+    std::fs::create_dir_all(dir.join("folder.gguf")).unwrap();
+    let cases = [
+        (dir.join("does-not-exist.gguf"), "No such file"),
+        (dir.join("folder.gguf"), "is a directory"),
+        (write("before_probe", "empty.gguf", b""), "empty.gguf"),
+    ];
+    for (model, expected) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_encore"))
+            .arg("generate")
+            .arg("--model")
+            .arg(&model)
+            .arg("hi")
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("VK_LOADER_DEBUG", "all")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let context = format!("model {}\nstderr:\n{stderr}", model.display());
+        assert!(!out.status.success(), "exit status 0\n{context}");
+        assert!(out.stdout.is_empty(), "output on stdout\n{context}");
+        assert_eq!(stderr.lines().count(), 1, "more than the error\n{context}");
+        common::assert_one_error_line(&stderr, &[expected], &context);
+    }
+}
