@@ -398,3 +398,46 @@ async fn health_waits_for_the_model_and_shutdown_ends_streams_cleanly() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_error_fails_the_step_marks_the_server_unhealthy_and_stops_it() {
+    use tower::ServiceExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let state = encore_serve::State::new("smollm2-135m", encore_serve::Limits::default());
+    let config = SchedulerConfig {
+        fault_at_step: Some(3),
+        ..SchedulerConfig::new(4, 512)
+    };
+    let scheduler = Scheduler::start(engine(), config).unwrap();
+    state.ready(engine(), Arc::new(scheduler));
+    let done = tokio::spawn(encore_serve::serve(
+        listener,
+        state.clone(),
+        std::future::pending(),
+    ));
+    let (status, answer) = post(
+        &format!("{url}/v1/chat/completions"),
+        chat("Tell a story.", json!({"max_tokens": 64})),
+    )
+    .await;
+    assert_eq!(status, 500, "{answer}");
+    assert_eq!(answer["error"]["code"], "device_error", "{answer}");
+    assert!(state.faulted());
+    let health = encore_serve::router(state.clone())
+        .oneshot(
+            axum::http::Request::get("/health")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    // The server drains and returns by itself, with no shutdown signal.
+    tokio::time::timeout(Duration::from_secs(60), done)
+        .await
+        .expect("the server stopped")
+        .unwrap()
+        .unwrap();
+}
