@@ -428,3 +428,44 @@ fn odd_prompts_and_devices_do_not_panic() {
         assert_no_panic(&out, &describe(&args, &env, &out));
     }
 }
+
+#[test]
+fn serve_limits_out_of_range_are_refused_before_serving() {
+    let model = model("serve_limits");
+    let path = model.to_str().unwrap();
+    let serve = |extra: &[&'static str]| {
+        let mut args = vec!["serve", "--model", path, "--device", "cpu", "--port", "0"];
+        args.extend(extra);
+        args
+    };
+    for extra in [
+        &["--header-timeout", "0"][..],
+        &["--idle-timeout", "-1"],
+        &["--body-timeout", "nan"],
+        &["--request-timeout", "inf"],
+        &["--max-queue", "-1"],
+        &["--api-key", "k", "--api-key-file", "f"],
+    ] {
+        let args = serve(extra);
+        let out = run(&args, &[]);
+        let context = describe(&args, &[], &out);
+        assert_no_panic(&out, &context);
+        assert_eq!(out.status.code(), Some(2), "want a usage error\n{context}");
+    }
+    rejected(
+        &serve(&["--max-connections", "0"]),
+        &[],
+        &["--max-connections 0", "expected 1"],
+    );
+    rejected(
+        &serve(&["--max-body-bytes", "0"]),
+        &[],
+        &["--max-body-bytes 0", "expected 1"],
+    );
+    rejected(&serve(&["--api-key", ""]), &[], &["--api-key", "empty"]);
+    rejected(
+        &serve(&["--api-key-file", "/nonexistent/key"]),
+        &[],
+        &["--api-key-file /nonexistent/key"],
+    );
+}
