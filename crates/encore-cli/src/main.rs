@@ -509,12 +509,12 @@ fn load(args: &ModelArgs, device: &Device) -> Result<Engine, String> {
     if args.exact {
         options.kernels = KernelSet::Exact;
     }
-    let mut shown = LoadShown::default();
+    let mut shown = LoadShown::new();
     let engine = Engine::load_with_progress(&path, device, &options, |p| shown.update(p));
     let copied = shown.finish();
     let engine = engine.map_err(|e| naming_file(&path, e.to_string()))?;
-    if let Some((bytes, seconds)) = copied {
-        to_stderr(&loaded_line(bytes, seconds, encore::host::resident_bytes()));
+    if let Some(copied) = copied {
+        to_stderr(&loaded_line(&copied, encore::host::resident_bytes()));
     }
     Ok(engine)
 }
@@ -533,16 +533,35 @@ fn naming_file(path: &Path, message: String) -> String {
 /// Weights above which loading shows a progress bar.
 const LOAD_BAR_MIN_BYTES: u64 = 1_000_000_000;
 
-/// A load's progress as the terminal sees it: the clock from the first
-/// copy, and a bar for a large model when stderr is a terminal.
-#[derive(Default)]
+/// A load's progress as the terminal sees it: the clock from the start and
+/// from the first copy (the kernels are ready then), and a bar for a large
+/// model when stderr is a terminal.
 struct LoadShown {
+    begun: Instant,
     started: Option<Instant>,
     bar: Option<indicatif::ProgressBar>,
     last: Option<LoadProgress>,
 }
 
+/// What a finished load took: the bytes copied, the seconds until the
+/// kernels were ready (compiled, or read from the cache) and the seconds
+/// of copying.
+struct Copied {
+    bytes: u64,
+    kernel_seconds: f64,
+    seconds: f64,
+}
+
 impl LoadShown {
+    fn new() -> LoadShown {
+        LoadShown {
+            begun: Instant::now(),
+            started: None,
+            bar: None,
+            last: None,
+        }
+    }
+
     fn update(&mut self, p: LoadProgress) {
         self.started.get_or_insert_with(Instant::now);
         let large = p.bytes_total > LOAD_BAR_MIN_BYTES;
@@ -563,27 +582,41 @@ impl LoadShown {
         self.last = Some(p);
     }
 
-    /// Clears the bar; the bytes copied and the seconds they took, once
-    /// the load copied every byte.
-    fn finish(self) -> Option<(u64, f64)> {
+    /// Clears the bar; what the load took, once it copied every byte.
+    fn finish(self) -> Option<Copied> {
         if let Some(bar) = self.bar {
             bar.finish_and_clear();
         }
         let last = self.last.filter(|p| p.bytes_done == p.bytes_total)?;
-        Some((last.bytes_done, self.started?.elapsed().as_secs_f64()))
+        let started = self.started?;
+        Some(Copied {
+            bytes: last.bytes_done,
+            kernel_seconds: started.duration_since(self.begun).as_secs_f64(),
+            seconds: started.elapsed().as_secs_f64(),
+        })
     }
 }
 
+/// Seconds of kernel set-up from which the load's line names them.
+const KERNEL_SECONDS_SHOWN: f64 = 0.5;
+
 /// The line that ends a load: `encore: loaded 4.68 GB of weights in 3.2 s
-/// (1.46 GB/s); host memory 312 MB resident`.
-fn loaded_line(bytes: u64, seconds: f64, resident: Option<u64>) -> String {
-    let rate = bytes as f64 / seconds.max(1e-9);
+/// (1.46 GB/s); host memory 312 MB resident`, with `, kernels ready after
+/// 4.1 s` before the memory where compiling them took a noticeable time.
+fn loaded_line(copied: &Copied, resident: Option<u64>) -> String {
+    let rate = copied.bytes as f64 / copied.seconds.max(1e-9);
+    let kernels = if copied.kernel_seconds >= KERNEL_SECONDS_SHOWN {
+        format!(", kernels ready after {:.1} s", copied.kernel_seconds)
+    } else {
+        String::new()
+    };
     let resident = resident.map_or(String::new(), |r| {
         format!("; host memory {} resident", decimal_size(r as f64))
     });
     format!(
-        "encore: loaded {} of weights in {seconds:.1} s ({}/s){resident}\n",
-        decimal_size(bytes as f64),
+        "encore: loaded {} of weights in {:.1} s ({}/s){kernels}{resident}\n",
+        decimal_size(copied.bytes as f64),
+        copied.seconds,
         decimal_size(rate)
     )
 }
@@ -911,14 +944,24 @@ mod tests {
 
     #[test]
     fn the_load_line_names_bytes_time_rate_and_resident_memory() {
+        let copied = |bytes, kernel_seconds, seconds| Copied {
+            bytes,
+            kernel_seconds,
+            seconds,
+        };
         assert_eq!(
-            loaded_line(4_680_000_000, 3.2, Some(312_000_000)),
+            loaded_line(&copied(4_680_000_000, 0.2, 3.2), Some(312_000_000)),
             "encore: loaded 4.68 GB of weights in 3.2 s (1.46 GB/s); \
              host memory 312 MB resident\n"
         );
         assert_eq!(
-            loaded_line(84_000, 0.5, None),
+            loaded_line(&copied(84_000, 0.0, 0.5), None),
             "encore: loaded 84 kB of weights in 0.5 s (168 kB/s)\n"
+        );
+        assert_eq!(
+            loaded_line(&copied(4_680_000_000, 4.1, 3.2), None),
+            "encore: loaded 4.68 GB of weights in 3.2 s (1.46 GB/s), \
+             kernels ready after 4.1 s\n"
         );
     }
 }
