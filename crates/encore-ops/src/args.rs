@@ -173,7 +173,7 @@ mod tests {
     #[test]
     fn a_layout_round_trips_through_a_graph_node_and_refuses_other_shapes() -> encore::Result<()> {
         let device = Device::cpu()?;
-        let kernel = device.load_kernel(&crate::kernels::norm::def())?;
+        let kernel = device.load_kernel(&crate::KernelSet::Default.defs().rms_norm)?;
         let (x, w, y) = (device.alloc(64)?, device.alloc(16)?, device.alloc(64)?);
         let shape = NormShape {
             rows: 4,

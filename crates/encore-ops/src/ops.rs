@@ -7,13 +7,13 @@
 //! with the same rule on every backend. Which kernel computes an op is
 //! decided by what the device has, never by which backend it is: a variant
 //! (the tensor-core gemm, the tiled prefill attention) runs where the
-//! device loaded it, the general kernel elsewhere; an op whose kernel the
-//! device's backend does not implement fails with [`Error::Unsupported`]
-//! when it is dispatched. Launch geometry is the backend's business (see
-//! [`encore::CudaKernel`]).
+//! device loaded it and its kernel takes the shape, the general kernel
+//! elsewhere; an op whose kernel the device's backend does not implement
+//! fails with [`Error::Unsupported`] when it is dispatched. Launch
+//! geometry is the backend's business (see [`encore::CudaKernel`]).
 
 use encore::graph::passes::FusionPattern;
-use encore::{Buffer, Device, Encoder, Error, Kernel, KernelDef, Result};
+use encore::{Buffer, Device, Encoder, Error, Result};
 
 use crate::dtype::WeightTypes;
 use crate::kernels::advance::AdvanceArgs;
@@ -30,7 +30,8 @@ use crate::kernels::paged::{
     RopeRowsArgs,
 };
 use crate::kernels::rope::{self, RopeArgs, RopeShape};
-use crate::kernels::{gemm, prefill_attention, KernelSet};
+use crate::kernels::{gemm, prefill_attention};
+use crate::registry::{KernelSet, Slot, Slots};
 use crate::DType;
 
 /// A weight matrix of `n` rows of `k` inputs in GGUF block layout.
@@ -92,78 +93,13 @@ fn invalid(kernel: &str, label: &str, reason: String) -> Error {
     }
 }
 
-/// One kernel of the set: loaded, or absent where the device's backend has
-/// no implementation of it.
-struct Slot {
-    name: String,
-    kernel: Option<Kernel>,
-}
-
-impl Slot {
-    /// Loads `def` on `device`; a backend without an implementation leaves
-    /// the slot empty, any other failure (a compile error) is returned.
-    fn load(device: &Device, def: KernelDef) -> Result<Slot> {
-        let kernel = match device.load_kernel(&def) {
-            Ok(kernel) => Some(kernel),
-            Err(Error::Unsupported { .. }) => None,
-            Err(e) => return Err(e),
-        };
-        Ok(Slot {
-            name: def.name().to_string(),
-            kernel,
-        })
-    }
-
-    /// [`Slot::load`] of a kernel the set may leave out.
-    fn load_optional(device: &Device, def: Option<KernelDef>) -> Result<Slot> {
-        match def {
-            Some(def) => Slot::load(device, def),
-            None => Ok(Slot {
-                name: String::new(),
-                kernel: None,
-            }),
-        }
-    }
-
-    /// The kernel, or [`Error::Unsupported`] on `device`.
-    fn get(&self, device: &Device) -> Result<&Kernel> {
-        self.kernel.as_ref().ok_or_else(|| Error::Unsupported {
-            op: self.name.clone(),
-            backend: device.kind(),
-        })
-    }
-}
-
 /// Every operation's kernel, loaded on one device.
 pub struct Ops {
     device: Device,
     kernels: KernelSet,
     types: WeightTypes,
-    rms_norm: Slot,
-    matmul: Slot,
-    gemm: Slot,
-    rope: Slot,
-    kv_store: Slot,
-    attention: Slot,
-    attention_prefill: Slot,
-    add: Slot,
-    add_rows: Slot,
-    silu_mul: Slot,
-    gelu_mul: Slot,
-    scale: Slot,
-    embed: Slot,
-    argmax: Slot,
-    advance: Slot,
-    fused_matmul: Slot,
-    rope_store: Slot,
-    attention_step: Slot,
-    matmul_rows: Slot,
-    rope_rows: Slot,
-    kv_store_paged: Slot,
-    attention_paged: Slot,
-    argmax_rows: Slot,
-    fused_matmul_rows: Slot,
-    attention_step_paged: Slot,
+    /// A slot per row of the registry's table.
+    slots: Slots,
 }
 
 impl Ops {
@@ -188,7 +124,7 @@ impl Ops {
         // kernel cache, where the loads below find it: a backend that
         // compiles from source then takes its slowest kernel's time, not
         // the sum of all.
-        crate::kernels::load_defs(device, defs.clone().all())?;
+        crate::registry::load_defs(device, defs.clone().all())?;
         // A kernel the exact set lacks on a backend is named as the exact
         // set's, so the error says which set to leave.
         let set = |mut slot: Slot| {
@@ -197,37 +133,11 @@ impl Ops {
             }
             slot
         };
-        let load = |def| Slot::load(device, def).map(set);
-        let optional = |def| Slot::load_optional(device, def).map(set);
         Ok(Ops {
             device: device.clone(),
             kernels,
             types,
-            rms_norm: load(defs.rms_norm)?,
-            matmul: load(defs.matmul)?,
-            gemm: optional(defs.gemm)?,
-            rope: load(defs.rope)?,
-            kv_store: load(defs.kv_store)?,
-            attention: load(defs.attention)?,
-            attention_prefill: optional(defs.attention_prefill)?,
-            add: load(defs.add)?,
-            add_rows: load(defs.add_rows)?,
-            silu_mul: load(defs.silu_mul)?,
-            gelu_mul: load(defs.gelu_mul)?,
-            scale: load(defs.scale)?,
-            embed: load(defs.embed)?,
-            argmax: load(defs.argmax)?,
-            advance: load(defs.advance)?,
-            fused_matmul: load(defs.fused_matmul)?,
-            rope_store: load(defs.rope_store)?,
-            attention_step: optional(defs.attention_step)?,
-            matmul_rows: load(defs.matmul_rows)?,
-            rope_rows: load(defs.rope_rows)?,
-            kv_store_paged: load(defs.kv_store_paged)?,
-            attention_paged: load(defs.attention_paged)?,
-            argmax_rows: load(defs.argmax_rows)?,
-            fused_matmul_rows: load(defs.fused_matmul_rows)?,
-            attention_step_paged: optional(defs.attention_step_paged)?,
+            slots: Slots::load(device, defs, set)?,
         })
     }
 
@@ -290,9 +200,9 @@ impl Ops {
     /// bit for bit, which tests rely on).
     pub fn all_fusion_patterns(&self) -> Vec<FusionPattern> {
         crate::fusion::patterns(
-            self.fused_matmul.kernel.as_ref(),
-            self.rope_store.kernel.as_ref(),
-            self.attention_step.kernel.as_ref(),
+            self.slots.fused_matmul.kernel.as_ref(),
+            self.slots.rope_store.kernel.as_ref(),
+            self.slots.attention_step.kernel.as_ref(),
         )
     }
 
@@ -312,8 +222,8 @@ impl Ops {
     /// the device (as [`Ops::all_fusion_patterns`]).
     pub fn all_row_fusion_patterns(&self) -> Vec<FusionPattern> {
         crate::fusion::row_patterns(
-            self.fused_matmul_rows.kernel.as_ref(),
-            self.attention_step_paged.kernel.as_ref(),
+            self.slots.fused_matmul_rows.kernel.as_ref(),
+            self.slots.attention_step_paged.kernel.as_ref(),
         )
     }
 
@@ -339,7 +249,11 @@ impl Ops {
                 eps,
             },
         };
-        enc.dispatch(self.rms_norm.get(&self.device)?, &args.args(), "rms_norm")
+        enc.dispatch(
+            self.slots.rms_norm.get(&self.device)?,
+            &args.args(),
+            "rms_norm",
+        )
     }
 
     /// `y[rows, n] = x[rows, k] · wᵀ`. From [`gemm::GEMM_MIN_ROWS`] rows
@@ -358,9 +272,9 @@ impl Ops {
     ) -> Result<()> {
         self.check_type(w, label)?;
         let args = matmul_args(w, x, y, rows)?;
-        let kernel = match &self.gemm.kernel {
+        let kernel = match &self.slots.gemm.kernel {
             Some(gemm) if rows >= gemm::GEMM_MIN_ROWS => gemm,
-            _ => self.matmul.get(&self.device)?,
+            _ => self.slots.matmul.get(&self.device)?,
         };
         enc.dispatch(kernel, &args.args(), label)
     }
@@ -407,7 +321,7 @@ impl Ops {
                 factors.is_some(),
             ),
         };
-        enc.dispatch(self.rope.get(&self.device)?, &args.args(), label)
+        enc.dispatch(self.slots.rope.get(&self.device)?, &args.args(), label)
     }
 
     /// Stores `rows` rows of `src` into an f16 cache at the position parameter.
@@ -433,14 +347,14 @@ impl Ops {
                 max_seq: max_seq as u32,
             },
         };
-        enc.dispatch(self.kv_store.get(&self.device)?, &args.args(), label)
+        enc.dispatch(self.slots.kv_store.get(&self.device)?, &args.args(), label)
     }
 
     /// Causal grouped-query attention of `rows` queries over the cache.
     /// Batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more with
-    /// a head size of the backend's [`prefill_attention::head_dims`], no sliding window
-    /// and 16-byte aligned caches take the tiled kernel of [`prefill_attention`] where the
-    /// device has it; the exact set's `attention` kernel takes every batch.
+    /// no sliding window and 16-byte aligned caches take the tiled kernel
+    /// of [`prefill_attention`] where the device has it and it takes the
+    /// head size; the exact set's `attention` kernel takes every batch.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -478,12 +392,16 @@ impl Ops {
         };
         let tiled = shape.rows as usize >= prefill_attention::PREFILL_MIN_ROWS
             && shape.window == 0
-            && prefill_attention::head_dims(self.device.kind()).contains(&head_dim)
             && k.offset().is_multiple_of(16)
             && v.offset().is_multiple_of(16);
-        let kernel = match &self.attention_prefill.kernel {
-            Some(prefill) if tiled => prefill,
-            _ => self.attention.get(&self.device)?,
+        let prefill = if tiled {
+            (self.slots.attention_prefill).launching(bytemuck::bytes_of(&shape))
+        } else {
+            None
+        };
+        let kernel = match prefill {
+            Some(prefill) => prefill,
+            None => self.slots.attention.get(&self.device)?,
         };
         enc.dispatch(kernel, &args.args(), "attention")
     }
@@ -508,9 +426,9 @@ impl Ops {
     ) -> Result<()> {
         self.check_type(w, label)?;
         let args = matmul_args(w, x, y, rows)?;
-        let kernel = match &self.gemm.kernel {
+        let kernel = match &self.slots.gemm.kernel {
             Some(gemm) if tiled => gemm,
-            _ => self.matmul_rows.get(&self.device)?,
+            _ => self.slots.matmul_rows.get(&self.device)?,
         };
         enc.dispatch(kernel, &args.args(), label)
     }
@@ -556,7 +474,7 @@ impl Ops {
                 factors.is_some(),
             ),
         };
-        enc.dispatch(self.rope_rows.get(&self.device)?, &args.args(), label)
+        enc.dispatch(self.slots.rope_rows.get(&self.device)?, &args.args(), label)
     }
 
     /// Stores `rows` rows of `src` into a paged f16 cache of `kv_dim`
@@ -583,7 +501,11 @@ impl Ops {
                 slots: pool_slots as u32,
             },
         };
-        enc.dispatch(self.kv_store_paged.get(&self.device)?, &args.args(), label)
+        enc.dispatch(
+            self.slots.kv_store_paged.get(&self.device)?,
+            &args.args(),
+            label,
+        )
     }
 
     /// Attention of `shape.rows` rows of independent sequences over a paged
@@ -634,7 +556,7 @@ impl Ops {
             shape,
         };
         enc.dispatch(
-            self.attention_paged.get(&self.device)?,
+            self.slots.attention_paged.get(&self.device)?,
             &args.args(),
             "attention",
         )
@@ -647,7 +569,7 @@ impl Ops {
             x: f32s(x, n)?,
             n: n as u32,
         };
-        enc.dispatch(self.add.get(&self.device)?, &args.args(), "add")
+        enc.dispatch(self.slots.add.get(&self.device)?, &args.args(), "add")
     }
 
     /// `y[r, :] += b` for `rows` rows of `n` (a bias).
@@ -664,7 +586,11 @@ impl Ops {
             b: f32s(b, n)?,
             shape: [rows as u32, n as u32],
         };
-        enc.dispatch(self.add_rows.get(&self.device)?, &args.args(), "add_rows")
+        enc.dispatch(
+            self.slots.add_rows.get(&self.device)?,
+            &args.args(),
+            "add_rows",
+        )
     }
 
     /// `y = silu(g) * u` over `n` elements.
@@ -682,7 +608,11 @@ impl Ops {
             y: f32s(y, n)?,
             n: n as u32,
         };
-        enc.dispatch(self.silu_mul.get(&self.device)?, &args.args(), "silu_mul")
+        enc.dispatch(
+            self.slots.silu_mul.get(&self.device)?,
+            &args.args(),
+            "silu_mul",
+        )
     }
 
     /// `y = gelu(g) * u` over `n` elements (tanh approximation).
@@ -700,7 +630,11 @@ impl Ops {
             y: f32s(y, n)?,
             n: n as u32,
         };
-        enc.dispatch(self.gelu_mul.get(&self.device)?, &args.args(), "gelu_mul")
+        enc.dispatch(
+            self.slots.gelu_mul.get(&self.device)?,
+            &args.args(),
+            "gelu_mul",
+        )
     }
 
     /// `y *= s` over `n` elements.
@@ -709,7 +643,7 @@ impl Ops {
             y: f32s(y, n)?,
             shape: ScaleShape { n: n as u32, s },
         };
-        enc.dispatch(self.scale.get(&self.device)?, &args.args(), "scale")
+        enc.dispatch(self.slots.scale.get(&self.device)?, &args.args(), "scale")
     }
 
     /// `y[r] = table[tokens[r]]`, dequantized, for `rows` tokens.
@@ -732,7 +666,7 @@ impl Ops {
                 dtype: table.dtype.ggml_id(),
             },
         };
-        enc.dispatch(self.embed.get(&self.device)?, &args.args(), "embed")
+        enc.dispatch(self.slots.embed.get(&self.device)?, &args.args(), "embed")
     }
 
     /// `out[0] = argmax(x[..n])`, the first index of the largest value;
@@ -757,7 +691,7 @@ impl Ops {
             out: out.view(0, argmax::OUT_BYTES)?,
             n: n as u32,
         };
-        enc.dispatch(self.argmax.get(&self.device)?, &args.args(), "argmax")
+        enc.dispatch(self.slots.argmax.get(&self.device)?, &args.args(), "argmax")
     }
 
     /// A buffer for [`Ops::argmax`]'s result: [`argmax::OUT_BYTES`] bytes,
@@ -798,7 +732,11 @@ impl Ops {
                 n: n as u32,
             },
         };
-        enc.dispatch(self.argmax_rows.get(&self.device)?, &args.args(), "argmax")
+        enc.dispatch(
+            self.slots.argmax_rows.get(&self.device)?,
+            &args.args(),
+            "argmax",
+        )
     }
 
     /// A buffer for [`Ops::argmax_rows`] over `rows` rows, zeroed.
@@ -826,7 +764,11 @@ impl Ops {
             history: history.view(0, cap * 4)?,
             cap: cap as u32,
         };
-        enc.dispatch(self.advance.get(&self.device)?, &args.args(), "advance")
+        enc.dispatch(
+            self.slots.advance.get(&self.device)?,
+            &args.args(),
+            "advance",
+        )
     }
 }
 
@@ -834,25 +776,15 @@ impl Ops {
 mod tests {
     use super::*;
 
-    /// A kernel the device's backend does not implement leaves its slot
-    /// empty when the ops are loaded and fails only when it is dispatched,
-    /// with the op and the backend named.
+    /// The general kernels serve the CPU for every row count: the tiled
+    /// variants, which it has no body of, leave their slots empty.
     #[test]
-    fn an_unimplemented_kernel_is_unsupported_at_dispatch_not_at_load() -> Result<()> {
+    fn the_cpu_runs_the_general_kernels() -> Result<()> {
         let device = Device::cpu()?;
-        let cuda_only = crate::kernels::gemm::def();
-        let slot = Slot::load(&device, cuda_only)?;
-        assert!(slot.kernel.is_none());
-        match slot.get(&device) {
-            Err(Error::Unsupported { op, backend }) => {
-                assert_eq!((op.as_str(), backend), ("gemm", encore::BackendKind::Cpu));
-            }
-            other => return Err(Error::Graph(format!("expected Unsupported, got {other:?}"))),
-        }
-        // The general kernel serves the CPU for every row count.
         let ops = Ops::new(&device, KernelSet::Default)?;
-        assert!(ops.gemm.kernel.is_none() && ops.attention_prefill.kernel.is_none());
-        assert!(ops.matmul.kernel.is_some() && ops.attention_step.kernel.is_some());
+        let slots = &ops.slots;
+        assert!(slots.gemm.kernel.is_none() && slots.attention_prefill.kernel.is_none());
+        assert!(slots.matmul.kernel.is_some() && slots.attention_step.kernel.is_some());
         Ok(())
     }
 

@@ -14,7 +14,6 @@ use std::sync::OnceLock;
 
 use encore::{Buffer, Config, Device, Encoder, GraphStats, Kernel, Result};
 use encore_ops::kernels::attention::{AttnArgs, AttnShape};
-use encore_ops::kernels::attention_exact;
 use encore_ops::kernels::gemm::GEMM_MIN_ROWS;
 use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
 use encore_ops::{DType, KernelSet, Ops, Weight};
@@ -448,9 +447,10 @@ fn attention_exact_matches_cpu_bit_for_bit() {
     // dimension).
     let mut rng = Rng::new();
     let pair = both();
-    let kernels = pair
-        .each_ref()
-        .map(|ops| ops.device().load_kernel(&attention_exact::def()).unwrap());
+    let kernels = pair.each_ref().map(|ops| {
+        let exact = KernelSet::Exact.defs().attention;
+        ops.device().load_kernel(&exact).unwrap()
+    });
     for (heads, kv_heads, head_dim) in [
         (9usize, 3usize, 64usize),
         (4, 4, 40),

@@ -12,13 +12,10 @@ use encore::backend::metal::msl::{self, SizeOf, ARGS_INDEX, SIZES_INDEX};
 use encore::KernelDef;
 use encore_ops::KernelSet;
 
-/// Every kernel definition of the op layer: both kernel sets and the fused
-/// product both ways.
+/// Every kernel definition of the op layer: both kernel sets.
 fn all_defs() -> Vec<KernelDef> {
     let mut defs = KernelSet::Default.defs().all();
     defs.extend(KernelSet::Exact.defs().all());
-    defs.push(encore_ops::kernels::fused::def(false));
-    defs.push(encore_ops::kernels::fused::def(true));
     defs
 }
 

@@ -291,14 +291,27 @@ pub(crate) fn attention_exact() -> CudaKernel {
     )
 }
 
+/// The head sizes `prefill_attention.cu` has code for; the kernel refuses
+/// others at launch, and `Ops::attention` then keeps the general kernel.
+pub const PREFILL_HEAD_DIMS: [u32; 4] = [16, 32, 64, 128];
+
 pub(crate) fn prefill_attention() -> CudaKernel {
-    CudaKernel::new(
+    CudaKernel::checked(
         source_with(
             "prefill_attention.cu",
             &geometry::prefill_attention_defines(),
         ),
         "attention_prefill",
-        |s: &AttnShape| geometry::prefill_attention_launch(s),
+        |s: &AttnShape| {
+            if !PREFILL_HEAD_DIMS.contains(&s.head_dim) {
+                return Err(format!(
+                    "attention_prefill on CUDA has no code for heads of {} (it has for \
+                     {PREFILL_HEAD_DIMS:?})",
+                    s.head_dim
+                ));
+            }
+            Ok(geometry::prefill_attention_launch(s))
+        },
     )
 }
 
@@ -554,7 +567,13 @@ mod tests {
         let bit = |d: DType| 1u32 << d.ggml_id();
         let option = |mask: u32| format!("--define-macro=ENCORE_TYPE_MASK={mask:#x}u");
         for exact in [false, true] {
-            let matmul = crate::kernels::matmul::def(exact);
+            let set = if exact {
+                crate::KernelSet::Exact
+            } else {
+                crate::KernelSet::Default
+            };
+            let defs = set.defs();
+            let matmul = defs.matmul.clone();
             for dtype in WEIGHT_TYPES {
                 let shape = MatmulShape {
                     rows: 1,
@@ -584,10 +603,7 @@ mod tests {
                 bias: 0,
             };
             let both = bit(DType::Q4_K) | bit(DType::Q6_K);
-            for def in [
-                crate::kernels::fused::def(exact),
-                crate::kernels::fused::rows_def(exact),
-            ] {
+            for def in [defs.fused_matmul.clone(), defs.fused_matmul_rows.clone()] {
                 assert_eq!(mask_of(&def, bytemuck::bytes_of(&swiglu)), option(both));
                 let qkv = FusedShape {
                     weights: 3,

@@ -8,7 +8,7 @@
 //! CPU: [`crate::cpu::kernels::advance`]; CUDA: `cuda/advance.cu`; wgpu:
 //! `wgsl/advance.wgsl`.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 crate::op_args! {
     /// `advance`'s arguments: `next: u32[1]` (the argmax), `token: u32[1]`
@@ -21,13 +21,4 @@ crate::op_args! {
         history: Access::Write;
         cap: u32
     }
-}
-
-pub fn def() -> KernelDef {
-    KernelDef::new("advance")
-        .op("advance")
-        .cpu("advance v1", crate::cpu::kernels::advance::advance)
-        .cuda(crate::cuda::advance())
-        .wgpu(crate::wgsl::advance())
-        .programmatic()
 }

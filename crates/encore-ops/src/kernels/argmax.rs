@@ -8,7 +8,7 @@
 //! CPU: [`crate::cpu::kernels::argmax`]; CUDA: `cuda/argmax.cu`; wgpu:
 //! `wgsl/argmax.wgsl`.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 /// Bytes of the `out` buffer: the index, then the kernel's scratch.
 pub const OUT_BYTES: usize = 16;
@@ -16,14 +16,4 @@ pub const OUT_BYTES: usize = 16;
 crate::op_args! {
     /// `argmax`'s arguments: `x: f32[n]`, `out: u32[4]`, `n`.
     pub struct ArgmaxArgs { x: Access::Read, out: Access::ReadWrite; n: u32 }
-}
-
-pub fn def() -> KernelDef {
-    KernelDef::new("argmax")
-        .op("argmax")
-        .cpu("argmax f32 v1", crate::cpu::kernels::argmax::argmax_op)
-        .cuda(crate::cuda::argmax())
-        .wgpu(crate::wgsl::argmax())
-        .programmatic()
-        .specializable()
 }

@@ -19,7 +19,7 @@
 //! [`super::prefill_attention`], [`super::attention_exact`] and
 //! [`super::attention_step`].
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 /// The largest head size the attention kernels support.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -74,26 +74,4 @@ crate::op_args! {
         out: Access::Write;
         shape: AttnShape
     }
-}
-
-/// The definition string of the `attention` op's CPU body, shared by the
-/// kernels of the op that have it (see [`KernelDef::cpu`]).
-pub(crate) const ATTENTION_CPU: &str = "attention f16-cache flash tiled v4";
-
-pub fn kv_store_def() -> KernelDef {
-    KernelDef::new("kv_store")
-        .op("kv_store")
-        .cpu("kv_store f16 v1", crate::cpu::kernels::attention::kv_store)
-        .cuda(crate::cuda::kv_store())
-        .wgpu(crate::wgsl::kv_store())
-        .programmatic()
-}
-
-pub fn attention_def() -> KernelDef {
-    KernelDef::new("attention")
-        .op("attention")
-        .cpu(ATTENTION_CPU, crate::cpu::kernels::attention::attention)
-        .cuda(crate::cuda::attention())
-        .wgpu(crate::wgsl::attention())
-        .programmatic()
 }

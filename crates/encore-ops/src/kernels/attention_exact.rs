@@ -42,21 +42,6 @@
 //! [`attend_head`]: crate::cpu::kernels::attention::attend_head
 //! [`attend_head_tiled`]: crate::cpu::kernels::attention::attend_head_tiled
 
-use encore::KernelDef;
-
-use super::attention::ATTENTION_CPU;
-
-/// `attention_exact`: the `attention` op's arguments and CPU body, and a CUDA
-/// kernel that gives the CPU's bits (see the module documentation).
-pub fn def() -> KernelDef {
-    KernelDef::new("attention_exact")
-        .op("attention")
-        .cpu(ATTENTION_CPU, crate::cpu::kernels::attention::attention)
-        .cuda(crate::cuda::attention_exact())
-        .option("--fmad=false")
-        .programmatic()
-}
-
 /// glibc's `expf` in Rust, the reference the CUDA `glibc_expf` follows line
 /// by line: the tests check it against `f32::exp` and the CUDA source
 /// against its constants.
@@ -154,7 +139,11 @@ mod reference {
 #[cfg(test)]
 mod tests {
     use super::reference::*;
-    use super::*;
+
+    /// The exact set's `attention` kernel: this one.
+    fn def() -> encore::KernelDef {
+        crate::KernelSet::Exact.defs().attention
+    }
 
     #[cfg(target_arch = "x86_64")]
     fn assert_same_as_libm(x: f32) {

@@ -14,7 +14,7 @@
 //!
 //! CUDA: `cuda/attention_step.cu`; wgpu: `wgsl/attention_step.wgsl`.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 use super::attention::AttnShape;
 use super::rope::RopeShape;
@@ -66,18 +66,4 @@ crate::op_args! {
         out: Access::Write;
         shape: AttnStepShape
     }
-}
-
-pub fn def() -> KernelDef {
-    KernelDef::new("attention_step")
-        .op("attention_step")
-        .cpu(
-            "attention_step f16-cache v1",
-            crate::cpu::kernels::attention_step::attention_step,
-        )
-        .cuda(crate::cuda::attention_step())
-        .wgpu(crate::wgsl::attention_step())
-        .wgpu_variants(crate::wgsl::attention_step_for)
-        .programmatic()
-        .specializable()
 }

@@ -14,10 +14,7 @@
 //! `cuda/add_rows.cu`, `cuda/silu_mul.cu`, `cuda/gelu_mul.cu`, `cuda/scale.cu`;
 //! wgpu: the `.wgsl` files of the same names in `wgsl/`.
 
-use encore::{Access, KernelDef};
-
-use crate::cpu::kernels::elementwise as cpu;
-use crate::cuda;
+use encore::Access;
 
 crate::op_args! {
     /// `add`'s arguments: `y: f32[n]`, `x: f32[n]`, `n`.
@@ -49,49 +46,4 @@ pub struct ScaleShape {
 crate::op_args! {
     /// `scale`'s arguments: `y: f32[n]`, `{n, s}`.
     pub struct ScaleArgs { y: Access::ReadWrite; shape: ScaleShape }
-}
-
-pub fn add_def() -> KernelDef {
-    KernelDef::new("add")
-        .op("add")
-        .cpu("add f32 v1", cpu::add)
-        .cuda(cuda::add())
-        .wgpu(crate::wgsl::add())
-        .programmatic()
-}
-
-pub fn add_rows_def() -> KernelDef {
-    KernelDef::new("add_rows")
-        .op("add_rows")
-        .cpu("add_rows f32 v1", cpu::add_rows)
-        .cuda(cuda::add_rows())
-        .wgpu(crate::wgsl::add_rows())
-        .programmatic()
-}
-
-pub fn silu_mul_def() -> KernelDef {
-    KernelDef::new("silu_mul")
-        .op("silu_mul")
-        .cpu("silu_mul f32 ggml-exp v2", cpu::silu_mul)
-        .cuda(cuda::silu_mul())
-        .wgpu(crate::wgsl::silu_mul())
-        .programmatic()
-}
-
-pub fn gelu_mul_def() -> KernelDef {
-    KernelDef::new("gelu_mul")
-        .op("gelu_mul")
-        .cpu("gelu_mul f32 tanh f16-table v2", cpu::gelu_mul)
-        .cuda(cuda::gelu_mul())
-        .wgpu(crate::wgsl::gelu_mul())
-        .programmatic()
-}
-
-pub fn scale_def() -> KernelDef {
-    KernelDef::new("scale")
-        .op("scale")
-        .cpu("scale f32 v1", cpu::scale)
-        .cuda(cuda::scale())
-        .wgpu(crate::wgsl::scale())
-        .programmatic()
 }

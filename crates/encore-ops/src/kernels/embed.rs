@@ -3,7 +3,7 @@
 //! CPU: [`crate::cpu::kernels::embed`]; CUDA: `cuda/embed.cu`; wgpu:
 //! `wgsl/embed.wgsl` (bit for bit the CPU's dequantization).
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -19,14 +19,4 @@ crate::op_args! {
     /// `embed`'s arguments: `table: dtype[vocab, dim]`, `tokens: u32[rows]`,
     /// `y: f32[rows, dim]`.
     pub struct EmbedArgs { table: Access::Read, tokens: Access::Read, y: Access::Write; shape: EmbedShape }
-}
-
-pub fn def() -> KernelDef {
-    KernelDef::new("embed")
-        .op("embed")
-        .cpu("embed v1", crate::cpu::kernels::embed::embed)
-        .cuda(crate::cuda::embed())
-        .wgpu(crate::wgsl::embed())
-        .programmatic()
-        .specializable()
 }

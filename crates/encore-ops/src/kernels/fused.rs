@@ -25,7 +25,7 @@
 //! (default set only: not bit for bit): `wgsl/fused_matmul.wgsl`, which folds
 //! the norm into the product as the fast CUDA kernel does.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 /// `y_i = p_i`.
 pub const EPILOGUE_STORE: u32 = 0;
@@ -113,39 +113,4 @@ impl<B> FusedArgs<B> {
     pub fn biases(&self) -> [&B; 3] {
         [&self.b0, &self.b1, &self.b2]
     }
-}
-
-/// The `fused_matmul` kernel; with `exact`, its CUDA code gives the CPU's
-/// results bit for bit for quantized weights (see the module docs).
-/// `fused_matmul_rows`: `fused_matmul` with each row's arithmetic
-/// independent of the other rows (see [`super::paged`]), what the fusion
-/// rules of batch graphs build from `matmul_rows`. The CPU body is
-/// `fused_matmul`'s (the unfused ops' code, row by row already).
-/// Specialized without its row count (the kernel takes the row from the
-/// grid), so one variant serves every batch size.
-pub fn rows_def(exact: bool) -> KernelDef {
-    KernelDef::new("fused_matmul_rows")
-        .op("fused_matmul_rows")
-        .cpu("fused_matmul v1", crate::cpu::kernels::fused::fused_matmul)
-        .cuda(crate::cuda::fused_matmul_rows(exact))
-        .programmatic()
-        .specializable_except(&[0])
-        .variant_options(crate::cuda::fused_variant_options)
-}
-
-pub fn def(exact: bool) -> KernelDef {
-    let def = KernelDef::new("fused_matmul")
-        .op("fused_matmul")
-        .cpu("fused_matmul v1", crate::cpu::kernels::fused::fused_matmul)
-        .cuda(crate::cuda::fused_matmul(exact));
-    // The WGSL products are not the CPU's bit for bit: the default set only.
-    let def = if exact {
-        def
-    } else {
-        def.wgpu(crate::wgsl::fused_matmul())
-            .wgpu_variants(crate::wgsl::fused_matmul_for)
-    };
-    def.programmatic()
-        .specializable()
-        .variant_options(crate::cuda::fused_variant_options)
 }

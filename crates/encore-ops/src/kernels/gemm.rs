@@ -44,14 +44,5 @@
 //! CUDA: `cuda/gemm.cu`, with the tensor-core helpers it shares with the
 //! prefill attention in `cuda/mma.cuh`.
 
-use encore::KernelDef;
-
 /// Activation rows from which `Ops::matmul` uses this kernel.
 pub const GEMM_MIN_ROWS: usize = 16;
-
-pub fn def() -> KernelDef {
-    KernelDef::new("gemm")
-        .op("gemm")
-        .cuda(crate::cuda::gemm())
-        .programmatic()
-}

@@ -17,7 +17,7 @@
 //! (default set only) multiplies dequantized weights with f32 `x` as well
 //! (`wgsl/matmul.wgsl`), in tiles of activation rows per weight read.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -33,25 +33,4 @@ crate::op_args! {
     /// `matmul`'s (and `gemm`'s) arguments: `w: dtype[n, k]` (raw GGUF
     /// blocks), `x: f32[rows, k]`, `y: f32[rows, n]`.
     pub struct MatmulArgs { w: Access::Read, x: Access::Read, y: Access::Write; shape: MatmulShape }
-}
-
-/// The `matmul` kernel; with `exact`, its CUDA code gives the CPU's results
-/// bit for bit (see the module docs).
-// The closure inlines the CPU body (see there for why).
-#[allow(clippy::redundant_closure)]
-pub fn def(exact: bool) -> KernelDef {
-    let def = KernelDef::new("matmul")
-        .op("matmul")
-        .cpu("matmul v1", |a| crate::cpu::kernels::matmul::matmul(a))
-        .cuda(crate::cuda::matmul(exact));
-    // The WGSL product is not the CPU's bit for bit: the default set only.
-    let def = if exact {
-        def
-    } else {
-        def.wgpu(crate::wgsl::matmul())
-            .wgpu_variants(crate::wgsl::matmul_for)
-    };
-    def.programmatic()
-        .specializable()
-        .variant_options(crate::cuda::matmul_variant_options)
 }

@@ -5,7 +5,7 @@
 //! CPU: [`crate::cpu::kernels::norm`]; CUDA: `cuda/rms_norm.cu`; wgpu:
 //! `wgsl/rms_norm.wgsl`.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -18,14 +18,4 @@ pub struct NormShape {
 crate::op_args! {
     /// `rms_norm`'s arguments: `x: f32[rows, dim]`, `w: f32[dim]`, `y: f32[rows, dim]`.
     pub struct NormArgs { x: Access::Read, w: Access::Read, y: Access::Write; shape: NormShape }
-}
-
-pub fn def() -> KernelDef {
-    KernelDef::new("rms_norm")
-        .op("rms_norm")
-        .cpu("rms_norm f32 v1", crate::cpu::kernels::norm::rms_norm)
-        .cuda(crate::cuda::rms_norm())
-        .wgpu(crate::wgsl::rms_norm())
-        .programmatic()
-        .specializable()
 }

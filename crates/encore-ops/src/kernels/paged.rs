@@ -55,7 +55,7 @@
 //! shared with `argmax.cu` in `cuda/argmax_common.cuh`). wgpu has no
 //! implementation yet: the ops report `Unsupported` there.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 use super::attention_step::{STEP_K_NEW, STEP_V_NEW};
 use super::rope::RopeShape;
@@ -200,79 +200,4 @@ crate::op_args! {
     /// (each row's index in its first word; the other three the scratch of
     /// [`super::argmax`], zero before and after a dispatch).
     pub struct ArgmaxRowsArgs { x: Access::Read, out: Access::ReadWrite; shape: ArgmaxRowsShape }
-}
-
-pub fn argmax_rows_def() -> KernelDef {
-    KernelDef::new("argmax_rows")
-        .op("argmax_rows")
-        .cpu(
-            "argmax_rows f32 v1",
-            crate::cpu::kernels::argmax::argmax_rows_op,
-        )
-        .cuda(crate::cuda::argmax_rows())
-        .programmatic()
-}
-
-pub fn rope_rows_def() -> KernelDef {
-    KernelDef::new("rope_rows")
-        .op("rope_rows")
-        .cpu(
-            "rope_rows f32 fma factors v1",
-            crate::cpu::kernels::paged::rope_rows,
-        )
-        .cuda(crate::cuda::rope_rows())
-        .programmatic()
-}
-
-pub fn kv_store_paged_def() -> KernelDef {
-    KernelDef::new("kv_store_paged")
-        .op("kv_store_paged")
-        .cpu(
-            "kv_store_paged f16 v1",
-            crate::cpu::kernels::paged::kv_store_paged,
-        )
-        .cuda(crate::cuda::kv_store_paged())
-        .programmatic()
-}
-
-pub fn attention_paged_def() -> KernelDef {
-    KernelDef::new("attention_paged")
-        .op("attention_paged")
-        .cpu(
-            "attention_paged gathered flash v1",
-            crate::cpu::kernels::paged::attention_paged,
-        )
-        .cuda(crate::cuda::attention_paged())
-        .programmatic()
-}
-
-/// `attention_step_paged` (fusion only, as `attention_step`): the paged
-/// decode rows' RoPE, cache stores and attention in one dispatch.
-/// Specialized without its row count, as `matmul_rows`.
-pub fn attention_step_paged_def() -> KernelDef {
-    KernelDef::new("attention_step_paged")
-        .op("attention_step_paged")
-        .cpu(
-            "attention_step_paged f16-cache v1",
-            crate::cpu::kernels::paged::attention_step_paged,
-        )
-        .cuda(crate::cuda::attention_step_paged())
-        .programmatic()
-        .specializable_except(&[0])
-}
-
-/// `matmul_rows`; with `exact`, the exact set's products (see
-/// [`super::matmul::def`]). Specialized without its row count (the
-/// kernel takes the row from the grid), so one variant serves every batch
-/// size.
-// The closure inlines the CPU body (see the matmul body for why).
-#[allow(clippy::redundant_closure)]
-pub fn matmul_rows_def(exact: bool) -> KernelDef {
-    KernelDef::new("matmul_rows")
-        .op("matmul_rows")
-        .cpu("matmul v1", |a| crate::cpu::kernels::matmul::matmul(a))
-        .cuda(crate::cuda::matmul_rows(exact))
-        .programmatic()
-        .specializable_except(&[0])
-        .variant_options(crate::cuda::matmul_variant_options)
 }

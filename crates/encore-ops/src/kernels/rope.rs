@@ -20,7 +20,7 @@
 //! wgpu: `wgsl/rope.wgsl` and `wgsl/rope_store.wgsl`, likewise sharing
 //! `wgsl/rope_common.wgsl`.
 
-use encore::{Access, KernelDef};
+use encore::Access;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -68,22 +68,4 @@ crate::op_args! {
         cache: Access::Write;
         shape: RopeStoreShape
     }
-}
-
-pub fn def() -> KernelDef {
-    KernelDef::new("rope")
-        .op("rope")
-        .cpu("rope f32 fma factors v3", crate::cpu::kernels::rope::rope)
-        .cuda(crate::cuda::rope())
-        .wgpu(crate::wgsl::rope())
-        .programmatic()
-}
-
-pub fn rope_store_def() -> KernelDef {
-    KernelDef::new("rope_store")
-        .op("rope_store")
-        .cpu("rope_store f16 v1", crate::cpu::kernels::rope::rope_store)
-        .cuda(crate::cuda::rope_store())
-        .wgpu(crate::wgsl::rope_store())
-        .programmatic()
 }

@@ -250,7 +250,7 @@ pub(crate) fn matmul() -> WgpuKernel {
 }
 
 /// `matmul` specialized for the value `value` (a [`MatmulShape`]): the
-/// graph variant of [`crate::kernels::matmul::def`] on wgpu.
+/// graph variant of the `matmul` row of [`crate::registry`] on wgpu.
 pub(crate) fn matmul_for(value: &[u8]) -> Option<WgpuKernel> {
     let s: MatmulShape = bytemuck::try_pod_read_unaligned(value).ok()?;
     let fields = format!("{}u, {}u, {}u, {}u", s.rows, s.n, s.k, s.dtype);
@@ -300,8 +300,8 @@ pub(crate) fn fused_matmul() -> WgpuKernel {
 }
 
 /// `fused_matmul` specialized for the value `value` (a [`FusedShape`]): the
-/// graph variant of [`crate::kernels::fused::def`] on wgpu. `None` for a
-/// non-finite `eps`, which has no WGSL literal.
+/// graph variant of the `fused_matmul` row of [`crate::registry`] on wgpu.
+/// `None` for a non-finite `eps`, which has no WGSL literal.
 pub(crate) fn fused_matmul_for(value: &[u8]) -> Option<WgpuKernel> {
     let s: FusedShape = bytemuck::try_pod_read_unaligned(value).ok()?;
     if !s.eps.is_finite() {
@@ -433,15 +433,32 @@ pub(crate) fn attention() -> WgpuKernel {
 /// `prefill_attention.wgsl`, which lays its invocations over 16).
 const PREFILL_QUERY_ROWS: u32 = 16;
 
+/// The head sizes `prefill_attention.wgsl` takes: its tiles of queries and
+/// of K and V rows, in f32, fit the 16 KiB of workgroup memory every
+/// adapter offers for heads of at most 64. The kernel refuses others at
+/// launch, and `Ops::attention` then keeps the general kernel.
+pub const PREFILL_HEAD_DIMS: [u32; 3] = [16, 32, 64];
+
 /// One workgroup per (head, tile of [`PREFILL_QUERY_ROWS`] query rows).
 pub(crate) fn prefill_attention() -> WgpuKernel {
-    finite(WgpuKernel::new(
+    finite(WgpuKernel::checked(
         format!(
             "const FA_ROWS: u32 = {PREFILL_QUERY_ROWS}u;\nconst FA_F32_ROWS: u32 = {}u;\n",
             crate::cpu::kernels::attention::FA_TILE_Q
         ) + &source("prefill_attention.wgsl"),
         "attention_prefill",
-        |s: &AttnShape| linear_launch(s.heads.saturating_mul(s.rows.div_ceil(PREFILL_QUERY_ROWS))),
+        |s: &AttnShape| {
+            if !PREFILL_HEAD_DIMS.contains(&s.head_dim) {
+                return Err(format!(
+                    "attention_prefill on wgpu has no code for heads of {} (it has for \
+                     {PREFILL_HEAD_DIMS:?})",
+                    s.head_dim
+                ));
+            }
+            Ok(linear_launch(
+                s.heads.saturating_mul(s.rows.div_ceil(PREFILL_QUERY_ROWS)),
+            ))
+        },
     ))
 }
 
@@ -501,9 +518,9 @@ pub(crate) fn attention_step() -> WgpuKernel {
 }
 
 /// `attention_step` specialized for the value `value` (an
-/// [`AttnStepShape`]): the graph variant of
-/// [`crate::kernels::attention_step::def`] on wgpu. `None` where a float
-/// field is not finite (it has no WGSL literal).
+/// [`AttnStepShape`]): the graph variant of the `attention_step` row of
+/// [`crate::registry`] on wgpu. `None` where a float field is not finite
+/// (it has no WGSL literal).
 pub(crate) fn attention_step_for(value: &[u8]) -> Option<WgpuKernel> {
     let s: AttnStepShape = bytemuck::try_pod_read_unaligned(value).ok()?;
     let (a, r) = (&s.attn, &s.rope);
@@ -639,8 +656,8 @@ mod tests {
     /// version; a value of another size or a non-finite `eps` gets none.
     #[test]
     fn specialized_products_validate_and_carry_their_shape() {
-        let matmul_def = crate::kernels::matmul::def(false);
-        let fused_def = crate::kernels::fused::def(false);
+        let defs = crate::KernelSet::Default.defs();
+        let (matmul_def, fused_def) = (defs.matmul, defs.fused_matmul);
         let check = |def: &encore::KernelDef, value: &[u8], constant: &str| {
             let variant = def
                 .specialized_for(encore::BackendKind::Wgpu, value)
@@ -696,7 +713,7 @@ mod tests {
             .specialized_for(wgpu, bytemuck::bytes_of(&nan))
             .is_none());
         // Kernels without WGSL variants get none on wgpu.
-        let norm = crate::kernels::norm::def();
+        let norm = crate::KernelSet::Default.defs().rms_norm;
         assert!(norm.specialized_for(wgpu, &[0; 16]).is_none());
     }
 
@@ -760,7 +777,9 @@ mod tests {
     /// and validates; a non-finite float field gets none.
     #[test]
     fn specialized_attention_step_validates_and_carries_its_shape() {
-        let def = crate::kernels::attention_step::def();
+        let Some(def) = crate::KernelSet::Default.defs().attention_step else {
+            panic!("the default set has attention_step");
+        };
         let wgpu = encore::BackendKind::Wgpu;
         let good = step_shape();
         let variant = def

@@ -6,10 +6,10 @@
 use encore::Encoder;
 use encore_ops::kernels::attention::AttnShape;
 use encore_ops::kernels::attention_step::{
-    self, AttnStepArgs, AttnStepShape, STEP_K_NEW, STEP_ROPE_K, STEP_ROPE_Q, STEP_V_NEW,
+    AttnStepArgs, AttnStepShape, STEP_K_NEW, STEP_ROPE_K, STEP_ROPE_Q, STEP_V_NEW,
 };
 use encore_ops::kernels::rope::{theta_scale, RopeShape};
-use encore_ops::Ops;
+use encore_ops::{KernelSet, Ops};
 use half::f16;
 
 use super::common::{upload, Rng};
@@ -75,7 +75,8 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, attn: AttnShape, rope: RopeShape, flags
     // On `ops`, eagerly or with `graph` as a graph (its kernel then the
     // variant specialized for the shape).
     let run_on = |ops: &Ops, graph: bool| {
-        let kernel = ops.device().load_kernel(&attention_step::def()).unwrap();
+        let def = KernelSet::Default.defs().attention_step.unwrap();
+        let kernel = ops.device().load_kernel(&def).unwrap();
         let qb = upload(ops, &q);
         let args = AttnStepArgs {
             k_new: if flags & STEP_K_NEW != 0 {

@@ -1,8 +1,7 @@
 //! Elementwise ops, norms, RoPE, KV stores, argmax and the position advance.
 
-use encore_ops::kernels::rope::{
-    rope_store_def, theta_scale, RopeShape, RopeStoreArgs, RopeStoreShape,
-};
+use encore_ops::kernels::rope::{theta_scale, RopeShape, RopeStoreArgs, RopeStoreShape};
+use encore_ops::KernelSet;
 use half::f16;
 
 use super::common::{upload, Rng};
@@ -190,7 +189,8 @@ fn rope_store_matches_cpu() {
                 max_seq: max_seq as u32,
             };
             let out = pair.each_ref().map(|ops| {
-                let kernel = ops.device().load_kernel(&rope_store_def()).unwrap();
+                let def = KernelSet::Default.defs().rope_store;
+                let kernel = ops.device().load_kernel(&def).unwrap();
                 let args = RopeStoreArgs {
                     x: upload(ops, &x0),
                     pos: upload(ops, &[pos]),
