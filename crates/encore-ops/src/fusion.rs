@@ -202,8 +202,8 @@ fn siblings(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
 /// Widest product the norm is folded into. Every warp of the fused kernel
 /// re-reads the activations and the norm weights, which for an output head
 /// of tens of thousands of columns costs more than a separate `rms_norm`;
-/// except in one-row products of Q4_K and Q6_K weights, whose blocks read
-/// them once to quantize them ([`folds_at_any_width`]).
+/// except in one-row products on 8-bit activations, whose blocks read them
+/// once to quantize them ([`folds_at_any_width`]).
 const NORM_FOLD_MAX_COLUMNS: u32 = 8192;
 
 /// Widest product of [`folds_at_any_width`]: narrower than any vocabulary.
@@ -212,17 +212,25 @@ const NORM_FOLD_MAX_WIDE_COLUMNS: u32 = 65_536;
 /// Whether a product of `shape` reads its input once a block of its kernel,
 /// not once a warp, so that folding the norm in costs little at a layer's
 /// widths (a feed-forward's 18,944 gate and up columns): one activation row
-/// and only Q4_K and Q6_K weights, the 8-bit decode products of a Q4_K_M
-/// file (CUDA's `quant_dots_k8.cuh`; elsewhere the fold is merely one
+/// and only weights whose decode products take 8-bit activations at such
+/// widths (Q4_K and Q6_K in CUDA's `quant_dots_k8.cuh`, Q4_0, Q4_1, Q5_0
+/// and Q8_0 in `quant_dots_fast.cuh`; elsewhere the fold is merely one
 /// dispatch fewer). An output head stays a `matmul`, whose warps take two
 /// columns each where `fused_matmul`'s take one.
 fn folds_at_any_width(shape: &FusedShape) -> bool {
-    let super_block = [DType::Q4_K.ggml_id(), DType::Q6_K.ggml_id()];
+    let eight_bit = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ];
     shape.rows == 1
         && shape.columns() <= NORM_FOLD_MAX_WIDE_COLUMNS
         && shape.dtype[..(shape.weights as usize).min(3)]
             .iter()
-            .all(|t| super_block.contains(t))
+            .all(|&t| eight_bit.iter().any(|d| d.ggml_id() == t))
 }
 
 /// Rule 5: `rms_norm` whose output is exactly a product's input.

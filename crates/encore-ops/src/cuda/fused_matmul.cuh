@@ -123,14 +123,19 @@ __device__ __forceinline__ bool fused_together(const FusedShape& s, const Column
 // Whether a decode product of `s` quantizes its input to 8 bits once a
 // block (`fused_eight_bit` in cuda/geometry.rs): every weight's type (and
 // the up weight's in SwiGLU) takes 8-bit activations, in blocks of 32 over
-// rows too short to split, or super-blocks over any row.
+// rows too short to split or in products of MM_Q8_MIN_COLUMNS columns, or
+// super-blocks over any row.
 __device__ __forceinline__ bool fused_eight_bit(const FusedShape& s) {
 #if MM_Q8
     unsigned int types[4];
     unsigned int count = 0;
     for (unsigned int t = 0; t < min(s.weights, 3u); ++t) types[count++] = s.dtype[t];
     if (s.epilogue == EPILOGUE_SWIGLU) types[count++] = s.dtype[1];
-    return s.rows == 1 && eight_bit_types(types, count, s.k, s.k < MM_SPLIT_MIN_K);
+    const unsigned int columns = s.epilogue == EPILOGUE_SWIGLU
+                                     ? s.n[0]
+                                     : s.n[0] + (s.weights > 1 ? s.n[1] : 0u) + (s.weights > 2 ? s.n[2] : 0u);
+    return s.rows == 1 &&
+           eight_bit_types(types, count, s.k, s.k < MM_SPLIT_MIN_K || columns >= MM_Q8_MIN_COLUMNS);
 #else
     return false;
 #endif
@@ -292,11 +297,11 @@ __device__ __forceinline__ T pick(unsigned int i, T a, T b, T c) {
 }
 
 // Blocks a multiprocessor must hold at once: 1, or where the variant is
-// specialized for a decode product of Q4_K and Q6_K on 8-bit activations,
-// 3 (cuda/mod.rs, `fused_variant_options`), which holds that path to 85
-// registers (it fits in 80 without spilling): three blocks of eight warps
-// keep more loads in flight than two. The generic code would spill there,
-// so only these variants ask.
+// specialized for a decode product on 8-bit activations, 3 (cuda/mod.rs,
+// `fused_variant_options`), which holds that path to 85 registers (Q4_K
+// and Q6_K fit in 80 without spilling): three blocks of eight warps keep
+// more loads in flight than two. The generic code would spill there, so
+// only these variants ask.
 #ifndef MM_MIN_BLOCKS
 #define MM_MIN_BLOCKS 1
 #endif

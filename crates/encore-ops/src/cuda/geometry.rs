@@ -184,28 +184,26 @@ pub fn fused_split(shape: &FusedShape, exact: bool) -> u32 {
     }
 }
 
+/// Fewest output columns from which a one-row product of weights in blocks
+/// of 32 over rows long enough to split ([`FUSED_SPLIT_MIN_K`]) takes 8-bit
+/// activations all the same: such a product never splits a column, so it
+/// needs columns enough to give every multiprocessor its blocks (a 0.5B
+/// model's down product, 896 columns, is faster split on f32 activations).
+pub const EIGHT_BIT_BLOCKS_MIN_COLUMNS: u32 = 2048;
+
 /// Whether a decode `fused_matmul` of `shape` quantizes its input to 8 bits
 /// once a block (`eight_bit_types` of every weight, and the up weight's in
 /// the SwiGLU epilogue): weights in blocks of 32 over rows too short to
-/// split, or super-blocks over any row (such a product never splits: a
-/// block's warps share its activations). Never in the exact version.
+/// split or in products of [`EIGHT_BIT_BLOCKS_MIN_COLUMNS`] columns, and
+/// super-blocks over any row (such a product never splits: a block's warps
+/// share its activations). Never in the exact version.
 pub fn fused_eight_bit(shape: &FusedShape, exact: bool) -> bool {
     let mut types = shape.dtype[..(shape.weights as usize).min(3)].to_vec();
     if shape.epilogue == EPILOGUE_SWIGLU {
         types.push(shape.dtype[1]);
     }
-    !exact && shape.rows == 1 && eight_bit_types(&types, shape.k, shape.k < FUSED_SPLIT_MIN_K)
-}
-
-/// Whether a `fused_matmul` of `shape` takes the 8-bit products of Q4_K and
-/// Q6_K weights (in the default version): its variant is held to three
-/// blocks a multiprocessor (`MM_MIN_BLOCKS`).
-pub(crate) fn fused_super_block_eight_bit(shape: &FusedShape) -> bool {
-    let super_block = |&t: &u32| EIGHT_BIT_SUPER_TYPES.iter().any(|d| d.ggml_id() == t);
-    fused_eight_bit(shape, false)
-        && shape.dtype[..(shape.weights as usize).min(3)]
-            .iter()
-            .all(super_block)
+    let blocks = shape.k < FUSED_SPLIT_MIN_K || shape.columns() >= EIGHT_BIT_BLOCKS_MIN_COLUMNS;
+    !exact && shape.rows == 1 && eight_bit_types(&types, shape.k, blocks)
 }
 
 /// `MM_Q8`, whether a kernel's one-row products of weights in blocks of 32,
@@ -230,6 +228,10 @@ pub(crate) fn fused_matmul_defines(exact: bool) -> Vec<(&'static str, String)> {
     defines.extend([
         ("MM_SPLIT", format!("{split}u")),
         ("MM_SPLIT_MIN_K", format!("{FUSED_SPLIT_MIN_K}u")),
+        (
+            "MM_Q8_MIN_COLUMNS",
+            format!("{EIGHT_BIT_BLOCKS_MIN_COLUMNS}u"),
+        ),
         ("MM_Q8", eight_bit_activations(exact)),
         ("Q8X_MAX_K", format!("{EIGHT_BIT_MAX_K}u")),
     ]);

@@ -105,7 +105,8 @@ pub(crate) fn matmul_variant_options(value: &[u8]) -> Vec<String> {
 /// [`encore::KernelDef::variant_options`] of `fused_matmul` and
 /// `fused_matmul_rows`: the types of the weights in use, and the up
 /// weight's in the SwiGLU epilogue (the kernel reads it there whatever the
-/// weight count says).
+/// weight count says); three blocks a multiprocessor for a product on 8-bit
+/// activations (`MM_MIN_BLOCKS`, fused_matmul.cuh).
 pub(crate) fn fused_variant_options(value: &[u8]) -> Vec<String> {
     let Ok(s) = bytemuck::try_pod_read_unaligned::<FusedShape>(value) else {
         return Vec::new();
@@ -115,7 +116,7 @@ pub(crate) fn fused_variant_options(value: &[u8]) -> Vec<String> {
         types.push(s.dtype[1]);
     }
     let mut options = type_mask_options(&types);
-    if geometry::fused_super_block_eight_bit(&s) {
+    if geometry::fused_eight_bit(&s, false) {
         options.push("--define-macro=MM_MIN_BLOCKS=3".to_string());
     }
     options
@@ -526,7 +527,7 @@ mod tests {
     /// compiled for three blocks a multiprocessor; other products, and the
     /// same weights over several rows, keep the default.
     #[test]
-    fn super_block_decode_variants_ask_for_three_blocks() {
+    fn eight_bit_decode_variants_ask_for_three_blocks() {
         let swiglu = |dtype: DType, rows: u32| FusedShape {
             rows,
             k: 3584,
@@ -544,9 +545,24 @@ mod tests {
         };
         assert!(asks(swiglu(DType::Q4_K, 1)));
         assert!(asks(swiglu(DType::Q6_K, 1)));
+        assert!(asks(swiglu(DType::Q8_0, 1)));
         assert!(!asks(swiglu(DType::Q4_K, 4)));
-        assert!(!asks(swiglu(DType::Q4_0, 1)));
         assert!(!asks(swiglu(DType::Q5_K, 1)));
+        // Weights in blocks of 32 over long rows and few columns split on
+        // f32 activations instead (a 0.5B model's down product).
+        let down = |n: u32| FusedShape {
+            rows: 1,
+            k: 4864,
+            n: [n, 0, 0],
+            dtype: [DType::Q8_0.ggml_id(), 0, 0],
+            weights: 1,
+            epilogue: EPILOGUE_ACCUMULATE,
+            norm: 0,
+            eps: 0.0,
+            bias: 0,
+        };
+        assert!(!asks(down(896)));
+        assert!(asks(down(3584)));
     }
 
     /// A specialized product carries the code of its weights' types alone
