@@ -22,8 +22,9 @@
 //!   device's arch then ends in `+subgroups`, `+f16` or both, so the
 //!   versions have different keys.
 //! - Programs: one compute pass each, in which wgpu's own usage tracking
-//!   orders the dispatches; see `submit.rs`. The device itself, its memory
-//!   and its pipelines are `device.rs`.
+//!   orders the dispatches; see `submit.rs`. The device itself and its
+//!   memory are `device.rs`; what both share (queue, allocations, failure,
+//!   pipelines) is `shared.rs`.
 //! - Errors: validation, out-of-memory and internal errors are caught in
 //!   error scopes around every call that can raise them; device loss and
 //!   anything uncaught (wgpu would panic by default) are recorded by
@@ -34,6 +35,8 @@ mod kernel;
 
 #[cfg(feature = "wgpu")]
 mod device;
+#[cfg(feature = "wgpu")]
+mod shared;
 #[cfg(feature = "wgpu")]
 mod submit;
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::device::{caught, message, Pipeline, Shared};
+use super::shared::{caught, message, Pipeline, Shared};
 use crate::backend::wgsl::ArgBlocks;
 use crate::backend::{BackendSubmission, Executable, Timing};
 use crate::error::{Error, Result};
@@ -300,7 +300,8 @@ impl Prepared {
             });
         if error.is_none() {
             if hold {
-                s.hold(commands, slot.clone());
+                let held = slot.clone();
+                s.hold(Box::new(move |s: &Shared| held.submit(s, commands)));
             } else {
                 s.flush();
                 slot.submit(s, commands);
