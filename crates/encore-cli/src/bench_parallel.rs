@@ -126,6 +126,8 @@ fn round(
                 },
                 stop: Vec::new(),
                 ignore_eos: true,
+                logprobs: None,
+                constraint: None,
                 cancel: Arc::default(),
                 events: Box::new(move |e| {
                     let now = Instant::now();
@@ -139,6 +141,7 @@ fn round(
                             completion_tokens, ..
                         } => Mark::Done(i, now, completion_tokens),
                         Event::Error(e) => Mark::Failed(e),
+                        _ => return true,
                     };
                     tx.send(mark).is_ok()
                 }),

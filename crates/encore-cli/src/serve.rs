@@ -222,6 +222,8 @@ fn start(a: &ServeArgs) -> Result<(Arc<Engine>, Arc<Scheduler>), String> {
             },
             stop: Vec::new(),
             ignore_eos: false,
+            logprobs: None,
+            constraint: None,
             cancel: Arc::default(),
             events: Box::new(move |e| tx.send(e).is_ok()),
         })
@@ -230,7 +232,7 @@ fn start(a: &ServeArgs) -> Result<(Arc<Engine>, Arc<Scheduler>), String> {
         match rx.recv() {
             Ok(Event::Done { .. }) => break,
             Ok(Event::Error(e)) => return Err(format!("warming up: {e}")),
-            Ok(Event::Text(_)) => {}
+            Ok(_) => {}
             Err(_) => return Err("warming up: the scheduler stopped".into()),
         }
     }

@@ -15,6 +15,7 @@ pub mod blocks;
 pub mod catalog;
 pub mod chat;
 pub mod config;
+pub mod constraint;
 mod engine;
 mod error;
 pub mod fetch;
@@ -34,7 +35,7 @@ pub use engine::{Engine, EngineOptions, GenerateOptions, Generation, GREEDY_BATC
 pub use error::{LlmError, Result};
 pub use load::LoadProgress;
 pub use model::Model;
-pub use sampler::{Sampler, SamplerConfig, SamplerError, SamplerField};
+pub use sampler::{Sampler, SamplerConfig, SamplerError, SamplerField, TokenLogprob};
 pub use scheduler::{Event, FinishReason, GenRequest, Scheduler, SchedulerConfig};
 pub use session::{Pass, Session};
 pub use stepper::{Step, Stepper, StopReason};

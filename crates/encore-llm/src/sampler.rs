@@ -263,6 +263,61 @@ impl Sampler {
     }
 }
 
+/// A sampled token's log-probability and the most likely alternatives, as
+/// OpenAI's `logprobs` report them: from the log-softmax of the logits the
+/// sampler was given (after any constraint's mask, before penalties and
+/// temperature).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The sampled token.
+    pub token: u32,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely
+    /// first (ties by id).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// The log-probability of `token` under `logits`, with the `top` most
+    /// likely tokens. Masked tokens (minus infinity) have minus infinity
+    /// and are listed only when nothing else is left.
+    pub fn of(logits: &[f32], token: u32, top: usize) -> TokenLogprob {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| f64::from(l - max).exp())
+            .sum();
+        let norm = max + sum.ln() as f32;
+        let logprob = |l: f32| {
+            if l.is_finite() {
+                l - norm
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+        if top > 0 {
+            for (id, &l) in logits.iter().enumerate() {
+                if best.len() == top && best.last().is_some_and(|b| b.1 >= l) {
+                    continue;
+                }
+                let at = best.partition_point(|b| b.1 >= l);
+                best.insert(at, (id as u32, l));
+                best.truncate(top);
+            }
+        }
+        TokenLogprob {
+            token,
+            logprob: logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+            top: best.into_iter().map(|(id, l)| (id, logprob(l))).collect(),
+        }
+    }
+}
+
 /// The index of the largest logit (the first among equals).
 pub fn greedy(logits: &[f32]) -> u32 {
     encore_ops::cpu::kernels::argmax::argmax(logits)
@@ -385,6 +440,29 @@ mod tests {
                 assert!(text.contains(field.range()), "{text}");
             }
         }
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_most_likely_first() {
+        let l = logits();
+        let lp = TokenLogprob::of(&l, 2, 3);
+        let total: f32 = l.iter().map(|x| x.exp()).sum();
+        assert!((lp.logprob - (2.5f32.exp() / total).ln()).abs() < 1e-5);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 5, 2]);
+        assert!((lp.top[2].1 - lp.logprob).abs() < 1e-6);
+        let mass: f32 = lp.top.iter().map(|t| t.1.exp()).sum();
+        assert!(mass < 1.0);
+        // Masked tokens have no probability and the rest are renormalized.
+        let mut masked = l.clone();
+        masked[1] = f32::NEG_INFINITY;
+        masked[5] = f32::NEG_INFINITY;
+        let lp = TokenLogprob::of(&masked, 1, 2);
+        assert_eq!(lp.logprob, f32::NEG_INFINITY);
+        assert_eq!(lp.top[0].0, 2);
+        let left: f32 = masked.iter().map(|x| x.exp()).sum();
+        assert!((lp.top[0].1 - (2.5f32.exp() / left).ln()).abs() < 1e-5);
+        assert!(TokenLogprob::of(&l, 1, 0).top.is_empty());
     }
 
     #[test]

@@ -32,9 +32,10 @@ use std::time::{Duration, Instant};
 
 use crate::batch::{BatchRunner, Output, Row, RowResult};
 use crate::blocks::BlockPool;
+use crate::constraint::Constraint;
 use crate::engine::Engine;
 use crate::error::{LlmError, Result};
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::{Sampler, SamplerConfig, TokenLogprob};
 use crate::stepper::{Stepper, StopReason};
 
 /// How the scheduler batches.
@@ -121,10 +122,15 @@ impl From<StopReason> for FinishReason {
 
 /// What a request hears about its generation.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Event {
     /// Generated text (complete UTF-8; stop strings held back until it is
     /// clear they are not one).
     Text(String),
+    /// A generated token's log-probability, for a request that asked for
+    /// them ([`GenRequest::logprobs`]); it comes before the text that the
+    /// token completes.
+    Logprob(TokenLogprob),
     /// The end, with token counts.
     Done {
         reason: FinishReason,
@@ -145,6 +151,12 @@ pub struct GenRequest {
     /// Go on past end-of-generation tokens (for benchmarks that want a
     /// fixed number of tokens).
     pub ignore_eos: bool,
+    /// Report each generated token's log-probability with this many of the
+    /// most likely alternatives ([`Event::Logprob`]).
+    pub logprobs: Option<usize>,
+    /// Hold the output to a grammar: tokens it does not allow are masked
+    /// before every draw.
+    pub constraint: Option<Constraint>,
     /// Set by the requester to cancel (a client that went away).
     pub cancel: Arc<AtomicBool>,
     /// Receives the events; returns false when nobody listens any more,
@@ -596,7 +608,11 @@ impl<'e> Loop<'e> {
     }
 
     /// Admits waiting sequences while there are slots and blocks for their
-    /// tokens (less what the prefix cache holds).
+    /// tokens (less what the prefix cache holds). A sequence whose prompt
+    /// another running one is still prefilling waits for it (with those
+    /// behind it), so that it shares the prompt's blocks instead of
+    /// computing them again: the choices of one request (`n` above 1)
+    /// prefill their prompt once.
     fn admit(&mut self) {
         let bs = self.config.block_size;
         while self.running.len() < self.config.parallel {
@@ -604,6 +620,13 @@ impl<'e> Loop<'e> {
                 break;
             };
             let len = s.tokens.len();
+            let prompt = &s.req.prompt;
+            let prefilling_same = self.running.iter().any(|r| {
+                r.computed < r.req.prompt.len() && prompt.len() >= bs && r.req.prompt == *prompt
+            });
+            if prefilling_same && s.generated() == 0 {
+                break;
+            }
             // At least the last token is computed, for its logits.
             let shared = self.pool.take_prefix(&s.tokens, len - 1);
             let need = (len + 1).div_ceil(bs).saturating_sub(shared.len());
@@ -706,7 +729,9 @@ impl<'e> Loop<'e> {
             if first + n == s.tokens.len() {
                 outputs.push(Output {
                     row: rows.len() - 1,
-                    greedy: s.sampler.is_greedy(),
+                    greedy: s.sampler.is_greedy()
+                        && s.req.constraint.is_none()
+                        && s.req.logprobs.is_none(),
                 });
             }
         }
@@ -723,12 +748,22 @@ impl<'e> Loop<'e> {
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let token = match results.next() {
-                Some(RowResult::Token(t)) => t,
-                Some(RowResult::Logits(l)) => s.sampler.sample(&l, &s.tokens),
+            let (token, logprob) = match results.next() {
+                Some(RowResult::Token(t)) => (t, None),
+                Some(RowResult::Logits(mut l)) => {
+                    if let Some(c) = &mut s.req.constraint {
+                        if let Err(e) = c.mask(&mut l) {
+                            done.push((i, Err(e.to_string())));
+                            continue;
+                        }
+                    }
+                    let token = s.sampler.sample(&l, &s.tokens);
+                    let logprob = s.req.logprobs.map(|k| TokenLogprob::of(&l, token, k));
+                    (token, logprob)
+                }
                 None => return Err(LlmError::Request("a step lost an output row".into())),
             };
-            if let Some(end) = self.accept_token(i, token) {
+            if let Some(end) = self.accept_token(i, token, logprob) {
                 done.push((i, end));
             }
         }
@@ -744,10 +779,16 @@ impl<'e> Loop<'e> {
         Ok(())
     }
 
-    /// Takes sequence `i`'s next token and sends its text; returns how the
-    /// sequence ended, if it did (an error for a token that the tokenizer
-    /// cannot decode).
-    fn accept_token(&mut self, i: usize, token: u32) -> Option<Result<FinishReason, String>> {
+    /// Takes sequence `i`'s next token and sends its log-probability (when
+    /// asked) and text; returns how the sequence ended, if it did (an error
+    /// for a token that the tokenizer cannot decode or the constraint did
+    /// not allow).
+    fn accept_token(
+        &mut self,
+        i: usize,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    ) -> Option<Result<FinishReason, String>> {
         let now = Instant::now();
         let m = self.metrics.clone();
         let s = &mut self.running[i];
@@ -763,6 +804,14 @@ impl<'e> Loop<'e> {
         if step.taken {
             s.tokens.push(token);
             m.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = &mut s.req.constraint {
+                if let Err(e) = c.accept(token) {
+                    return Some(Err(e.to_string()));
+                }
+            }
+            if let Some(logprob) = logprob {
+                s.req.send(Event::Logprob(logprob));
+            }
         }
         if !step.text.is_empty() {
             s.req.send(Event::Text(step.text));

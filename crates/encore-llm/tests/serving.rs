@@ -82,6 +82,8 @@ fn submit_with(
         },
         stop: stop.iter().map(|s| s.to_string()).collect(),
         ignore_eos,
+        logprobs: None,
+        constraint: None,
         cancel,
         events: Box::new(move |event| {
             match event {
@@ -98,6 +100,7 @@ fn submit_with(
                     });
                 }
                 Event::Error(e) => panic!("generation failed: {e}"),
+                _ => {}
             }
             true
         }),
@@ -232,6 +235,8 @@ fn bad_requests_are_refused_at_submission() {
         sampler: SamplerConfig::default(),
         stop: Vec::new(),
         ignore_eos: false,
+        logprobs: None,
+        constraint: None,
         cancel: Arc::default(),
         events: Box::new(|_| true),
     };

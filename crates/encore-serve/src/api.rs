@@ -2,14 +2,15 @@
 //! their translation into scheduler requests.
 //!
 //! Fields Encore does not know are ignored, as OpenAI's own server ignores
-//! unknown ones; OpenAI's fields whose values Encore cannot honour (`n` or
-//! `best_of` above 1, `logprobs`, tools, `response_format` other than
-//! text, `logit_bias`, ...) are refused with a 400 that names them, so a
-//! client never takes an answer for one it did not ask for.
+//! unknown ones; OpenAI's fields whose values Encore cannot honour
+//! (`best_of` above 1, `logit_bias`, audio, ...) are refused with a 400
+//! that names them, so a client never takes an answer for one it did not
+//! ask for.
 
 use serde::Deserialize;
 
 use encore_llm::chat::Message;
+use encore_llm::constraint::Grammar;
 use encore_llm::SamplerConfig;
 
 use crate::error::ApiError;
@@ -65,7 +66,17 @@ pub struct Sampling {
     pub frequency_penalty: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub n: Option<i64>,
+    /// Chat: `true` for the sampled tokens' log-probabilities; completions:
+    /// how many alternatives to list with each.
     pub logprobs: Option<serde_json::Value>,
+    /// Chat: how many alternatives to list with each token's log-probability.
+    pub top_logprobs: Option<i64>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<serde_json::Value>,
+    /// A grammar in llguidance's Lark syntax that the output follows.
+    pub grammar: Option<String>,
+    /// A regular expression that the whole output matches.
+    pub regex: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// llama.cpp's extension: generate past end-of-generation tokens.
@@ -79,11 +90,9 @@ pub struct Sampling {
 /// OpenAI's request fields that Encore does not implement.
 #[derive(Debug, Default, Deserialize)]
 pub struct Unimplemented {
-    pub response_format: Option<serde_json::Value>,
     pub tool_choice: Option<serde_json::Value>,
     pub best_of: Option<serde_json::Value>,
     pub logit_bias: Option<serde_json::Value>,
-    pub top_logprobs: Option<serde_json::Value>,
     pub functions: Option<serde_json::Value>,
     pub function_call: Option<serde_json::Value>,
     pub modalities: Option<serde_json::Value>,
@@ -102,13 +111,7 @@ impl Unimplemented {
         fn given(v: &Option<Value>) -> Option<&Value> {
             v.as_ref().filter(|v| !v.is_null())
         }
-        let fields: [(&str, &Option<Value>, Honoured, &str); 10] = [
-            (
-                "response_format",
-                &self.response_format,
-                |v| v.get("type").and_then(Value::as_str) == Some("text"),
-                "only {\"type\": \"text\"}",
-            ),
+        let fields: [(&str, &Option<Value>, Honoured, &str); 8] = [
             (
                 "tool_choice",
                 &self.tool_choice,
@@ -126,12 +129,6 @@ impl Unimplemented {
                 &self.logit_bias,
                 |v| v.as_object().is_some_and(|o| o.is_empty()),
                 "only an empty map",
-            ),
-            (
-                "top_logprobs",
-                &self.top_logprobs,
-                |v| v.as_i64() == Some(0),
-                "only 0 (log probabilities are not supported)",
             ),
             (
                 "functions",
@@ -212,38 +209,60 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
 /// Most stop strings a request may give (OpenAI's limit).
 const MAX_STOP: usize = 4;
 
+/// Most choices a request may ask for (`n`).
+pub const MAX_CHOICES: usize = 8;
+
+/// Most alternatives listed with a token's log-probability.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// What a request asks of the scheduler, checked.
 #[derive(Debug)]
 pub struct Settings {
     pub max_tokens: Option<usize>,
+    /// The sampler of the first choice; choice `i` draws with seed + `i`.
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate, each sampled on its own.
+    pub n: usize,
+    /// Report log-probabilities with this many alternatives.
+    pub logprobs: Option<usize>,
+    /// What the output is held to.
+    pub grammar: Option<Grammar>,
 }
 
 fn unsupported(param: &str, what: &str) -> ApiError {
     ApiError::bad_request(format!("{what} is not supported"), Some(param))
 }
 
+/// A count in `0..=most`, or a 400 naming `param`.
+fn count(param: &str, value: i64, least: i64, most: usize) -> Result<usize, ApiError> {
+    usize::try_from(value)
+        .ok()
+        .filter(|&v| value >= least && v <= most)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                format!("{param} = {value}: expected {least} to {most}"),
+                Some(param),
+            )
+        })
+}
+
 impl Sampling {
     /// Checks the fields and fills a sampler (OpenAI's defaults where a
-    /// field is absent: temperature 1, no top-p cut).
-    pub fn settings(&self) -> Result<Settings, ApiError> {
+    /// field is absent: temperature 1, no top-p cut). `chat` says which
+    /// endpoint's `logprobs` this is: a boolean with `top_logprobs` for
+    /// chat, a count for completions.
+    pub fn settings(&self, chat: bool) -> Result<Settings, ApiError> {
         self.unimplemented.check()?;
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(unsupported("n", &format!("n = {n} (only n = 1)")));
-            }
-        }
-        if self
-            .logprobs
-            .as_ref()
-            .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false))
-        {
-            return Err(unsupported("logprobs", "logprobs"));
-        }
+        let n = match self.n {
+            Some(n) => count("n", n, 1, MAX_CHOICES)?,
+            None => 1,
+        };
+        let logprobs = self.logprobs(chat)?;
+        let grammar = self.grammar()?;
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(n), _) | (None, Some(n)) => {
                 if n < 1 {
@@ -309,7 +328,111 @@ impl Sampling {
                     .stream_options
                     .as_ref()
                     .is_some_and(|o| o.include_usage),
+            n,
+            logprobs,
+            grammar,
         })
+    }
+
+    /// How many alternatives to report with each token's log-probability,
+    /// if any are asked for.
+    fn logprobs(&self, chat: bool) -> Result<Option<usize>, ApiError> {
+        use serde_json::Value;
+        let given = self.logprobs.as_ref().filter(|v| !v.is_null());
+        if chat {
+            let on = match given {
+                None | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) => true,
+                Some(v) => {
+                    return Err(ApiError::bad_request(
+                        format!("logprobs = {v}: expected true or false"),
+                        Some("logprobs"),
+                    ))
+                }
+            };
+            let top = match self.top_logprobs {
+                Some(k) => count("top_logprobs", k, 0, MAX_TOP_LOGPROBS)?,
+                None => 0,
+            };
+            if !on && self.top_logprobs.is_some_and(|k| k > 0) {
+                return Err(ApiError::bad_request(
+                    "top_logprobs needs logprobs = true".into(),
+                    Some("top_logprobs"),
+                ));
+            }
+            Ok(on.then_some(top))
+        } else {
+            match given {
+                None | Some(Value::Bool(false)) => Ok(None),
+                Some(v) => match v.as_i64() {
+                    Some(k) => Ok(Some(count("logprobs", k, 0, MAX_TOP_LOGPROBS)?)),
+                    None => Err(ApiError::bad_request(
+                        format!("logprobs = {v}: expected a count of 0 to {MAX_TOP_LOGPROBS}"),
+                        Some("logprobs"),
+                    )),
+                },
+            }
+        }
+    }
+
+    /// The grammar that `response_format`, `grammar` or `regex` asks for
+    /// (at most one of them).
+    fn grammar(&self) -> Result<Option<Grammar>, ApiError> {
+        use serde_json::Value;
+        let format = match &self.response_format {
+            None | Some(Value::Null) => None,
+            Some(f) => {
+                let bad = |what: String| ApiError::bad_request(what, Some("response_format"));
+                match f.get("type").and_then(Value::as_str) {
+                    Some("text") => None,
+                    // llama.cpp's form: a schema beside the type.
+                    Some("json_object") => Some(match f.get("schema") {
+                        Some(schema) => Grammar::JsonSchema(schema.clone()),
+                        None => Grammar::JsonObject,
+                    }),
+                    Some("json_schema") => {
+                        let schema = f
+                            .get("json_schema")
+                            .and_then(|j| j.get("schema"))
+                            .ok_or_else(|| {
+                                bad("response_format.json_schema.schema is missing".into())
+                            })?;
+                        if !schema.is_object() && !schema.is_boolean() {
+                            return Err(bad(
+                                "response_format.json_schema.schema must be a JSON schema object"
+                                    .into(),
+                            ));
+                        }
+                        Some(Grammar::JsonSchema(schema.clone()))
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "response_format = {f}: expected a type of \"text\", \"json_object\" or \"json_schema\""
+                        )))
+                    }
+                }
+            }
+        };
+        let grammar = self.grammar.clone().map(Grammar::Lark);
+        let regex = self.regex.clone().map(Grammar::Regex);
+        let mut asked = [
+            ("response_format", format),
+            ("grammar", grammar),
+            ("regex", regex),
+        ]
+        .into_iter()
+        .filter(|(_, g)| g.is_some());
+        let first = asked.next();
+        if let Some((second, _)) = asked.next() {
+            return Err(ApiError::bad_request(
+                format!(
+                    "{} and {second} both constrain the output: give one",
+                    first.map_or("", |f| f.0)
+                ),
+                Some(second),
+            ));
+        }
+        Ok(first.and_then(|f| f.1))
     }
 }
 

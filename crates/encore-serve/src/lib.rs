@@ -2,7 +2,9 @@
 //! the continuous-batching [`Scheduler`].
 //!
 //! Routes: `GET /v1/models`, `POST /v1/chat/completions`, `POST
-//! /v1/completions` (both streaming as server-sent events when asked),
+//! /v1/completions` (both streaming as server-sent events when asked; with
+//! `n` choices, log-probabilities, and output held to a JSON schema, a Lark
+//! grammar or a regex),
 //! `GET /health` (200 once the model is loaded and warmed, 503 before,
 //! while stopping and after a device error) and `GET /metrics`
 //! (Prometheus text).
@@ -37,6 +39,7 @@
 pub mod api;
 mod conn;
 pub mod error;
+mod logprobs;
 mod metrics;
 mod routes;
 
@@ -45,6 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use encore_llm::constraint::{ConstraintError, Constraints};
 use encore_llm::{Engine, Scheduler};
 
 pub use error::ApiError;
@@ -122,6 +126,19 @@ pub struct Ready {
     /// more than `ctx_size` times this many bytes cannot fit the context,
     /// whatever its tokens.
     longest_token: usize,
+    /// The vocabulary as constrained decoding sees it, built at the first
+    /// request that asks for a grammar.
+    constraints: OnceLock<Result<Arc<Constraints>, ConstraintError>>,
+}
+
+impl Ready {
+    /// What compiles grammars for this model (built on first use, which
+    /// takes a moment: call it off the async threads).
+    pub fn constraints(&self) -> Result<Arc<Constraints>, ConstraintError> {
+        self.constraints
+            .get_or_init(|| Constraints::new(self.engine.tokenizer()).map(Arc::new))
+            .clone()
+    }
 }
 
 /// Everything the handlers share.
@@ -182,6 +199,7 @@ impl State {
             engine,
             scheduler,
             longest_token,
+            constraints: OnceLock::new(),
         });
     }
 

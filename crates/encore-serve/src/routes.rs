@@ -30,10 +30,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use encore_llm::{Engine, Event, FinishReason, GenRequest};
+use encore_llm::constraint::{Constraint, Grammar};
+use encore_llm::{Engine, Event, FinishReason, GenRequest, TokenLogprob};
 
 use crate::api::{self, Settings};
 use crate::error::{ApiError, Outcome};
+use crate::logprobs;
 use crate::{now, Ready, State};
 
 type Shared = Extract<Arc<State>>;
@@ -298,24 +300,26 @@ fn deadline(state: &State, headers: &HeaderMap) -> Result<Option<(Instant, f64)>
     Ok(limit.map(|d| (Instant::now() + d, d.as_secs_f64())))
 }
 
-/// Holds a place among the requests the server has admitted; gives it
-/// back when dropped.
-struct Admitted(Arc<State>);
+/// Holds places among the sequences the server has admitted (one a
+/// choice); gives them back when dropped.
+struct Admitted(Arc<State>, u64);
 
 impl Admitted {
-    /// A place, unless `parallel` requests run and `max_queue` more wait.
-    fn take(state: &Arc<State>, ready: &Ready) -> Result<Admitted, ApiError> {
+    /// Places for `choices` sequences, unless fewer are left than that
+    /// while `parallel` sequences run and `max_queue` more wait.
+    fn take(state: &Arc<State>, ready: &Ready, choices: usize) -> Result<Admitted, ApiError> {
         let queue = state.limits.max_queue;
         let most = (ready.scheduler.parallel() + queue) as u64;
+        let k = choices as u64;
         let taken =
             state
                 .counters
                 .in_flight
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n < most).then_some(n + 1)
+                    (n + k <= most).then_some(n + k)
                 });
         match taken {
-            Ok(_) => Ok(Admitted(state.clone())),
+            Ok(_) => Ok(Admitted(state.clone(), k)),
             Err(_) => Err(ApiError::queue_full(queue)),
         }
     }
@@ -323,7 +327,10 @@ impl Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.0.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .counters
+            .in_flight
+            .fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 
@@ -342,8 +349,14 @@ fn check_prompt_bytes(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
 
 /// Runs `tokenize` on a blocking thread, at most the configured number at
 /// once (a permit is held until the work ends, even when the client has
-/// gone).
-async fn tokenize<F>(state: &Arc<State>, ready: &Ready, tokenize: F) -> Result<Vec<u32>, ApiError>
+/// gone), and compiles `grammar` there for each of `n` choices.
+async fn prepare<F>(
+    state: &Arc<State>,
+    ready: &Ready,
+    grammar: Option<Grammar>,
+    n: usize,
+    tokenize: F,
+) -> Result<(Vec<u32>, Vec<Option<Constraint>>), ApiError>
 where
     F: FnOnce(&Engine) -> encore_llm::Result<Vec<u32>> + Send + 'static,
 {
@@ -354,16 +367,40 @@ where
         .await
         .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
     let engine = ready.engine.clone();
-    let counters = state.clone();
+    let shared = state.clone();
     let work = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        counters.counters.tokenizing.fetch_add(1, Ordering::Relaxed);
+        shared.counters.tokenizing.fetch_add(1, Ordering::Relaxed);
         let tokens = tokenize(&engine);
-        counters.counters.tokenizing.fetch_sub(1, Ordering::Relaxed);
-        tokens
+        shared.counters.tokenizing.fetch_sub(1, Ordering::Relaxed);
+        let tokens = tokens?;
+        let constraints = match grammar {
+            None => (0..n).map(|_| None).collect(),
+            Some(grammar) => {
+                let param = match grammar {
+                    Grammar::Lark(_) => "grammar",
+                    Grammar::Regex(_) => "regex",
+                    _ => "response_format",
+                };
+                let constraints = shared
+                    .get()
+                    .ok_or_else(|| ApiError::unavailable("the model is still loading"))?
+                    .constraints()
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                (0..n)
+                    .map(|_| {
+                        constraints
+                            .compile(&grammar)
+                            .map(Some)
+                            .map_err(|e| ApiError::bad_request(e.to_string(), Some(param)))
+                    })
+                    .collect::<Result<Vec<_>, ApiError>>()?
+            }
+        };
+        Ok::<_, ApiError>((tokens, constraints))
     });
     match work.await {
-        Ok(tokens) => Ok(tokens?),
+        Ok(prepared) => prepared,
         Err(e) => Err(ApiError::internal(format!("tokenizing the prompt: {e}"))),
     }
 }
@@ -380,32 +417,38 @@ impl Drop for CancelOnDrop {
 
 /// Which endpoint a generation answers, for the shape of its responses.
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     Chat,
     Completion,
 }
 
-/// What a generation gives its handler: text, or its end (only the two
-/// endings that complete an answer; every other ending is an error).
+/// What a generation gives its handler, for one of its choices: text, a
+/// token's log-probability, or its end (only the two endings that complete
+/// an answer; every other ending is an error).
 enum Piece {
-    Text(String),
+    Text(usize, String),
+    Logprob(usize, TokenLogprob),
     Done {
+        choice: usize,
         finish: &'static str,
         prompt_tokens: usize,
         completion_tokens: usize,
     },
 }
 
-/// A generation on its way: its events, and the guards that cancel it and
-/// hold its place.
+/// A generation on its way: the events of its choices, and the guards
+/// that cancel it and hold its place.
 struct Running {
-    events: mpsc::UnboundedReceiver<Event>,
+    events: mpsc::UnboundedReceiver<(usize, Event)>,
     guard: CancelOnDrop,
     _admitted: Admitted,
     state: Arc<State>,
+    engine: Arc<Engine>,
     deadline: Option<(Instant, f64)>,
     /// Whether text has been given out.
     started: bool,
+    /// Choices generated.
+    n: usize,
     id: String,
     created: u64,
     model: String,
@@ -426,15 +469,19 @@ impl Running {
             },
         };
         match event {
-            Some(Event::Text(t)) => {
+            Some((i, Event::Text(t))) => {
                 self.started = true;
-                Ok(Piece::Text(t))
+                Ok(Piece::Text(i, t))
             }
-            Some(Event::Done {
-                reason,
-                prompt_tokens,
-                completion_tokens,
-            }) => {
+            Some((i, Event::Logprob(l))) => Ok(Piece::Logprob(i, l)),
+            Some((
+                choice,
+                Event::Done {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                },
+            )) => {
                 let finish = match reason {
                     FinishReason::Stop => "stop",
                     FinishReason::Length => "length",
@@ -446,12 +493,13 @@ impl Running {
                     }
                 };
                 Ok(Piece::Done {
+                    choice,
                     finish,
                     prompt_tokens,
                     completion_tokens,
                 })
             }
-            Some(Event::Error(message)) => {
+            Some((_, Event::Error(message))) => {
                 if self.state.faulted() {
                     self.state.fault();
                     Err(ApiError::device(&message))
@@ -459,6 +507,9 @@ impl Running {
                     Err(ApiError::internal(message))
                 }
             }
+            Some((_, _)) => Err(ApiError::internal(
+                "the generation sent an event this server does not know".into(),
+            )),
             None => Err(ApiError::internal(
                 "the generation ended without a result".into(),
             )),
@@ -466,11 +517,15 @@ impl Running {
     }
 }
 
+/// Submits one sequence a choice, each with its own seed (the request's
+/// plus the choice's index) and constraint.
+#[allow(clippy::too_many_arguments)]
 fn submit(
     state: &Arc<State>,
     ready: &Ready,
     admitted: Admitted,
     prompt: Vec<u32>,
+    constraints: Vec<Option<Constraint>>,
     settings: &Settings,
     kind: Kind,
     deadline: Option<(Instant, f64)>,
@@ -479,15 +534,23 @@ fn submit(
     let room = ctx.saturating_sub(prompt.len());
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    ready.scheduler.submit(GenRequest {
-        max_tokens: settings.max_tokens.unwrap_or(room).min(room.max(1)),
-        prompt,
-        sampler: settings.sampler.clone(),
-        stop: settings.stop.clone(),
-        ignore_eos: settings.ignore_eos,
-        cancel: cancel.clone(),
-        events: Box::new(move |e| tx.send(e).is_ok()),
-    })?;
+    let n = constraints.len();
+    for (i, constraint) in constraints.into_iter().enumerate() {
+        let tx = tx.clone();
+        let mut sampler = settings.sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(i as u64);
+        ready.scheduler.submit(GenRequest {
+            max_tokens: settings.max_tokens.unwrap_or(room).min(room.max(1)),
+            prompt: prompt.clone(),
+            sampler,
+            stop: settings.stop.clone(),
+            ignore_eos: settings.ignore_eos,
+            logprobs: settings.logprobs,
+            constraint,
+            cancel: cancel.clone(),
+            events: Box::new(move |e| tx.send((i, e)).is_ok()),
+        })?;
+    }
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
     } else {
@@ -498,8 +561,10 @@ fn submit(
         guard: CancelOnDrop(cancel),
         _admitted: admitted,
         state: state.clone(),
+        engine: ready.engine.clone(),
         deadline,
         started: false,
+        n,
         id: format!("{prefix}-{:016x}", request_id()),
         created: now(),
         model: state.model_id.clone(),
@@ -527,17 +592,25 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
     let deadline = deadline(&state, request.headers())?;
     let body = read_body(&state, request).await?;
     let request: api::ChatRequest = api::parse(&body)?;
-    let settings = request.sampling.settings()?;
+    let settings = request.sampling.settings(true)?;
     check_model(&state, &request.model)?;
     let messages = request.messages()?;
     check_prompt_bytes(ready, messages.iter().map(|m| m.content.len()).sum())?;
-    let admitted = Admitted::take(&state, ready)?;
-    let prompt = tokenize(&state, ready, move |e| e.chat_tokens(&messages, true)).await?;
+    let admitted = Admitted::take(&state, ready, settings.n)?;
+    let (prompt, constraints) = prepare(
+        &state,
+        ready,
+        settings.grammar.clone(),
+        settings.n,
+        move |e| e.chat_tokens(&messages, true),
+    )
+    .await?;
     let running = submit(
         &state,
         ready,
         admitted,
         prompt,
+        constraints,
         &settings,
         Kind::Chat,
         deadline,
@@ -550,17 +623,25 @@ async fn completions(Extract(state): Shared, request: Request) -> Result<Respons
     let deadline = deadline(&state, request.headers())?;
     let body = read_body(&state, request).await?;
     let request: api::CompletionRequest = api::parse(&body)?;
-    let settings = request.sampling.settings()?;
+    let settings = request.sampling.settings(false)?;
     check_model(&state, &request.model)?;
     let prompt = request.prompt()?.to_string();
     check_prompt_bytes(ready, prompt.len())?;
-    let admitted = Admitted::take(&state, ready)?;
-    let prompt = tokenize(&state, ready, move |e| e.prompt_tokens(&prompt, true)).await?;
+    let admitted = Admitted::take(&state, ready, settings.n)?;
+    let (prompt, constraints) = prepare(
+        &state,
+        ready,
+        settings.grammar.clone(),
+        settings.n,
+        move |e| e.prompt_tokens(&prompt, true),
+    )
+    .await?;
     let running = submit(
         &state,
         ready,
         admitted,
         prompt,
+        constraints,
         &settings,
         Kind::Completion,
         deadline,
@@ -572,63 +653,96 @@ async fn respond(mut running: Running, settings: &Settings) -> Result<Response, 
     // The first piece decides the status.
     let first = running.next().await?;
     if settings.stream {
-        Ok(stream(running, first, settings.include_usage).into_response())
+        Ok(stream(running, first, settings).into_response())
     } else {
-        collect(running, first)
+        collect(running, first, settings.logprobs.is_some())
             .await
             .map(IntoResponse::into_response)
     }
 }
 
-/// Waits for the whole answer.
-async fn collect(mut r: Running, first: Piece) -> Result<Json<Value>, ApiError> {
-    let mut text = String::new();
+/// One choice's answer as it is gathered.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<&'static str>,
+}
+
+/// Waits for the whole answer: every choice's end.
+async fn collect(
+    mut r: Running,
+    first: Piece,
+    with_logprobs: bool,
+) -> Result<Json<Value>, ApiError> {
+    let mut choices: Vec<Choice> = (0..r.n).map(|_| Choice::default()).collect();
+    let (mut completion, mut left) = (0, r.n);
     let mut piece = first;
-    loop {
+    let prompt = loop {
         match piece {
-            Piece::Text(t) => text.push_str(&t),
+            Piece::Text(i, t) => choices[i].text.push_str(&t),
+            Piece::Logprob(i, l) => choices[i].logprobs.push(l),
             Piece::Done {
+                choice,
                 finish,
                 prompt_tokens,
                 completion_tokens,
             } => {
-                let choice = match r.kind {
-                    Kind::Chat => json!({
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish,
-                        "logprobs": null,
-                    }),
-                    Kind::Completion => json!({
-                        "index": 0,
-                        "text": text,
-                        "finish_reason": finish,
-                        "logprobs": null,
-                    }),
-                };
-                let object = match r.kind {
-                    Kind::Chat => "chat.completion",
-                    Kind::Completion => "text_completion",
-                };
-                return Ok(Json(json!({
-                    "id": r.id,
-                    "object": object,
-                    "created": r.created,
-                    "model": r.model,
-                    "choices": [choice],
-                    "usage": usage(prompt_tokens, completion_tokens),
-                })));
+                choices[choice].finish = Some(finish);
+                completion += completion_tokens;
+                left -= 1;
+                if left == 0 {
+                    break prompt_tokens;
+                }
             }
         }
         piece = r.next().await?;
-    }
+    };
+    let tokenizer = r.engine.tokenizer();
+    let choices: Vec<Value> = choices
+        .into_iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let lp = with_logprobs.then(|| logprobs::json(tokenizer, r.kind, &c.logprobs, 0));
+            match r.kind {
+                Kind::Chat => json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "finish_reason": c.finish,
+                    "logprobs": lp,
+                }),
+                Kind::Completion => json!({
+                    "index": index,
+                    "text": c.text,
+                    "finish_reason": c.finish,
+                    "logprobs": lp,
+                }),
+            }
+        })
+        .collect();
+    let object = match r.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Completion => "text_completion",
+    };
+    Ok(Json(json!({
+        "id": r.id,
+        "object": object,
+        "created": r.created,
+        "model": r.model,
+        "choices": choices,
+        "usage": usage(prompt, completion),
+    })))
 }
 
-/// The answer as server-sent events: a chunk per piece of text, a last
-/// chunk with the finish reason (and, when asked, one with the usage), then
-/// `[DONE]`. A generation cut after its first piece ends with an error
-/// event instead, and no `[DONE]`.
-fn stream(mut r: Running, first: Piece, include_usage: bool) -> impl IntoResponse {
+/// The answer as server-sent events: a chunk per piece of text of each
+/// choice (with the log-probabilities of the tokens since that choice's
+/// last chunk, when asked), a last chunk per choice with its finish reason
+/// (and, when asked, one with the usage), then `[DONE]`. A generation cut
+/// after its first piece ends with an error event instead, and no
+/// `[DONE]`.
+fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoResponse {
+    let include_usage = settings.include_usage;
+    let with_logprobs = settings.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel::<Result<Sse, Infallible>>();
     tokio::spawn(async move {
         let object = match r.kind {
@@ -636,6 +750,7 @@ fn stream(mut r: Running, first: Piece, include_usage: bool) -> impl IntoRespons
             Kind::Completion => "text_completion",
         };
         let (id, created, model, kind) = (r.id.clone(), r.created, r.model.clone(), r.kind);
+        let engine = r.engine.clone();
         let chunk = |choice: Value| {
             let mut c = json!({
                 "id": id,
@@ -649,46 +764,81 @@ fn stream(mut r: Running, first: Piece, include_usage: bool) -> impl IntoRespons
             }
             Sse::default().data(c.to_string())
         };
-        let piece = |text: &str, finish: Option<&str>| match kind {
-            Kind::Chat => json!({
-                "index": 0,
-                "delta": if finish.is_some() { json!({}) } else { json!({"content": text}) },
-                "finish_reason": finish,
-                "logprobs": null,
-            }),
-            Kind::Completion => json!({
-                "index": 0,
-                "text": text,
-                "finish_reason": finish,
-                "logprobs": null,
-            }),
+        // The tokens of each choice not yet sent, and the text offset
+        // (completions) of the first of them.
+        let mut pending: Vec<Vec<TokenLogprob>> = (0..r.n).map(|_| Vec::new()).collect();
+        let mut offsets = vec![0usize; r.n];
+        let piece = |index: usize,
+                     text: &str,
+                     finish: Option<&str>,
+                     pending: &mut Vec<TokenLogprob>,
+                     offset: &mut usize| {
+            let lp = with_logprobs.then(|| {
+                let lp = logprobs::json(engine.tokenizer(), kind, pending, *offset);
+                *offset += logprobs::text_len(engine.tokenizer(), pending);
+                pending.clear();
+                lp
+            });
+            match kind {
+                Kind::Chat => json!({
+                    "index": index,
+                    "delta": if finish.is_some() { json!({}) } else { json!({"content": text}) },
+                    "finish_reason": finish,
+                    "logprobs": lp,
+                }),
+                Kind::Completion => json!({
+                    "index": index,
+                    "text": text,
+                    "finish_reason": finish,
+                    "logprobs": lp,
+                }),
+            }
         };
         let send = |e: Sse| tx.send(Ok(e)).is_ok();
         if kind == Kind::Chat {
-            let first = json!({
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "finish_reason": null,
-                "logprobs": null,
-            });
-            if !send(chunk(first)) {
-                return;
+            for index in 0..r.n {
+                let first = json!({
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "finish_reason": null,
+                    "logprobs": null,
+                });
+                if !send(chunk(first)) {
+                    return;
+                }
             }
         }
+        let (mut completion, mut left) = (0, r.n);
         let mut next: Result<Piece, ApiError> = Ok(first);
         loop {
             match next {
-                Ok(Piece::Text(t)) => {
-                    if !send(chunk(piece(&t, None))) {
+                Ok(Piece::Text(i, t)) => {
+                    let c = piece(i, &t, None, &mut pending[i], &mut offsets[i]);
+                    if !send(chunk(c)) {
                         return; // the client left; dropping `r` cancels
                     }
                 }
+                Ok(Piece::Logprob(i, l)) => pending[i].push(l),
                 Ok(Piece::Done {
+                    choice,
                     finish,
                     prompt_tokens,
                     completion_tokens,
                 }) => {
-                    send(chunk(piece("", Some(finish))));
+                    let c = piece(
+                        choice,
+                        "",
+                        Some(finish),
+                        &mut pending[choice],
+                        &mut offsets[choice],
+                    );
+                    send(chunk(c));
+                    completion += completion_tokens;
+                    left -= 1;
+                    if left > 0 {
+                        next = r.next().await;
+                        continue;
+                    }
                     if include_usage {
                         let last = json!({
                             "id": id,
@@ -696,7 +846,7 @@ fn stream(mut r: Running, first: Piece, include_usage: bool) -> impl IntoRespons
                             "created": created,
                             "model": model,
                             "choices": [],
-                            "usage": usage(prompt_tokens, completion_tokens),
+                            "usage": usage(prompt_tokens, completion),
                         });
                         send(Sse::default().data(last.to_string()));
                     }

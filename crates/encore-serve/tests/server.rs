@@ -235,7 +235,42 @@ async fn bad_requests_get_4xx_errors_and_hurt_no_one_else() {
             404,
             "model_not_found",
         ),
-        (chat("hi", json!({"n": 3})), 400, "n = 3"),
+        (chat("hi", json!({"n": 9})), 400, "n = 9: expected 1 to 8"),
+        (
+            chat("hi", json!({"logprobs": true, "top_logprobs": 50})),
+            400,
+            "top_logprobs = 50: expected 0 to 20",
+        ),
+        (
+            chat("hi", json!({"top_logprobs": 2})),
+            400,
+            "top_logprobs needs logprobs = true",
+        ),
+        (
+            chat(
+                "hi",
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            ),
+            400,
+            "json_schema.schema is missing",
+        ),
+        (
+            chat(
+                "hi",
+                json!({"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": "nope"}}},
+                }}}),
+            ),
+            400,
+            "the JSON schema cannot be used: Invalid type: nope",
+        ),
+        (
+            chat("hi", json!({"regex": "[a-", "grammar": "start: \"x\""})),
+            400,
+            "both constrain the output",
+        ),
+        (chat("hi", json!({"regex": "(unclosed"})), 400, "regex"),
         (chat("hi", json!({"temperature": -1})), 400, "temperature"),
         (chat("hi", json!({"max_tokens": 0})), 400, "max_tokens"),
         (
@@ -440,4 +475,226 @@ async fn a_device_error_fails_the_step_marks_the_server_unhealthy_and_stops_it()
         .expect("the server stopped")
         .unwrap()
         .unwrap();
+}
+
+/// The `choices` of every chunk of a stream, by index: the text and the
+/// log-probability entries of each choice, and its finish reason.
+fn gather(events: &[String]) -> Vec<(String, Vec<Value>, String)> {
+    let mut out: Vec<(String, Vec<Value>, String)> = Vec::new();
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        for c in v["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if out.len() <= i {
+                out.resize(i + 1, Default::default());
+            }
+            let text = c["delta"]["content"].as_str().or(c["text"].as_str());
+            out[i].0.push_str(text.unwrap_or(""));
+            if let Some(lp) = c["logprobs"]["content"].as_array() {
+                out[i].1.extend(lp.iter().cloned());
+            }
+            if let Some(f) = c["finish_reason"].as_str() {
+                out[i].2 = f.to_string();
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_sample_on_their_own_and_share_the_prompt() {
+    let s = start(true, 512).await;
+    let url = format!("{}/v1/chat/completions", s.url);
+    let cached = || {
+        s.state
+            .get()
+            .unwrap()
+            .scheduler
+            .metrics()
+            .cached_prompt_tokens
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = cached();
+    let body = chat(
+        "Write a short poem about the sea.",
+        json!({"n": 4, "temperature": 1.0, "seed": 7, "max_tokens": 12}),
+    );
+    let (status, answer) = post(&url, body.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    let choices = answer["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4, "{answer}");
+    let texts: Vec<&str> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i);
+            c["message"]["content"].as_str().unwrap()
+        })
+        .collect();
+    let distinct: std::collections::HashSet<_> = texts.iter().collect();
+    assert!(distinct.len() >= 2, "{texts:?}");
+    let usage = &answer["usage"];
+    assert!(usage["completion_tokens"].as_u64().unwrap() > 12, "{usage}");
+    // The three choices after the first found the prompt's full blocks in
+    // the prefix cache.
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached() - before >= 3 * (prompt / 16) * 16,
+        "{} cached",
+        cached() - before
+    );
+    // The same request streamed gives the same choices (each has its own
+    // seed), and ends each with its finish reason.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = client().post(&url).json(&streamed).send().await.unwrap();
+    let got = gather(&events(r).await);
+    assert_eq!(got.len(), 4);
+    for (g, t) in got.iter().zip(&texts) {
+        assert_eq!(&g.0, t);
+        assert!(g.2 == "stop" || g.2 == "length", "{got:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_are_reported_streamed_or_not_and_leave_greedy_output_unchanged() {
+    let s = start(true, 512).await;
+    let url = format!("{}/v1/chat/completions", s.url);
+    let plain = chat("What is the capital of France?", json!({"max_tokens": 10}));
+    let (_, without) = post(&url, plain.clone()).await;
+    let mut body = plain.clone();
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(5);
+    let (status, answer) = post(&url, body.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(content, without["choices"][0]["message"]["content"]);
+    let tokens = answer["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        tokens.len() as u64,
+        answer["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let joined: String = tokens
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert!(joined.starts_with(content), "{joined:?} vs {content:?}");
+    for t in &tokens {
+        let top = t["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 5);
+        let mass: f64 = top
+            .iter()
+            .map(|e| e["logprob"].as_f64().unwrap().exp())
+            .sum();
+        assert!(mass <= 1.0 + 1e-4, "{t}");
+        // Greedy: the token taken is the most likely one.
+        assert_eq!(top[0]["token"], t["token"], "{t}");
+        assert!(
+            (top[0]["logprob"].as_f64().unwrap() - t["logprob"].as_f64().unwrap()).abs() < 1e-6
+        );
+        assert!(t["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    body["stream"] = json!(true);
+    let r = client().post(&url).json(&body).send().await.unwrap();
+    let got = gather(&events(r).await);
+    assert_eq!(got[0].0, content);
+    assert_eq!(got[0].1, tokens);
+    // Completions: the parallel lists.
+    let (status, answer) = post(
+        &format!("{}/v1/completions", s.url),
+        json!({"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 4,
+               "temperature": 0, "logprobs": 3}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let lp = &answer["choices"][0]["logprobs"];
+    let text: String = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(text, answer["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 4);
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 3);
+    assert_eq!(lp["text_offset"][0], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_output_follows_the_schema_regex_or_grammar() {
+    let s = start(true, 512).await;
+    let url = format!("{}/v1/chat/completions", s.url);
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+            "coastal": {"type": "boolean"},
+            "kind": {"enum": ["capital", "town"]},
+        },
+        "required": ["city", "population", "coastal", "kind"],
+        "additionalProperties": false,
+    });
+    let body = chat(
+        "Describe Paris as JSON.",
+        json!({"max_tokens": 60, "response_format": {"type": "json_schema",
+               "json_schema": {"name": "city", "schema": schema, "strict": true}}}),
+    );
+    let (status, answer) = post(&url, body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    let v: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{content}: {e}"));
+    assert!(v["city"].as_str().unwrap().chars().count() <= 20, "{v}");
+    assert!(v["population"].as_u64().unwrap() <= 100_000_000, "{v}");
+    assert!(v["coastal"].is_boolean(), "{v}");
+    assert!(v["kind"] == "capital" || v["kind"] == "town", "{v}");
+    assert_eq!(v.as_object().unwrap().len(), 4);
+    // Any JSON object, sampled, with several choices.
+    let body = chat(
+        "Give me a JSON object.",
+        json!({"max_tokens": 40, "n": 2, "temperature": 0.8, "seed": 3,
+               "response_format": {"type": "json_object"}}),
+    );
+    let (status, answer) = post(&url, body).await;
+    assert_eq!(status, 200, "{answer}");
+    for c in answer["choices"].as_array().unwrap() {
+        let text = c["message"]["content"].as_str().unwrap();
+        assert!(text.starts_with('{'), "{text}");
+        if c["finish_reason"] == "stop" {
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(v.is_object());
+        }
+    }
+    // A regex and a Lark grammar, on completions.
+    let completions = format!("{}/v1/completions", s.url);
+    for (extra, check) in [
+        (json!({"regex": "[0-9]{3}-[0-9]{4}"}), "regex"),
+        (
+            json!({"grammar": "start: (\"yes\" | \"no\") \".\""}),
+            "grammar",
+        ),
+    ] {
+        let mut body = json!({"model": "smollm2-135m", "prompt": "Answer:", "max_tokens": 12, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, answer) = post(&completions, body).await;
+        assert_eq!(status, 200, "{answer}");
+        let text = answer["choices"][0]["text"].as_str().unwrap();
+        let ok = if check == "regex" {
+            text.len() == 8
+                && text
+                    .chars()
+                    .enumerate()
+                    .all(|(i, c)| if i == 3 { c == '-' } else { c.is_ascii_digit() })
+        } else {
+            text == "yes." || text == "no."
+        };
+        assert!(ok, "{check}: {text:?}");
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    }
 }
