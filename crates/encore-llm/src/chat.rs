@@ -30,6 +30,7 @@ use minijinja::value::{from_args, Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
 use crate::tokenizer::Tokenizer;
+pub use crate::tools::ToolCall;
 
 /// The ChatML template, for models whose file has no template.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}\
@@ -47,10 +48,14 @@ const TEMPLATE_NAME: &str = "chat_template";
 /// One turn of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
-    /// `"system"`, `"user"` or `"assistant"` (templates may accept others, such as `"tool"`).
+    /// `"system"`, `"user"`, `"assistant"` or `"tool"` (a tool's result).
     pub role: String,
     /// The turn's text.
     pub content: String,
+    /// The functions an assistant's turn called.
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call a tool's result answers.
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -59,7 +64,41 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
+    }
+
+    /// The message as a template sees it: `role` and `content`, and
+    /// `tool_calls` (arguments as an object where they are JSON, as Hugging
+    /// Face's templates expect) and `tool_call_id` where present.
+    fn to_value(&self, content: &str) -> Value {
+        let mut fields = vec![
+            ("role", Value::from(self.role.as_str())),
+            ("content", Value::from(content)),
+        ];
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<serde_json::Value> = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let arguments = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                        .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                    serde_json::json!({
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": arguments},
+                        "name": c.name,
+                        "arguments": arguments,
+                    })
+                })
+                .collect();
+            fields.push(("tool_calls", Value::from_serialize(&calls)));
+        }
+        if let Some(id) = &self.tool_call_id {
+            fields.push(("tool_call_id", Value::from(id.as_str())));
+        }
+        Value::from_iter(fields)
     }
 }
 
@@ -177,15 +216,23 @@ impl ChatTemplate {
         bos_token: &str,
         eos_token: &str,
     ) -> Result<String, ChatError> {
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_iter([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
+        self.render_with_tools(messages, &[], add_generation_prompt, bos_token, eos_token)
+    }
+
+    /// Renders a conversation as [`ChatTemplate::render`] does, offering
+    /// the model `tools` (OpenAI's `{"type": "function", "function":
+    /// {...}}` objects), which templates that support tools render (Qwen
+    /// 2.5's and Llama 3.1's do); none are offered when it is empty.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String, ChatError> {
+        let messages: Vec<Value> = messages.iter().map(|m| m.to_value(&m.content)).collect();
+        let tools = (!tools.is_empty()).then(|| Value::from_serialize(tools));
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -193,6 +240,7 @@ impl ChatTemplate {
         let mut text = template
             .render(minijinja::context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => bos_token,
                 eos_token => eos_token,
@@ -228,6 +276,20 @@ impl ChatTemplate {
         bos_token: &str,
         eos_token: &str,
     ) -> Result<Option<Vec<ChatPart>>, ChatError> {
+        self.render_parts_with_tools(messages, &[], add_generation_prompt, bos_token, eos_token)
+    }
+
+    /// [`ChatTemplate::render_parts`] with `tools` offered, as
+    /// [`ChatTemplate::render_with_tools`] renders them (the tools are
+    /// markup).
+    pub fn render_parts_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<Option<Vec<ChatPart>>, ChatError> {
         let texts = messages
             .iter()
             .flat_map(|m| [m.role.as_str(), m.content.as_str()])
@@ -239,9 +301,18 @@ impl ChatTemplate {
         let placeheld: Vec<Message> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| Message::new(m.role.clone(), format!("{mark}{i}{mark}")))
+            .map(|(i, m)| Message {
+                content: format!("{mark}{i}{mark}"),
+                ..m.clone()
+            })
             .collect();
-        let text = self.render(&placeheld, add_generation_prompt, bos_token, eos_token)?;
+        let text = self.render_with_tools(
+            &placeheld,
+            tools,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        )?;
         // Markup, then a message's index between two marks, then markup ...
         let pieces: Vec<&str> = text.split(mark).collect();
         if pieces.len().is_multiple_of(2) {

@@ -29,6 +29,7 @@ pub mod session;
 pub mod stepper;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod tools;
 
 pub use config::ModelConfig;
 pub use engine::{Engine, EngineOptions, GenerateOptions, Generation, GREEDY_BATCH};

@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use encore_llm::chat::Message;
 use encore_llm::constraint::Grammar;
+use encore_llm::tools::{ToolCall, ToolChoice, ToolSyntax, Tools};
 use encore_llm::SamplerConfig;
 
 use crate::error::ApiError;
@@ -43,6 +44,11 @@ pub struct Part {
 pub struct ChatMessage {
     pub role: String,
     pub content: Option<Content>,
+    /// The calls an assistant's turn made: `{"id", "type": "function",
+    /// "function": {"name", "arguments"}}`.
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// Which call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,7 +96,6 @@ pub struct Sampling {
 /// OpenAI's request fields that Encore does not implement.
 #[derive(Debug, Default, Deserialize)]
 pub struct Unimplemented {
-    pub tool_choice: Option<serde_json::Value>,
     pub best_of: Option<serde_json::Value>,
     pub logit_bias: Option<serde_json::Value>,
     pub functions: Option<serde_json::Value>,
@@ -111,13 +116,7 @@ impl Unimplemented {
         fn given(v: &Option<Value>) -> Option<&Value> {
             v.as_ref().filter(|v| !v.is_null())
         }
-        let fields: [(&str, &Option<Value>, Honoured, &str); 8] = [
-            (
-                "tool_choice",
-                &self.tool_choice,
-                |v| v.as_str() == Some("none"),
-                "only \"none\" (tool calling is not supported)",
-            ),
+        let fields: [(&str, &Option<Value>, Honoured, &str); 7] = [
             (
                 "best_of",
                 &self.best_of,
@@ -134,13 +133,13 @@ impl Unimplemented {
                 "functions",
                 &self.functions,
                 |_| false,
-                "function calling is not supported",
+                "the deprecated functions are not supported: use tools",
             ),
             (
                 "function_call",
                 &self.function_call,
                 |v| v.as_str() == Some("none"),
-                "function calling is not supported",
+                "the deprecated function_call is not supported: use tool_choice",
             ),
             (
                 "modalities",
@@ -180,6 +179,9 @@ pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
     pub tools: Option<Vec<serde_json::Value>>,
+    /// `"auto"`, `"none"`, `"required"` or `{"type": "function",
+    /// "function": {"name"}}`.
+    pub tool_choice: Option<serde_json::Value>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
@@ -231,6 +233,9 @@ pub struct Settings {
     pub logprobs: Option<usize>,
     /// What the output is held to.
     pub grammar: Option<Grammar>,
+    /// How the model writes tool calls, when tools are offered: its answer
+    /// is read for them.
+    pub tools: Option<ToolSyntax>,
 }
 
 fn unsupported(param: &str, what: &str) -> ApiError {
@@ -331,6 +336,7 @@ impl Sampling {
             n,
             logprobs,
             grammar,
+            tools: None,
         })
     }
 
@@ -437,11 +443,55 @@ impl Sampling {
 }
 
 impl ChatRequest {
-    /// The conversation as the engine's messages: text content only.
-    pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(unsupported("tools", "tool calling"));
+    /// The tools offered and what the model may do with them; `None` when
+    /// none are offered (or `tool_choice` is `"none"`).
+    pub fn tools(&self) -> Result<Option<(Tools, ToolChoice)>, ApiError> {
+        use serde_json::Value;
+        let bad = |what: String| ApiError::bad_request(what, Some("tool_choice"));
+        let choice = match &self.tool_choice {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(bad(format!(
+                        "tool_choice = {other:?}: expected \"auto\", \"none\", \"required\" or a function"
+                    )))
+                }
+            },
+            Some(v) => match v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+            {
+                Some(name) => ToolChoice::Function(name.to_string()),
+                None => return Err(bad(format!("tool_choice = {v}: names no function"))),
+            },
+        };
+        let specs = self.tools.clone().unwrap_or_default();
+        if specs.is_empty() {
+            return match choice {
+                ToolChoice::Auto | ToolChoice::None => Ok(None),
+                _ => Err(bad(
+                    "tool_choice asks for a call, and no tools are given".into()
+                )),
+            };
         }
+        let tools = Tools::new(specs).map_err(|e| ApiError::bad_request(e, Some("tools")))?;
+        if let ToolChoice::Function(name) = &choice {
+            if !tools.has(name) {
+                return Err(bad(format!(
+                    "tool_choice names {name:?}, which is not in tools"
+                )));
+            }
+        }
+        Ok((choice != ToolChoice::None).then_some((tools, choice)))
+    }
+
+    /// The conversation as the engine's messages: text content, the calls
+    /// assistants made and the tools' results.
+    pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::bad_request(
                 "messages is empty".into(),
@@ -453,9 +503,11 @@ impl ChatRequest {
             .enumerate()
             .map(|(i, m)| {
                 let role = m.role.as_str();
-                if !matches!(role, "system" | "developer" | "user" | "assistant") {
+                if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
                     return Err(ApiError::bad_request(
-                        format!("messages[{i}].role = {role:?}: expected system, user or assistant"),
+                        format!(
+                            "messages[{i}].role = {role:?}: expected system, user, assistant or tool"
+                        ),
                         Some("messages"),
                     ));
                 }
@@ -481,7 +533,33 @@ impl ChatRequest {
                         text
                     }
                 };
-                Ok(Message::new(role, text))
+                let mut message = Message::new(role, text);
+                message.tool_call_id = m.tool_call_id.clone();
+                for (k, call) in m.tool_calls.iter().flatten().enumerate() {
+                    let f = call.get("function");
+                    let name = f.and_then(|f| f.get("name")).and_then(serde_json::Value::as_str);
+                    let Some(name) = name else {
+                        return Err(ApiError::bad_request(
+                            format!("messages[{i}].tool_calls[{k}].function.name is missing"),
+                            Some("messages"),
+                        ));
+                    };
+                    let arguments = match f.and_then(|f| f.get("arguments")) {
+                        Some(serde_json::Value::String(a)) => a.clone(),
+                        Some(a) => a.to_string(),
+                        None => "{}".into(),
+                    };
+                    message.tool_calls.push(ToolCall {
+                        id: call
+                            .get("id")
+                            .and_then(serde_json::Value::as_str)
+                            .unwrap_or_default()
+                            .to_string(),
+                        name: name.to_string(),
+                        arguments,
+                    });
+                }
+                Ok(message)
             })
             .collect()
     }

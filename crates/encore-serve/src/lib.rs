@@ -3,8 +3,8 @@
 //!
 //! Routes: `GET /v1/models`, `POST /v1/chat/completions`, `POST
 //! /v1/completions` (both streaming as server-sent events when asked; with
-//! `n` choices, log-probabilities, and output held to a JSON schema, a Lark
-//! grammar or a regex),
+//! `n` choices, log-probabilities, tool calls, and output held to a JSON
+//! schema, a Lark grammar or a regex),
 //! `GET /health` (200 once the model is loaded and warmed, 503 before,
 //! while stopping and after a device error) and `GET /metrics`
 //! (Prometheus text).
@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use encore_llm::chat::ChatTemplate;
 use encore_llm::constraint::{ConstraintError, Constraints};
 use encore_llm::{Engine, Scheduler};
 
@@ -129,6 +130,8 @@ pub struct Ready {
     /// The vocabulary as constrained decoding sees it, built at the first
     /// request that asks for a grammar.
     constraints: OnceLock<Result<Arc<Constraints>, ConstraintError>>,
+    /// The model's chat template, for conversations that offer tools.
+    template: OnceLock<Result<Arc<ChatTemplate>, String>>,
 }
 
 impl Ready {
@@ -137,6 +140,17 @@ impl Ready {
     pub fn constraints(&self) -> Result<Arc<Constraints>, ConstraintError> {
         self.constraints
             .get_or_init(|| Constraints::new(self.engine.tokenizer()).map(Arc::new))
+            .clone()
+    }
+
+    /// The model's chat template, as the engine renders it.
+    pub fn template(&self) -> Result<Arc<ChatTemplate>, String> {
+        self.template
+            .get_or_init(|| {
+                ChatTemplate::for_tokenizer(self.engine.tokenizer())
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
             .clone()
     }
 }
@@ -200,6 +214,7 @@ impl State {
             scheduler,
             longest_token,
             constraints: OnceLock::new(),
+            template: OnceLock::new(),
         });
     }
 

@@ -30,7 +30,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use encore_llm::chat::{ChatTemplate, Message};
 use encore_llm::constraint::{Constraint, Grammar};
+use encore_llm::tools::{self, ToolChoice, ToolSyntax, Tools};
 use encore_llm::{Engine, Event, FinishReason, GenRequest, TokenLogprob};
 
 use crate::api::{self, Settings};
@@ -449,6 +451,8 @@ struct Running {
     started: bool,
     /// Choices generated.
     n: usize,
+    /// How tool calls are written, when the answer is read for them.
+    tools: Option<ToolSyntax>,
     id: String,
     created: u64,
     model: String,
@@ -565,6 +569,7 @@ fn submit(
         deadline,
         started: false,
         n,
+        tools: settings.tools,
         id: format!("{prefix}-{:016x}", request_id()),
         created: now(),
         model: state.model_id.clone(),
@@ -592,17 +597,37 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
     let deadline = deadline(&state, request.headers())?;
     let body = read_body(&state, request).await?;
     let request: api::ChatRequest = api::parse(&body)?;
-    let settings = request.sampling.settings(true)?;
+    let mut settings = request.sampling.settings(true)?;
     check_model(&state, &request.model)?;
-    let messages = request.messages()?;
-    check_prompt_bytes(ready, messages.iter().map(|m| m.content.len()).sum())?;
+    let mut messages = request.messages()?;
+    let tools = request.tools()?;
+    let offered = tools.as_ref().map_or(0, |(t, _)| t.system_prompt().len());
+    check_prompt_bytes(
+        ready,
+        messages.iter().map(|m| m.content.len()).sum::<usize>() + offered,
+    )?;
+    let rendered = match tools {
+        None => None,
+        Some((tools, choice)) => Some(offer_tools(
+            ready,
+            &mut settings,
+            &mut messages,
+            tools,
+            choice,
+        )?),
+    };
     let admitted = Admitted::take(&state, ready, settings.n)?;
     let (prompt, constraints) = prepare(
         &state,
         ready,
         settings.grammar.clone(),
         settings.n,
-        move |e| e.chat_tokens(&messages, true),
+        move |e| match rendered {
+            None => e.chat_tokens(&messages, true),
+            Some((template, specs)) => {
+                tools::chat_tokens(&template, e.tokenizer(), &messages, &specs)
+            }
+        },
     )
     .await?;
     let running = submit(
@@ -616,6 +641,49 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
         deadline,
     )?;
     respond(running, &settings).await
+}
+
+/// Offers `tools` to the model: through the template where it renders
+/// tools, else in a system message; holds the output to a call where
+/// `choice` requires one; and marks the answer to be read for calls.
+/// Returns the template and the tool specs it renders.
+fn offer_tools(
+    ready: &Ready,
+    settings: &mut Settings,
+    messages: &mut Vec<Message>,
+    tools: Tools,
+    choice: ToolChoice,
+) -> Result<(Arc<ChatTemplate>, Vec<Value>), ApiError> {
+    let template = ready.template().map_err(ApiError::internal)?;
+    let (syntax, specs) = if tools::template_renders_tools(&template) {
+        (tools::syntax_of(&template), tools.specs.clone())
+    } else {
+        let prompt = tools.system_prompt();
+        match messages.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content = format!("{}\n\n{prompt}", first.content);
+            }
+            _ => messages.insert(0, Message::new("system", prompt)),
+        }
+        (ToolSyntax::Tagged, Vec::new())
+    };
+    let only = match &choice {
+        ToolChoice::Required => Some(None),
+        ToolChoice::Function(name) => Some(Some(name.as_str())),
+        ToolChoice::Auto | ToolChoice::None => None,
+    };
+    if let Some(only) = only {
+        if settings.grammar.is_some() {
+            return Err(ApiError::bad_request(
+                "a required tool call and response_format both constrain the output: give one"
+                    .into(),
+                Some("tool_choice"),
+            ));
+        }
+        settings.grammar = Some(tools.call_grammar(syntax, only));
+    }
+    settings.tools = Some(syntax);
+    Ok((template, specs))
 }
 
 async fn completions(Extract(state): Shared, request: Request) -> Result<Response, ApiError> {
@@ -659,6 +727,42 @@ async fn respond(mut running: Running, settings: &Settings) -> Result<Response, 
             .await
             .map(IntoResponse::into_response)
     }
+}
+
+/// A chat answer's message and finish reason: with the tool calls it
+/// wrote, when the answer is read for them (then it finishes with
+/// `tool_calls`, and its content is the text around them, or null).
+fn assistant(
+    syntax: Option<ToolSyntax>,
+    text: String,
+    finish: Option<&'static str>,
+) -> (Value, Option<&'static str>) {
+    let Some(syntax) = syntax else {
+        return (json!({"role": "assistant", "content": text}), finish);
+    };
+    let (content, calls) = tools::parse_calls(syntax, &text);
+    if calls.is_empty() {
+        return (json!({"role": "assistant", "content": text}), finish);
+    }
+    let calls: Vec<Value> = calls
+        .into_iter()
+        .map(|c| {
+            json!({
+                "id": format!("call_{:016x}", request_id()),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            })
+        })
+        .collect();
+    let content = (!content.is_empty()).then_some(content);
+    let finish = match finish {
+        Some("stop") => Some("tool_calls"),
+        other => other,
+    };
+    (
+        json!({"role": "assistant", "content": content, "tool_calls": calls}),
+        finish,
+    )
 }
 
 /// One choice's answer as it is gathered.
@@ -705,12 +809,15 @@ async fn collect(
         .map(|(index, c)| {
             let lp = with_logprobs.then(|| logprobs::json(tokenizer, r.kind, &c.logprobs, 0));
             match r.kind {
-                Kind::Chat => json!({
-                    "index": index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish,
-                    "logprobs": lp,
-                }),
+                Kind::Chat => {
+                    let (message, finish) = assistant(r.tools, c.text, c.finish);
+                    json!({
+                        "index": index,
+                        "message": message,
+                        "finish_reason": finish,
+                        "logprobs": lp,
+                    })
+                }
                 Kind::Completion => json!({
                     "index": index,
                     "text": c.text,
@@ -768,6 +875,7 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
         // (completions) of the first of them.
         let mut pending: Vec<Vec<TokenLogprob>> = (0..r.n).map(|_| Vec::new()).collect();
         let mut offsets = vec![0usize; r.n];
+        let mut held: Vec<String> = vec![String::new(); r.n];
         let piece = |index: usize,
                      text: &str,
                      finish: Option<&str>,
@@ -812,6 +920,8 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
         let mut next: Result<Piece, ApiError> = Ok(first);
         loop {
             match next {
+                // An answer read for tool calls is sent whole at its end.
+                Ok(Piece::Text(i, t)) if r.tools.is_some() => held[i].push_str(&t),
                 Ok(Piece::Text(i, t)) => {
                     let c = piece(i, &t, None, &mut pending[i], &mut offsets[i]);
                     if !send(chunk(c)) {
@@ -825,10 +935,42 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
                     prompt_tokens,
                     completion_tokens,
                 }) => {
+                    let mut finish = Some(finish);
+                    if r.tools.is_some() {
+                        let text = std::mem::take(&mut held[choice]);
+                        let (message, f) = assistant(r.tools, text, finish);
+                        finish = f;
+                        let mut delta = json!({});
+                        if let Some(content) = message["content"].as_str() {
+                            delta["content"] = json!(content);
+                        }
+                        if let Some(calls) = message["tool_calls"].as_array() {
+                            let calls: Vec<Value> = calls
+                                .iter()
+                                .enumerate()
+                                .map(|(k, c)| {
+                                    let mut c = c.clone();
+                                    c["index"] = json!(k);
+                                    c
+                                })
+                                .collect();
+                            delta["tool_calls"] = json!(calls);
+                        }
+                        let lp = with_logprobs
+                            .then(|| logprobs::json(engine.tokenizer(), kind, &pending[choice], 0));
+                        pending[choice].clear();
+                        let c = json!({
+                            "index": choice,
+                            "delta": delta,
+                            "finish_reason": null,
+                            "logprobs": lp,
+                        });
+                        send(chunk(c));
+                    }
                     let c = piece(
                         choice,
                         "",
-                        Some(finish),
+                        finish,
                         &mut pending[choice],
                         &mut offsets[choice],
                     );

@@ -698,3 +698,97 @@ async fn structured_output_follows_the_schema_regex_or_grammar() {
         assert_eq!(answer["choices"][0]["finish_reason"], "stop");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_tool_call_round_trip() {
+    let s = start(true, 1024).await;
+    let url = format!("{}/v1/chat/completions", s.url);
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                       "required": ["city"]},
+    }}]);
+    let question = json!({"role": "user", "content": "What is the weather in Paris?"});
+    let body = json!({
+        "model": "smollm2-135m", "messages": [question], "max_tokens": 48, "temperature": 0,
+        "tools": tools, "tool_choice": "required",
+    });
+    let (status, answer) = post(&url, body.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{args}");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    // Streamed: the call arrives as a tool_calls delta.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = client().post(&url).json(&streamed).send().await.unwrap();
+    let chunks: Vec<Value> = events(r)
+        .await
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let delta_call = chunks
+        .iter()
+        .find_map(|c| {
+            c["choices"][0]["delta"]["tool_calls"][0]
+                .as_object()
+                .cloned()
+        })
+        .unwrap();
+    assert_eq!(delta_call["index"], 0);
+    assert_eq!(delta_call["function"]["name"], "get_weather");
+    assert_eq!(
+        delta_call["function"]["arguments"],
+        call["function"]["arguments"]
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    // The tool's result continues the conversation to a text answer.
+    let body = json!({
+        "model": "smollm2-135m", "max_tokens": 24, "temperature": 0, "tools": tools,
+        "messages": [
+            question,
+            {"role": "assistant", "content": null, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "{\"sky\": \"sunny\", \"celsius\": 21}"},
+        ],
+    });
+    let (status, answer) = post(&url, body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer["usage"]["prompt_tokens"].as_u64().unwrap() > 60,
+        "{answer}"
+    );
+    // Bad tools and choices are refused by name.
+    for (extra, param, says) in [
+        (
+            json!({"tools": [{"type": "function", "function": {"description": "x"}}]}),
+            "tools",
+            "name is missing",
+        ),
+        (
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+            "not in tools",
+        ),
+        (
+            json!({"tool_choice": "required"}),
+            "tool_choice",
+            "no tools",
+        ),
+    ] {
+        let (status, answer) = post(&url, chat("hi", extra.clone())).await;
+        assert_eq!(status, 400, "{extra} -> {answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+        assert!(answer.to_string().contains(says), "{answer}");
+    }
+}

@@ -1,0 +1,418 @@
+//! Tool calling: offering functions to a model through its chat template,
+//! reading the calls out of what it writes, and holding it to a call when
+//! one is required.
+//!
+//! Models write calls in the syntax their chat template teaches
+//! ([`ToolSyntax`]): Qwen 2.5 and Hermes-style templates wrap a JSON object
+//! `{"name": ..., "arguments": {...}}` in `<tool_call>` tags; Llama 3.1
+//! writes the bare object `{"name": ..., "parameters": {...}}`, sometimes
+//! after `<|python_tag|>`. A template that renders no tools (ChatML, say)
+//! gets the tools in a system message ([`Tools::system_prompt`]) that asks
+//! for the `<tool_call>` form.
+//!
+//! ```
+//! use encore_llm::tools::{ToolSyntax, parse_calls};
+//!
+//! let text = "Let me look.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+//! let (content, calls) = parse_calls(ToolSyntax::Tagged, text);
+//! assert_eq!(content, "Let me look.");
+//! assert_eq!(calls[0].name, "weather");
+//! assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+//! ```
+
+use serde_json::{json, Value};
+
+use crate::chat::{ChatPart, ChatTemplate, Message};
+use crate::constraint::Grammar;
+use crate::error::{LlmError, Result};
+use crate::tokenizer::{Segment, Tokenizer};
+
+/// A call of a function, as a model wrote it or a client sent it back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call's id (the server makes one for a call it parsed).
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments, as a JSON text.
+    pub arguments: String,
+}
+
+/// How a model writes a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Qwen 2.5,
+    /// Hermes, and the tools prompt of templates without tools).
+    Tagged,
+    /// A bare `{"name": ..., "parameters": ...}` object (Llama 3.1).
+    Json,
+}
+
+/// The functions a request offers, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tools {
+    /// OpenAI's tool objects, as the template renders them.
+    pub specs: Vec<Value>,
+    /// Each function's name and parameter schema, in order.
+    functions: Vec<(String, Value)>,
+}
+
+/// What a request allows the model to do with its tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// Call one or answer in text, as it likes.
+    Auto,
+    /// Answer in text; the tools are not offered.
+    None,
+    /// Call one of the tools.
+    Required,
+    /// Call this function.
+    Function(String),
+}
+
+impl Tools {
+    /// Checks OpenAI's `tools` list: each a `{"type": "function",
+    /// "function": {"name", "description"?, "parameters"?}}` with a name
+    /// unique in the list. The error says which one is wrong and why.
+    pub fn new(specs: Vec<Value>) -> std::result::Result<Tools, String> {
+        let mut functions: Vec<(String, Value)> = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            if spec.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(format!("tools[{i}].type must be \"function\""));
+            }
+            let f = spec
+                .get("function")
+                .ok_or_else(|| format!("tools[{i}].function is missing"))?;
+            let name = f
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| format!("tools[{i}].function.name is missing"))?;
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+                || name.len() > 64
+            {
+                return Err(format!(
+                    "tools[{i}].function.name = {name:?}: expected at most 64 letters, digits, '_', '-' or '.'"
+                ));
+            }
+            if functions.iter().any(|(n, _)| n == name) {
+                return Err(format!("tools[{i}]: a second function named {name:?}"));
+            }
+            let parameters = match f.get("parameters") {
+                None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+                Some(p) if p.is_object() => p.clone(),
+                Some(_) => {
+                    return Err(format!(
+                        "tools[{i}].function.parameters must be a JSON schema object"
+                    ))
+                }
+            };
+            functions.push((name.to_string(), parameters));
+        }
+        Ok(Tools { specs, functions })
+    }
+
+    /// Whether a function of this name is offered.
+    pub fn has(&self, name: &str) -> bool {
+        self.functions.iter().any(|(n, _)| n == name)
+    }
+
+    /// A system prompt that offers the tools, for a template that renders
+    /// none: the functions' signatures and the `<tool_call>` form.
+    pub fn system_prompt(&self) -> String {
+        let mut text = String::from(
+            "You may call one or more functions to assist with the user query.\n\n\
+             You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+        );
+        for spec in &self.specs {
+            text.push('\n');
+            text.push_str(&spec.to_string());
+        }
+        text.push_str(
+            "\n</tools>\n\nFor each function call, return a json object with function name and \
+             arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n\
+             {\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+        );
+        text
+    }
+
+    /// A grammar that holds the output to one call in `syntax`, of the
+    /// named function or of any offered one (`tool_choice` `required` or
+    /// a named function).
+    pub fn call_grammar(&self, syntax: ToolSyntax, only: Option<&str>) -> Grammar {
+        let key = match syntax {
+            ToolSyntax::Tagged => "arguments",
+            ToolSyntax::Json => "parameters",
+        };
+        let calls: Vec<Value> = self
+            .functions
+            .iter()
+            .filter(|(n, _)| only.is_none_or(|o| o == n))
+            .map(|(name, parameters)| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": name}, key: parameters},
+                    "required": ["name", key],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let schema = json!({
+            "anyOf": calls,
+            "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
+        });
+        match syntax {
+            ToolSyntax::Tagged => Grammar::Lark(format!(
+                "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
+            )),
+            ToolSyntax::Json => Grammar::JsonSchema(schema),
+        }
+    }
+}
+
+/// Whether a template renders the `tools` it is given.
+pub fn template_renders_tools(template: &ChatTemplate) -> bool {
+    template.source().contains("tools")
+}
+
+/// The call syntax a template teaches: the bare JSON object where it is
+/// Llama 3.1's (it speaks of `parameters` and `<|python_tag|>` or
+/// `ipython`), else the tagged form.
+pub fn syntax_of(template: &ChatTemplate) -> ToolSyntax {
+    let source = template.source();
+    if !source.contains("<tool_call>")
+        && (source.contains("<|python_tag|>") || source.contains("ipython"))
+    {
+        ToolSyntax::Json
+    } else {
+        ToolSyntax::Tagged
+    }
+}
+
+/// Splits a model's answer into its text and the calls it wrote in
+/// `syntax`. Text that only looks like a call (JSON that does not parse,
+/// an object with no name) stays text.
+pub fn parse_calls(syntax: ToolSyntax, text: &str) -> (String, Vec<ToolCall>) {
+    let mut calls = Vec::new();
+    let call = |v: &Value, key: &str| -> Option<ToolCall> {
+        let name = v.get("name")?.as_str()?.to_string();
+        let arguments = match v.get(key).or_else(|| v.get("arguments")) {
+            None => "{}".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(a) => a.to_string(),
+        };
+        Some(ToolCall {
+            id: String::new(),
+            name,
+            arguments,
+        })
+    };
+    match syntax {
+        ToolSyntax::Tagged => {
+            const OPEN: &str = "<tool_call>";
+            const CLOSE: &str = "</tool_call>";
+            let mut content = String::new();
+            let mut rest = text;
+            while let Some(at) = rest.find(OPEN) {
+                let after = &rest[at + OPEN.len()..];
+                let (body, next) = match after.find(CLOSE) {
+                    Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
+                    None => (after, ""),
+                };
+                match serde_json::from_str::<Value>(body.trim())
+                    .ok()
+                    .and_then(|v| call(&v, "arguments"))
+                {
+                    Some(c) => {
+                        content.push_str(&rest[..at]);
+                        calls.push(c);
+                        rest = next;
+                    }
+                    None => {
+                        content.push_str(&rest[..at + OPEN.len()]);
+                        rest = after;
+                    }
+                }
+            }
+            content.push_str(rest);
+            (content.trim().to_string(), calls)
+        }
+        ToolSyntax::Json => {
+            let body = text.trim();
+            let body = body.strip_prefix("<|python_tag|>").unwrap_or(body).trim();
+            // One object, or several separated by ';' (Llama 3.1 may write so).
+            for piece in body.split(';') {
+                match serde_json::from_str::<Value>(piece.trim())
+                    .ok()
+                    .and_then(|v| call(&v, "parameters"))
+                {
+                    Some(c) => calls.push(c),
+                    None => return (text.trim().to_string(), Vec::new()),
+                }
+            }
+            (String::new(), calls)
+        }
+    }
+}
+
+/// The token ids of a conversation with `tools` offered, as
+/// [`crate::Engine::chat_tokens`] encodes one without: only the template's
+/// markup (and the tools) may become control tokens, message contents are
+/// plain text.
+pub fn chat_tokens(
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    messages: &[Message],
+    tools: &[Value],
+) -> Result<Vec<u32>> {
+    if let Some(m) = messages
+        .iter()
+        .find(|m| tokenizer.has_control_text(&m.role))
+    {
+        return Err(LlmError::Request(format!(
+            "the message role {:?} spells a control token",
+            m.role
+        )));
+    }
+    let text_of = |id: Option<u32>| {
+        id.and_then(|t| tokenizer.token_text(t))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (bos, eos) = (text_of(tokenizer.bos()), text_of(tokenizer.eos()));
+    if let Some(parts) = template.render_parts_with_tools(messages, tools, true, &bos, &eos)? {
+        let segments: Vec<Segment<'_>> = parts
+            .iter()
+            .map(|p| match p {
+                ChatPart::Markup(t) => Segment::markup(t),
+                ChatPart::Content(t) => Segment::plain(t),
+            })
+            .collect();
+        return Ok(tokenizer.encode_segments(&segments, true)?);
+    }
+    if messages
+        .iter()
+        .any(|m| tokenizer.has_control_text(&m.content))
+    {
+        return Err(LlmError::Request(
+            "a message spells a control token, and the chat template rewrites message \
+             contents too much to keep them apart from its markup"
+                .into(),
+        ));
+    }
+    let text = template.render_with_tools(messages, tools, true, &bos, &eos)?;
+    Ok(tokenizer.encode(&text, true, true)?)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+    use crate::constraint::Constraints;
+    use crate::tokenizer::TokenizerSpec;
+
+    fn weather() -> Tools {
+        Tools::new(vec![json!({"type": "function", "function": {
+            "name": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        }})])
+        .unwrap()
+    }
+
+    #[test]
+    fn tagged_calls_are_parsed_out_of_the_text() {
+        let text = "Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>{\"name\": \"b\", \"arguments\": \"{}\"}</tool_call>";
+        let (content, calls) = parse_calls(ToolSyntax::Tagged, text);
+        assert_eq!(content, "Sure.");
+        assert_eq!(
+            calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.as_str()))
+                .collect::<Vec<_>>(),
+            [("a", "{\"x\":1}"), ("b", "{}")]
+        );
+        // Broken JSON stays text.
+        let (content, calls) = parse_calls(ToolSyntax::Tagged, "<tool_call>{oops</tool_call> hi");
+        assert!(calls.is_empty());
+        assert!(content.contains("oops"), "{content}");
+    }
+
+    #[test]
+    fn llama_calls_are_bare_objects_with_parameters() {
+        let (content, calls) = parse_calls(
+            ToolSyntax::Json,
+            "<|python_tag|>{\"name\": \"weather\", \"parameters\": {\"city\": \"Oslo\"}}",
+        );
+        assert_eq!(content, "");
+        assert_eq!(calls[0].arguments, "{\"city\":\"Oslo\"}");
+        let (content, calls) = parse_calls(ToolSyntax::Json, "It is sunny.");
+        assert_eq!((content.as_str(), calls.len()), ("It is sunny.", 0));
+    }
+
+    #[test]
+    fn bad_tools_are_refused_with_the_reason() {
+        for (spec, says) in [
+            (
+                json!({"type": "function", "function": {"description": "x"}}),
+                "name is missing",
+            ),
+            (json!({"type": "retrieval"}), "type must be"),
+            (
+                json!({"type": "function", "function": {"name": "a b"}}),
+                "expected at most 64",
+            ),
+            (
+                json!({"type": "function", "function": {"name": "f", "parameters": 3}}),
+                "parameters must be",
+            ),
+        ] {
+            let e = Tools::new(vec![spec]).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
+        let twice = json!({"type": "function", "function": {"name": "f"}});
+        assert!(Tools::new(vec![twice.clone(), twice])
+            .unwrap_err()
+            .contains("second"));
+    }
+
+    #[test]
+    fn a_required_call_grammar_compiles_and_names_the_function() {
+        let tools = weather();
+        let grammar = tools.call_grammar(ToolSyntax::Tagged, None);
+        match &grammar {
+            Grammar::Lark(g) => {
+                assert!(
+                    g.contains("<tool_call>") && g.contains("\"weather\""),
+                    "{g}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // It compiles, and holds the output to the call's first byte.
+        let mut tokens: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
+        tokens.push("</s>".into());
+        let mut types = vec![6; 256];
+        types.push(3);
+        let t = Tokenizer::from_spec(TokenizerSpec {
+            model: "llama".into(),
+            tokens,
+            token_types: Some(types),
+            eos: Some(256),
+            ..TokenizerSpec::default()
+        })
+        .unwrap();
+        let mut c = Constraints::new(&t).unwrap().compile(&grammar).unwrap();
+        let mut logits = vec![0.0; 257];
+        c.mask(&mut logits).unwrap();
+        let allowed: Vec<usize> = (0..257).filter(|&i| logits[i].is_finite()).collect();
+        assert_eq!(allowed, [usize::from(b'<')]);
+        assert!(matches!(
+            tools.call_grammar(ToolSyntax::Json, Some("weather")),
+            Grammar::JsonSchema(_)
+        ));
+        assert!(tools.system_prompt().contains("\"weather\""));
+    }
+}
