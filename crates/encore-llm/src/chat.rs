@@ -30,7 +30,6 @@ use minijinja::value::{from_args, Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
 use crate::tokenizer::Tokenizer;
-pub use crate::tools::ToolCall;
 
 /// The ChatML template, for models whose file has no template.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}\
@@ -44,6 +43,18 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}\
 pub const GEMMA3_TEMPLATE: &str = include_str!("chat_templates/gemma3.jinja");
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// A call of a function, as a model wrote it or a client sent it back
+/// ([`crate::tools`] reads them out of answers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call's id (the server makes one for a call it parsed).
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments, as a JSON text.
+    pub arguments: String,
+}
 
 /// One turn of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,21 +22,11 @@
 
 use serde_json::{json, Value};
 
+pub use crate::chat::ToolCall;
 use crate::chat::{ChatPart, ChatTemplate, Message};
 use crate::constraint::Grammar;
 use crate::error::{LlmError, Result};
 use crate::tokenizer::{Segment, Tokenizer};
-
-/// A call of a function, as a model wrote it or a client sent it back.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ToolCall {
-    /// The call's id (the server makes one for a call it parsed).
-    pub id: String,
-    /// The function's name.
-    pub name: String,
-    /// The arguments, as a JSON text.
-    pub arguments: String,
-}
 
 /// How a model writes a tool call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,6 +16,13 @@ use encore_llm::SamplerConfig;
 
 use crate::error::ApiError;
 
+/// Which endpoint a generation answers, for the shape of its responses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use encore_llm::tokenizer::Tokenizer;
 use encore_llm::TokenLogprob;
 
-use crate::routes::Kind;
+use crate::api::Kind;
 
 /// What OpenAI reports for a token with no probability (JSON has no
 /// infinity).

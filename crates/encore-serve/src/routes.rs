@@ -35,7 +35,7 @@ use encore_llm::constraint::{Constraint, Grammar};
 use encore_llm::tools::{self, ToolChoice, ToolSyntax, Tools};
 use encore_llm::{Engine, Event, FinishReason, GenRequest, TokenLogprob};
 
-use crate::api::{self, Settings};
+use crate::api::{self, Kind, Settings};
 use crate::error::{ApiError, Outcome};
 use crate::logprobs;
 use crate::{now, Ready, State};
@@ -415,13 +415,6 @@ impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
-}
-
-/// Which endpoint a generation answers, for the shape of its responses.
-#[derive(Clone, Copy, PartialEq)]
-pub(crate) enum Kind {
-    Chat,
-    Completion,
 }
 
 /// What a generation gives its handler, for one of its choices: text, a
