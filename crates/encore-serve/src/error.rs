@@ -37,7 +37,8 @@ pub enum Outcome {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: String) -> ApiError {
+    /// An error of `status` and OpenAI's `kind`, naming no field or code.
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: String) -> ApiError {
         ApiError {
             status,
             message,

@@ -87,15 +87,7 @@ async fn json_errors(request: Request, next: Next) -> Response {
     } else {
         "server_error"
     };
-    let error = ApiError {
-        status,
-        message,
-        kind,
-        param: None,
-        code: None,
-        retry_after: None,
-    };
-    let mut fixed = error.into_response();
+    let mut fixed = ApiError::new(status, kind, message).into_response();
     if let Some(allow) = parts.headers.get(header::ALLOW) {
         fixed.headers_mut().insert(header::ALLOW, allow.clone());
     }
