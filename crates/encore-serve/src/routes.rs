@@ -601,12 +601,12 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
             choice,
         )?),
     };
-    let admitted = Admitted::take(&state, ready, settings.n)?;
-    let (prompt, constraints) = prepare(
+    answer(
         &state,
         ready,
-        settings.grammar.clone(),
-        settings.n,
+        &settings,
+        Kind::Chat,
+        deadline,
         move |e| match rendered {
             None => e.chat_tokens(&messages, true),
             Some((template, specs)) => {
@@ -614,18 +614,7 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
             }
         },
     )
-    .await?;
-    let running = submit(
-        &state,
-        ready,
-        admitted,
-        prompt,
-        constraints,
-        &settings,
-        Kind::Chat,
-        deadline,
-    )?;
-    respond(running, &settings).await
+    .await
 }
 
 /// Offers `tools` to the model: through the template where it renders
@@ -680,29 +669,44 @@ async fn completions(Extract(state): Shared, request: Request) -> Result<Respons
     check_model(&state, &request.model)?;
     let prompt = request.prompt()?.to_string();
     check_prompt_bytes(ready, prompt.len())?;
-    let admitted = Admitted::take(&state, ready, settings.n)?;
-    let (prompt, constraints) = prepare(
+    answer(
         &state,
         ready,
-        settings.grammar.clone(),
-        settings.n,
+        &settings,
+        Kind::Completion,
+        deadline,
         move |e| e.prompt_tokens(&prompt, true),
     )
-    .await?;
-    let running = submit(
-        &state,
+    .await
+}
+
+/// Answers a request whose prompt `tokenize` makes: takes its place,
+/// prepares the prompt and constraints, submits its choices and answers
+/// as a stream or a whole.
+async fn answer<F>(
+    state: &Arc<State>,
+    ready: &Ready,
+    settings: &Settings,
+    kind: Kind,
+    deadline: Option<(Instant, f64)>,
+    tokenize: F,
+) -> Result<Response, ApiError>
+where
+    F: FnOnce(&Engine) -> encore_llm::Result<Vec<u32>> + Send + 'static,
+{
+    let admitted = Admitted::take(state, ready, settings.n)?;
+    let (prompt, constraints) =
+        prepare(state, ready, settings.grammar.clone(), settings.n, tokenize).await?;
+    let mut running = submit(
+        state,
         ready,
         admitted,
         prompt,
         constraints,
-        &settings,
-        Kind::Completion,
+        settings,
+        kind,
         deadline,
     )?;
-    respond(running, &settings).await
-}
-
-async fn respond(mut running: Running, settings: &Settings) -> Result<Response, ApiError> {
     // The first piece decides the status.
     let first = running.next().await?;
     if settings.stream {
