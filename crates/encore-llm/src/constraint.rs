@@ -243,28 +243,22 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::tokenizer::TokenizerSpec;
+    use crate::tokenizer::tests::tiny_vocab;
     use serde_json::{json, Value};
 
-    /// The 256 bytes, a few multi-byte tokens, and `</s>` (the last) as EOS.
+    /// The 256 bytes, a few multi-byte tokens, and `</s>` (the last, 262)
+    /// as EOS.
     fn tokenizer() -> Tokenizer {
-        let mut tokens: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
-        let mut types = vec![6; 256];
-        for word in ["{\"", "\": ", "\", \"", "true", "null", "▁the"] {
-            tokens.push(word.into());
-            types.push(1);
-        }
-        tokens.push("</s>".into());
-        types.push(3);
-        let eos = tokens.len() as u32 - 1;
-        Tokenizer::from_spec(TokenizerSpec {
-            model: "llama".into(),
-            tokens,
-            token_types: Some(types),
-            eos: Some(eos),
-            ..TokenizerSpec::default()
-        })
-        .unwrap()
+        let pieces = [
+            ("{\"", 1),
+            ("\": ", 1),
+            ("\", \"", 1),
+            ("true", 1),
+            ("null", 1),
+            ("▁the", 1),
+            ("</s>", 3),
+        ];
+        tiny_vocab(&pieces, 262)
     }
 
     #[test]

@@ -99,7 +99,7 @@ mod sentencepiece;
 mod spec;
 mod special;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use byte_level::byte_symbol;
 pub use decode::StreamDecoder;

@@ -292,8 +292,8 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::tests::{ids_of, tiny_gpt2};
-    use crate::tokenizer::{Segment, TokenizerSpec};
+    use crate::tokenizer::tests::{ids_of, tiny_gpt2, tiny_vocab};
+    use crate::tokenizer::Segment;
 
     #[test]
     fn control_tokens_need_parse_special() {
@@ -357,25 +357,6 @@ mod tests {
         assert_eq!(t.eot(), Some(267));
         assert!(t.is_control(266));
         assert!(!t.is_control(269));
-    }
-
-    /// Builds a SentencePiece tokenizer over byte tokens and the given
-    /// `(text, token type)` pieces, which take ids from 256 on.
-    fn tiny_vocab(pieces: &[(&str, i32)], eos: u32) -> Tokenizer {
-        let mut tokens: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
-        let mut types = vec![6; tokens.len()];
-        for &(text, token_type) in pieces {
-            tokens.push(text.into());
-            types.push(token_type);
-        }
-        Tokenizer::from_spec(TokenizerSpec {
-            model: "llama".into(),
-            tokens,
-            token_types: Some(types),
-            eos: Some(eos),
-            ..TokenizerSpec::default()
-        })
-        .unwrap()
     }
 
     fn eog_set(t: &Tokenizer) -> Vec<&str> {

@@ -1,6 +1,7 @@
 //! Tests of the tokenizer as a whole (building it, encoding with special
 //! tokens, a real model's ids as llama.cpp produces them, round trips), and
-//! the small vocabularies the other files' tests build on.
+//! the small vocabularies the other files' tests build on (in this module
+//! and, for [`tiny_vocab`], the crate).
 
 use super::*;
 use crate::gguf::GgufFile;
@@ -48,6 +49,25 @@ pub(super) fn ids_of(tokenizer: &Tokenizer, texts: &[&str]) -> Vec<u32> {
                 .unwrap_or_else(|| panic!("no token {t:?}"))
         })
         .collect()
+}
+
+/// A SentencePiece tokenizer over byte tokens (ids 0..256) and the given
+/// `(text, token type)` pieces, which take ids from 256 on.
+pub(crate) fn tiny_vocab(pieces: &[(&str, i32)], eos: u32) -> Tokenizer {
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
+    let mut types = vec![6; tokens.len()];
+    for &(text, token_type) in pieces {
+        tokens.push(text.into());
+        types.push(token_type);
+    }
+    Tokenizer::from_spec(TokenizerSpec {
+        model: "llama".into(),
+        tokens,
+        token_types: Some(types),
+        eos: Some(eos),
+        ..TokenizerSpec::default()
+    })
+    .unwrap()
 }
 
 /// A SentencePiece vocabulary: unk, bos, eos, the 256 byte tokens, then
