@@ -25,6 +25,7 @@ use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPI
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
 use crate::kernels::paged::{ArgmaxRowsShape, AttnStepPagedShape, PagedKvShape};
+use crate::kernels::prefill_attention::check_head_dim;
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
 
@@ -304,13 +305,7 @@ pub(crate) fn prefill_attention() -> CudaKernel {
         ),
         "attention_prefill",
         |s: &AttnShape| {
-            if !PREFILL_HEAD_DIMS.contains(&s.head_dim) {
-                return Err(format!(
-                    "attention_prefill on CUDA has no code for heads of {} (it has for \
-                     {PREFILL_HEAD_DIMS:?})",
-                    s.head_dim
-                ));
-            }
+            check_head_dim("CUDA", &PREFILL_HEAD_DIMS, s.head_dim)?;
             Ok(geometry::prefill_attention_launch(s))
         },
     )

@@ -22,3 +22,16 @@
 
 /// Query rows from which `Ops::attention` uses this kernel.
 pub const PREFILL_MIN_ROWS: usize = 16;
+
+/// Refuses heads of `head_dim` unless a backend's kernel has code for
+/// them (`dims`), naming the backend and the sizes it has.
+pub(crate) fn check_head_dim(backend: &str, dims: &[u32], head_dim: u32) -> Result<(), String> {
+    if dims.contains(&head_dim) {
+        Ok(())
+    } else {
+        Err(format!(
+            "attention_prefill on {backend} has no code for heads of {head_dim} (it has for \
+             {dims:?})"
+        ))
+    }
+}

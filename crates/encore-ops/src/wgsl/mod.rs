@@ -26,6 +26,7 @@ use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
+use crate::kernels::prefill_attention::check_head_dim;
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
 
@@ -448,13 +449,7 @@ pub(crate) fn prefill_attention() -> WgpuKernel {
         ) + &source("prefill_attention.wgsl"),
         "attention_prefill",
         |s: &AttnShape| {
-            if !PREFILL_HEAD_DIMS.contains(&s.head_dim) {
-                return Err(format!(
-                    "attention_prefill on wgpu has no code for heads of {} (it has for \
-                     {PREFILL_HEAD_DIMS:?})",
-                    s.head_dim
-                ));
-            }
+            check_head_dim("wgpu", &PREFILL_HEAD_DIMS, s.head_dim)?;
             Ok(linear_launch(
                 s.heads.saturating_mul(s.rows.div_ceil(PREFILL_QUERY_ROWS)),
             ))
