@@ -7,6 +7,8 @@
 
 pub mod cpu;
 pub mod cuda;
+#[cfg_attr(not(any(feature = "wgpu", target_vendor = "apple")), allow(dead_code))]
+pub(crate) mod failure;
 pub mod metal;
 pub(crate) mod wgpu;
 #[cfg_attr(not(any(feature = "wgpu", target_vendor = "apple")), allow(dead_code))]

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use super::shared::{Buffers, Pipeline, Sendable, Shared};
 use super::submit::{MetalExecutable, Prepared};
 use super::{msl, plan};
+use crate::backend::failure::Failure;
 use crate::backend::{Backend, BackendSubmission, Executable};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -83,7 +84,7 @@ impl MetalBackend {
             name: "metal".into(),
             device,
             queue,
-            failure: Mutex::new(None),
+            failure: Failure::default(),
             buffers: Mutex::new(Buffers::default()),
             residency,
             pending: Mutex::new(plan::Residency::default()),
@@ -291,7 +292,7 @@ impl Backend for MetalBackend {
     }
 
     fn failure(&self) -> Option<String> {
-        self.shared.failure.lock().clone()
+        self.shared.failure.cause()
     }
 
     fn capture_begin(&self, _name: &str) {

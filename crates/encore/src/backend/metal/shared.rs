@@ -19,6 +19,7 @@ use objc2_metal::{
 use parking_lot::Mutex;
 
 use super::{msl, plan};
+use crate::backend::failure::Failure;
 use crate::error::{Error, Result};
 use crate::record::RawMem;
 
@@ -74,7 +75,7 @@ pub(super) struct Shared {
     pub(super) name: String,
     pub(super) device: Retained<ProtocolObject<dyn MTLDevice>>,
     pub(super) queue: Retained<ProtocolObject<dyn MTLCommandQueue>>,
-    pub(super) failure: Mutex<Option<String>>,
+    pub(super) failure: Failure,
     pub(super) buffers: Mutex<Buffers>,
     /// The device's residency set, where the OS has them.
     pub(super) residency: Option<Sendable<Retained<ProtocolObject<dyn MTLResidencySet>>>>,
@@ -96,22 +97,14 @@ pub(super) struct Shared {
 impl Shared {
     /// Records the first failure; later ones keep the first's cause.
     pub(super) fn fail(&self, cause: String) {
-        let mut f = self.failure.lock();
-        if f.is_none() {
+        if self.failure.record(&cause) {
             tracing::error!(device = %self.name, %cause, "Metal device failed");
-            *f = Some(cause);
         }
     }
 
     /// `Err` when the device has failed.
     pub(super) fn usable(&self) -> Result<()> {
-        match &*self.failure.lock() {
-            Some(cause) => Err(Error::DeviceFailed {
-                device: self.name.clone(),
-                cause: cause.clone(),
-            }),
-            None => Ok(()),
-        }
+        self.failure.check(&self.name)
     }
 
     pub(super) fn driver_error(&self, operation: &str, message: String) -> Error {

@@ -10,6 +10,7 @@ use wgpu::naga;
 
 use super::shared::{caught, message, Buffers, Features, Pipeline, Shared};
 use super::submit::{self, WgpuExecutable, WgpuSubmission};
+use crate::backend::failure::Failure;
 use crate::backend::wgsl::WGSL_MAX_BUFFERS;
 use crate::backend::{Backend, BackendSubmission, Executable};
 use crate::config::Config;
@@ -132,22 +133,19 @@ impl WgpuBackend {
             ..Default::default()
         }))
         .map_err(|e| unavailable(format!("{}: {e}", describe(&info))))?;
-        let failure = Arc::new(Mutex::new(None::<String>));
+        let failure = Failure::default();
         let lost = failure.clone();
         let lost_name = name.clone();
         device.set_device_lost_callback(move |reason, message| {
-            let mut f = lost.lock();
-            if f.is_none() && reason != wgpu::DeviceLostReason::Destroyed {
+            if reason != wgpu::DeviceLostReason::Destroyed
+                && lost.record(&format!("device lost: {message}"))
+            {
                 tracing::error!(device = %lost_name, %message, "wgpu device lost");
-                *f = Some(format!("device lost: {message}"));
             }
         });
         let uncaught = failure.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let mut f = uncaught.lock();
-            if f.is_none() {
-                *f = Some(format!("uncaught device error: {}", message(&e)));
-            }
+            uncaught.record(&format!("uncaught device error: {}", message(&e)));
         }));
         let placeholder = || {
             device.create_buffer(&wgpu::BufferDescriptor {
@@ -386,6 +384,6 @@ impl Backend for WgpuBackend {
     }
 
     fn failure(&self) -> Option<String> {
-        self.shared.failure.lock().clone()
+        self.shared.failure.cause()
     }
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use crate::backend::failure::Failure;
 use crate::error::{Error, Result};
 use crate::record::RawMem;
 
@@ -59,7 +60,7 @@ pub(crate) struct Shared {
     pub(super) device: wgpu::Device,
     pub(super) queue: wgpu::Queue,
     /// Why the device is unusable, once something made it so.
-    pub(super) failure: Arc<Mutex<Option<String>>>,
+    pub(super) failure: Failure,
     pub(super) buffers: Mutex<Buffers>,
     /// The offset every storage binding must start at a multiple of.
     pub(super) storage_align: u64,
@@ -78,22 +79,14 @@ pub(crate) struct Shared {
 impl Shared {
     /// Records the first failure; later ones keep the first's cause.
     pub(super) fn fail(&self, cause: String) {
-        let mut f = self.failure.lock();
-        if f.is_none() {
+        if self.failure.record(&cause) {
             tracing::error!(device = %self.name, %cause, "wgpu device failed");
-            *f = Some(cause);
         }
     }
 
     /// `Err` when the device has failed.
     pub(super) fn usable(&self) -> Result<()> {
-        match &*self.failure.lock() {
-            Some(cause) => Err(Error::DeviceFailed {
-                device: self.name.clone(),
-                cause: cause.clone(),
-            }),
-            None => Ok(()),
-        }
+        self.failure.check(&self.name)
     }
 
     /// The buffer behind a handle.

@@ -391,7 +391,7 @@ impl WgpuSubmission {
         if let Some(cause) = &self.error {
             return Some(Err(self.failed(cause)));
         }
-        if let Some(cause) = self.shared.failure.lock().clone() {
+        if let Some(cause) = self.shared.failure.cause() {
             return Some(Err(self.failed(&cause)));
         }
         if !self.slot.done.load(Ordering::Acquire) {
