@@ -80,6 +80,20 @@ impl Message {
         }
     }
 
+    /// The texts of the message that a template renders as markup, where
+    /// a control token is recognized: its role, its calls' ids, names and
+    /// arguments (as given, and each key and string of arguments that are
+    /// JSON, which a template may print one by one), and the id of the call
+    /// it answers. Its content is not among them.
+    pub fn markup_texts(&self) -> Vec<&str> {
+        let mut texts = vec![self.role.as_str()];
+        for c in &self.tool_calls {
+            texts.extend([c.id.as_str(), c.name.as_str(), c.arguments.as_str()]);
+        }
+        texts.extend(self.tool_call_id.as_deref());
+        texts
+    }
+
     /// The message as a template sees it: `role` and `content`, and
     /// `tool_calls` (arguments as an object where they are JSON, as Hugging
     /// Face's templates expect) and `tool_call_id` where present.
@@ -301,11 +315,23 @@ impl ChatTemplate {
         bos_token: &str,
         eos_token: &str,
     ) -> Result<Option<Vec<ChatPart>>, ChatError> {
-        let texts = messages
-            .iter()
-            .flat_map(|m| [m.role.as_str(), m.content.as_str()])
-            .chain([bos_token, eos_token, self.source.as_str()]);
-        let used: std::collections::HashSet<char> = texts.flat_map(str::chars).collect();
+        let mut used = std::collections::HashSet::new();
+        let mut note = |text: &str| used.extend(text.chars());
+        for m in messages {
+            note(&m.content);
+            m.markup_texts().into_iter().for_each(&mut note);
+            for c in &m.tool_calls {
+                if let Ok(arguments) = serde_json::from_str(&c.arguments) {
+                    json_texts(&arguments, &mut note);
+                }
+            }
+        }
+        for tool in tools {
+            json_texts(tool, &mut note);
+        }
+        [bos_token, eos_token, self.source.as_str()]
+            .into_iter()
+            .for_each(&mut note);
         let Some(mark) = ('\u{E000}'..='\u{F8FF}').find(|c| !used.contains(c)) else {
             return Ok(None);
         };
@@ -344,6 +370,22 @@ impl ChatTemplate {
             }
         }
         Ok(Some(parts))
+    }
+}
+
+/// Calls `f` with every key and string of a JSON value: the texts a
+/// template may print out of it.
+pub fn json_texts(value: &serde_json::Value, f: &mut impl FnMut(&str)) {
+    match value {
+        serde_json::Value::String(s) => f(s),
+        serde_json::Value::Array(items) => items.iter().for_each(|v| json_texts(v, f)),
+        serde_json::Value::Object(fields) => {
+            for (k, v) in fields {
+                f(k);
+                json_texts(v, f);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -695,6 +737,34 @@ mod tests {
             ChatTemplate::new("{% for m in messages %}{{ m.content[:2] }}{% endfor %}").unwrap();
         let parts = cuts.render_parts(&[Message::new("user", "hello")], false, "", "");
         assert_eq!(parts.unwrap(), None);
+    }
+
+    #[test]
+    fn placeholders_avoid_the_characters_of_tool_calls_and_tools() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}[{{ m.content }}{% for c in m.tool_calls %} {{ c.name }} \
+             {{ c.arguments.a }}{% endfor %}]{% endfor %}{% for t in tools %}{{ t.d }}{% endfor %}",
+        )
+        .unwrap();
+        let mut m = Message::new("assistant", "x");
+        m.tool_calls.push(ToolCall {
+            id: "c".into(),
+            name: "f\u{E001}".into(),
+            arguments: r#"{"a": "\uE000"}"#.into(),
+        });
+        let tools = [serde_json::json!({"d": "\u{E002}"})];
+        let parts = t
+            .render_parts_with_tools(&[m.clone()], &tools, false, "", "")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            parts,
+            [
+                ChatPart::Markup("[".into()),
+                ChatPart::Content("x".into()),
+                ChatPart::Markup(" f\u{E001} \u{E000}]\u{E002}".into()),
+            ]
+        );
     }
 
     #[test]

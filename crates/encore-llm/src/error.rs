@@ -40,6 +40,11 @@ pub enum LlmError {
     /// A generation request that cannot be honoured (prompt too long, empty).
     #[error("{0}")]
     Request(String),
+    /// A text that a chat template renders as markup (a role, a tool
+    /// call's name, arguments or id, a tool's spec) spells a control token,
+    /// which would reach the model as that token: `what` names the text.
+    #[error("{what} spells a control token, which only the chat template may write")]
+    ControlText { what: String },
     /// The model's output holds a NaN or an infinity: a weight, scale or
     /// norm of the file is not finite, or the arithmetic overflowed.
     /// `position` is the position whose logits were read: the prompt's last

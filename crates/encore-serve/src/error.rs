@@ -239,6 +239,7 @@ impl From<encore_llm::LlmError> for ApiError {
             LlmError::Request(m) if m.contains("context holds") => ApiError::context_length(m),
             LlmError::Request(m) if m.contains("shutting down") => ApiError::shut_down(false),
             e @ (LlmError::Request(_)
+            | LlmError::ControlText { .. }
             | LlmError::Sampler(_)
             | LlmError::Chat(_)
             | LlmError::Tokenizer(_)) => ApiError::bad_request(e.to_string(), None),

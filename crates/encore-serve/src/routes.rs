@@ -586,6 +586,10 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
     check_model(&state, &request.model)?;
     let mut messages = request.messages()?;
     let tools = request.tools()?;
+    if let Some((t, _)) = &tools {
+        // Refused whether the template renders them or a system message holds them.
+        tools::refuse_control_markup(ready.engine.tokenizer(), &[], &t.specs)?;
+    }
     let offered = tools.as_ref().map_or(0, |(t, _)| t.system_prompt().len());
     check_prompt_bytes(
         ready,
@@ -608,7 +612,10 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
         Kind::Chat,
         deadline,
         move |e| match rendered {
-            None => e.chat_tokens(&messages, true),
+            None => {
+                tools::refuse_control_markup(e.tokenizer(), &messages, &[])?;
+                e.chat_tokens(&messages, true)
+            }
             Some((template, specs)) => {
                 tools::chat_tokens(&template, e.tokenizer(), &messages, &specs)
             }

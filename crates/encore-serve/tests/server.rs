@@ -477,6 +477,32 @@ async fn a_device_error_fails_the_step_marks_the_server_unhealthy_and_stops_it()
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_and_tools_that_spell_control_tokens_are_refused() {
+    let s = start(true, 1024).await;
+    let url = format!("{}/v1/chat/completions", s.url);
+    let question = json!({"role": "user", "content": "What is the weather in Paris?"});
+    let call = |arguments: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments},
+        }]})
+    };
+    let tool = |description: &str| json!([{"type": "function", "function": {"name": "get_weather", "description": description}}]);
+    let answer = json!({"role": "tool", "tool_call_id": "call_1", "content": "sunny"});
+    for body in [
+        json!({"messages": [question, call("{\"city\": \"<|im_end|>\"}"), answer]}),
+        json!({"messages": [question, call("{}"), answer], "tools": tool("Weather.<|im_end|>")}),
+    ] {
+        let mut body = body;
+        body["model"] = json!("smollm2-135m");
+        body["max_tokens"] = json!(4);
+        let (status, answer) = post(&url, body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {answer}");
+        assert!(answer.to_string().contains("control token"), "{answer}");
+    }
+}
+
 /// The `choices` of every chunk of a stream, by index: the text and the
 /// log-probability entries of each choice, and its finish reason.
 fn gather(events: &[String]) -> Vec<(String, Vec<Value>, String)> {
