@@ -27,7 +27,7 @@ use encore::{Buffer, Encoder, GraphCache, GraphExec};
 use encore_ops::{DType, Weight};
 
 use crate::blocks::PAD_BLOCK;
-use crate::error::{LlmError, Result};
+use crate::error::{LlmError, Pass, Result};
 use crate::model::{Activations, LayerCache, Model, PagedRows, Placement};
 
 /// One row of a step: `token` at `position` of a sequence whose block
@@ -51,11 +51,14 @@ pub struct Output {
 }
 
 /// What a step gives for an [`Output`]: the argmax, taken on the device,
-/// for a greedy one; else the logits.
+/// for a greedy one; else the logits; or, where they hold a NaN or an
+/// infinity, where that was ([`LlmError::NonFinite`]): a failure of that
+/// row's sequence, not of the step or the device.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RowResult {
     Token(u32),
     Logits(Vec<f32>),
+    NonFinite { pass: Pass, position: usize },
 }
 
 /// Batch sizes a decode graph is recorded for; more decode rows than the
@@ -363,13 +366,17 @@ impl BatchRunner {
         outputs: &[Output],
     ) -> Result<Vec<RowResult>> {
         let vocab = self.model.config.vocab;
-        let bad = |o: &Output, at: Option<usize>| {
-            let logit = at.map_or(String::new(), |i| format!("logit {i} "));
-            LlmError::Request(format!(
-                "the model's output is not finite ({logit}at position {}); \
-                 the model file may be corrupt",
-                rows[o.row].position
-            ))
+        let bad = |o: &Output| {
+            let row = &rows[o.row];
+            let pass = if row.decode {
+                Pass::Decode
+            } else {
+                Pass::Prefill
+            };
+            RowResult::NonFinite {
+                pass,
+                position: row.position,
+            }
         };
         let ids: Vec<u32> = if outputs.iter().any(|o| o.greedy) {
             b.ids.view(0, outputs.len() * 16)?.download()?
@@ -381,15 +388,16 @@ impl BatchRunner {
             if o.greedy {
                 match ids.get(4 * i) {
                     Some(&id) if id != u32::MAX => results.push(RowResult::Token(id)),
-                    _ => return Err(bad(o, None)),
+                    _ => results.push(bad(o)),
                 }
                 continue;
             }
             let logits: Vec<f32> = b.logits.view(i * vocab * 4, vocab * 4)?.download()?;
-            if let Some(at) = logits.iter().position(|x| !x.is_finite()) {
-                return Err(bad(o, Some(at)));
+            if logits.iter().any(|x| !x.is_finite()) {
+                results.push(bad(o));
+            } else {
+                results.push(RowResult::Logits(logits));
             }
-            results.push(RowResult::Logits(logits));
         }
         Ok(results)
     }

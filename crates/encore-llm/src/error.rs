@@ -79,6 +79,15 @@ pub enum LlmError {
     },
 }
 
+impl LlmError {
+    /// Whether the error is the device's ([`LlmError::Runtime`]): one that
+    /// may leave it unusable for every request, where other errors concern
+    /// one request (its prompt, its output) or the engine's code.
+    pub fn is_device_error(&self) -> bool {
+        matches!(self, LlmError::Runtime(_))
+    }
+}
+
 /// Bytes in gigabytes (10^9), one decimal.
 fn gb(bytes: u64) -> String {
     format!("{:.1} GB", bytes as f64 / 1e9)
@@ -113,3 +122,24 @@ impl std::fmt::Display for Pass {
 }
 
 pub type Result<T, E = LlmError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_devices_errors_are_device_errors() {
+        let device = LlmError::Runtime(encore::Error::DeviceFailed {
+            device: "cpu".into(),
+            cause: "lost".into(),
+        });
+        assert!(device.is_device_error());
+        // One prompt's logits that are not finite fail that request alone.
+        let row = LlmError::NonFinite {
+            pass: Pass::Decode,
+            position: 7,
+        };
+        assert!(!row.is_device_error());
+        assert!(!LlmError::Request("empty prompt".into()).is_device_error());
+    }
+}

@@ -525,15 +525,23 @@ impl<'e> Loop<'e> {
             let fault =
                 self.config.fault_at_step == Some(self.metrics.steps.load(Ordering::Relaxed));
             let result = if fault {
-                Err(LlmError::Request("a fault injected for a test".into()))
+                Err(LlmError::Runtime(encore::Error::DeviceFailed {
+                    device: self.engine.model().device.name().to_string(),
+                    cause: "a fault injected for a test".into(),
+                }))
             } else {
                 self.step()
             };
             if let Err(e) = result {
-                // A failed step fails every running sequence; the device
-                // may be unusable, which the next requests will hear.
-                self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
-                let message = format!("device error: {e}");
+                // A failed step fails every running sequence. Only a device
+                // error counts as one: the device may be unusable, which
+                // the next requests will hear.
+                let message = if e.is_device_error() {
+                    self.metrics.device_errors.fetch_add(1, Ordering::Relaxed);
+                    format!("device error: {e}")
+                } else {
+                    format!("the step failed: {e}")
+                };
                 for s in std::mem::take(&mut self.running) {
                     self.fail(s, message.clone());
                 }
@@ -760,6 +768,10 @@ impl<'e> Loop<'e> {
                     let token = s.sampler.sample(&l, &s.tokens);
                     let logprob = s.req.logprobs.map(|k| TokenLogprob::of(&l, token, k));
                     (token, logprob)
+                }
+                Some(RowResult::NonFinite { pass, position }) => {
+                    done.push((i, Err(LlmError::NonFinite { pass, position }.to_string())));
+                    continue;
                 }
                 None => return Err(LlmError::Request("a step lost an output row".into())),
             };

@@ -639,7 +639,7 @@ fn full_size_models_on_cuda_match_cpu() {
                 .into_iter()
                 .map(|r| match r {
                     RowResult::Logits(l) => l,
-                    RowResult::Token(t) => panic!("asked for logits, got token {t}"),
+                    other => panic!("asked for logits, got {other:?}"),
                 })
                 .collect()
         };
