@@ -193,6 +193,22 @@ impl http_body::Body for MarkedBody {
     }
 }
 
+/// Resolves once a device error has made the server unhealthy: when a
+/// handler saw one, or when the scheduler counted one, which no handler
+/// may see (every sequence of the failed step had lost its client).
+async fn faulted(state: &State) {
+    loop {
+        if state.faulted() {
+            state.fault();
+            return;
+        }
+        tokio::select! {
+            () = state.fault.notified() => return,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
 /// The accept loop; see [`crate::serve`].
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -217,7 +233,7 @@ pub(crate) async fn serve(
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
-            () = state.fault.notified() => break,
+            () = faulted(&state) => break,
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,

@@ -478,6 +478,44 @@ async fn a_device_error_fails_the_step_marks_the_server_unhealthy_and_stops_it()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_error_that_no_handler_hears_still_stops_the_server() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let state = encore_serve::State::new("smollm2-135m", encore_serve::Limits::default());
+    let config = SchedulerConfig {
+        fault_at_step: Some(3),
+        ..SchedulerConfig::new(4, 512)
+    };
+    let scheduler = Arc::new(Scheduler::start(engine(), config).unwrap());
+    state.ready(engine(), scheduler.clone());
+    let done = tokio::spawn(encore_serve::serve(
+        listener,
+        state.clone(),
+        std::future::pending(),
+    ));
+    // The one sequence of the failed step has no handler listening (as
+    // when its client left).
+    scheduler
+        .submit(encore_llm::GenRequest {
+            prompt: engine().prompt_tokens("Tell a story.", false).unwrap(),
+            max_tokens: 64,
+            sampler: encore_llm::SamplerConfig::default(),
+            stop: Vec::new(),
+            ignore_eos: true,
+            logprobs: None,
+            constraint: None,
+            cancel: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            events: Box::new(|_| true),
+        })
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), done)
+        .await
+        .expect("the server stopped")
+        .unwrap()
+        .unwrap();
+    assert!(state.faulted());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_and_tools_that_spell_control_tokens_are_refused() {
     let s = start(true, 1024).await;
     let url = format!("{}/v1/chat/completions", s.url);
