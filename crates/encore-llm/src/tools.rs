@@ -11,10 +11,14 @@
 //! for the `<tool_call>` form.
 //!
 //! ```
-//! use encore_llm::tools::{ToolSyntax, parse_calls};
+//! use encore_llm::tools::{ToolSyntax, Tools, parse_calls};
 //!
+//! let offered = Tools::new(vec![serde_json::json!(
+//!     {"type": "function", "function": {"name": "weather"}}
+//! )])
+//! .unwrap();
 //! let text = "Let me look.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-//! let (content, calls) = parse_calls(ToolSyntax::Tagged, text);
+//! let (content, calls) = parse_calls(ToolSyntax::Tagged, &offered, text);
 //! assert_eq!(content, "Let me look.");
 //! assert_eq!(calls[0].name, "weather");
 //! assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
@@ -182,23 +186,25 @@ pub fn syntax_of(template: &ChatTemplate) -> ToolSyntax {
 }
 
 /// Splits a model's answer into its text and the calls it wrote in
-/// `syntax`. Text that only looks like a call (JSON that does not parse,
-/// an object with no name) stays text.
-pub fn parse_calls(syntax: ToolSyntax, text: &str) -> (String, Vec<ToolCall>) {
-    let mut calls = Vec::new();
+/// `syntax` to functions that `offered` holds. Text that only looks like a
+/// call (JSON that does not parse, an object with no name or one not
+/// offered, a bare object without `parameters` or `arguments`) stays text.
+pub fn parse_calls(syntax: ToolSyntax, offered: &Tools, text: &str) -> (String, Vec<ToolCall>) {
     let call = |v: &Value, key: &str| -> Option<ToolCall> {
-        let name = v.get("name")?.as_str()?.to_string();
+        let name = v.get("name")?.as_str().filter(|n| offered.has(n))?;
         let arguments = match v.get(key).or_else(|| v.get("arguments")) {
+            None if syntax == ToolSyntax::Json => return None,
             None => "{}".to_string(),
             Some(Value::String(s)) => s.clone(),
             Some(a) => a.to_string(),
         };
         Some(ToolCall {
             id: String::new(),
-            name,
+            name: name.to_string(),
             arguments,
         })
     };
+    let mut calls = Vec::new();
     match syntax {
         ToolSyntax::Tagged => {
             const OPEN: &str = "<tool_call>";
@@ -231,16 +237,26 @@ pub fn parse_calls(syntax: ToolSyntax, text: &str) -> (String, Vec<ToolCall>) {
         }
         ToolSyntax::Json => {
             let body = text.trim();
-            let body = body.strip_prefix("<|python_tag|>").unwrap_or(body).trim();
-            // One object, or several separated by ';' (Llama 3.1 may write so).
-            for piece in body.split(';') {
-                match serde_json::from_str::<Value>(piece.trim())
-                    .ok()
-                    .and_then(|v| call(&v, "parameters"))
-                {
-                    Some(c) => calls.push(c),
-                    None => return (text.trim().to_string(), Vec::new()),
+            let mut rest = body.strip_prefix("<|python_tag|>").unwrap_or(body);
+            // One object, or several separated by ';' (Llama 3.1 may write
+            // so), read value by value: a ';' inside a string is no separator.
+            loop {
+                rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
+                if rest.is_empty() {
+                    break;
                 }
+                let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+                match values.next() {
+                    Some(Ok(v)) => match call(&v, "parameters") {
+                        Some(c) => calls.push(c),
+                        None => return (text.trim().to_string(), Vec::new()),
+                    },
+                    _ => return (text.trim().to_string(), Vec::new()),
+                }
+                rest = &rest[values.byte_offset()..];
+            }
+            if calls.is_empty() {
+                return (text.trim().to_string(), calls);
             }
             (String::new(), calls)
         }
@@ -349,10 +365,20 @@ mod tests {
         .unwrap()
     }
 
+    /// Functions of these names, with no parameters.
+    fn offered(names: &[&str]) -> Tools {
+        let specs = names
+            .iter()
+            .map(|n| json!({"type": "function", "function": {"name": n}}))
+            .collect();
+        Tools::new(specs).unwrap()
+    }
+
     #[test]
     fn tagged_calls_are_parsed_out_of_the_text() {
+        let ab = offered(&["a", "b"]);
         let text = "Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>{\"name\": \"b\", \"arguments\": \"{}\"}</tool_call>";
-        let (content, calls) = parse_calls(ToolSyntax::Tagged, text);
+        let (content, calls) = parse_calls(ToolSyntax::Tagged, &ab, text);
         assert_eq!(content, "Sure.");
         assert_eq!(
             calls
@@ -362,20 +388,60 @@ mod tests {
             [("a", "{\"x\":1}"), ("b", "{}")]
         );
         // Broken JSON stays text.
-        let (content, calls) = parse_calls(ToolSyntax::Tagged, "<tool_call>{oops</tool_call> hi");
+        let (content, calls) =
+            parse_calls(ToolSyntax::Tagged, &ab, "<tool_call>{oops</tool_call> hi");
         assert!(calls.is_empty());
         assert!(content.contains("oops"), "{content}");
+        // A function not offered stays text.
+        let text = "<tool_call>{\"name\": \"c\", \"arguments\": {}}</tool_call>";
+        let (content, calls) = parse_calls(ToolSyntax::Tagged, &ab, text);
+        assert_eq!((content.as_str(), calls.len()), (text, 0));
+    }
+
+    #[test]
+    fn bare_json_is_a_call_only_to_an_offered_function_with_parameters() {
+        let tools = offered(&["weather", "time"]);
+        // A JSON answer that is no call: a name not offered, or no parameters.
+        for text in [
+            r#"{"name": "Alice", "age": 30}"#,
+            r#"{"name": "Alice", "parameters": {}}"#,
+            r#"{"name": "weather"}"#,
+            "",
+        ] {
+            let (content, calls) = parse_calls(ToolSyntax::Json, &tools, text);
+            assert_eq!((content.as_str(), calls.len()), (text, 0), "{text}");
+        }
+        // Calls separated by ';', with ';' inside their strings.
+        let text = r#"{"name": "weather", "parameters": {"city": "a;b"}}; {"name": "time", "arguments": {"zone": ";"}}"#;
+        let (content, calls) = parse_calls(ToolSyntax::Json, &tools, text);
+        assert_eq!(content, "");
+        assert_eq!(
+            calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("weather", r#"{"city":"a;b"}"#),
+                ("time", r#"{"zone":";"}"#)
+            ]
+        );
+        // One call that is not valid makes the whole answer text.
+        let text = r#"{"name": "weather", "parameters": {}}; {"name": "nope", "parameters": {}}"#;
+        let (content, calls) = parse_calls(ToolSyntax::Json, &tools, text);
+        assert_eq!((content.as_str(), calls.len()), (text, 0));
     }
 
     #[test]
     fn llama_calls_are_bare_objects_with_parameters() {
+        let tools = weather();
         let (content, calls) = parse_calls(
             ToolSyntax::Json,
+            &tools,
             "<|python_tag|>{\"name\": \"weather\", \"parameters\": {\"city\": \"Oslo\"}}",
         );
         assert_eq!(content, "");
         assert_eq!(calls[0].arguments, "{\"city\":\"Oslo\"}");
-        let (content, calls) = parse_calls(ToolSyntax::Json, "It is sunny.");
+        let (content, calls) = parse_calls(ToolSyntax::Json, &tools, "It is sunny.");
         assert_eq!((content.as_str(), calls.len()), ("It is sunny.", 0));
     }
 

@@ -7,6 +7,8 @@
 //! that names them, so a client never takes an answer for one it did not
 //! ask for.
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 
 use encore_llm::chat::Message;
@@ -240,9 +242,9 @@ pub struct Settings {
     pub logprobs: Option<usize>,
     /// What the output is held to.
     pub grammar: Option<Grammar>,
-    /// How the model writes tool calls, when tools are offered: its answer
-    /// is read for them.
-    pub tools: Option<ToolSyntax>,
+    /// How the model writes tool calls, and the tools offered, when there
+    /// are some: its answer is read for calls to them.
+    pub tools: Option<(ToolSyntax, Arc<Tools>)>,
 }
 
 fn unsupported(param: &str, what: &str) -> ApiError {

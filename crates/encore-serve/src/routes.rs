@@ -437,7 +437,7 @@ struct Running {
     /// Choices generated.
     n: usize,
     /// How tool calls are written, when the answer is read for them.
-    tools: Option<ToolSyntax>,
+    tools: Option<(ToolSyntax, Arc<Tools>)>,
     id: String,
     created: u64,
     model: String,
@@ -554,7 +554,7 @@ fn submit(
         deadline,
         started: false,
         n,
-        tools: settings.tools,
+        tools: settings.tools.clone(),
         id: format!("{prefix}-{:016x}", request_id()),
         created: now(),
         model: state.model_id.clone(),
@@ -663,7 +663,7 @@ fn offer_tools(
         }
         settings.grammar = Some(tools.call_grammar(syntax, only));
     }
-    settings.tools = Some(syntax);
+    settings.tools = Some((syntax, Arc::new(tools)));
     Ok((template, specs))
 }
 
@@ -729,14 +729,14 @@ where
 /// wrote, when the answer is read for them (then it finishes with
 /// `tool_calls`, and its content is the text around them, or null).
 fn assistant(
-    syntax: Option<ToolSyntax>,
+    offered: Option<&(ToolSyntax, Arc<Tools>)>,
     text: String,
     finish: Option<&'static str>,
 ) -> (Value, Option<&'static str>) {
-    let Some(syntax) = syntax else {
+    let Some((syntax, offered)) = offered else {
         return (json!({"role": "assistant", "content": text}), finish);
     };
-    let (content, calls) = tools::parse_calls(syntax, &text);
+    let (content, calls) = tools::parse_calls(*syntax, offered, &text);
     if calls.is_empty() {
         return (json!({"role": "assistant", "content": text}), finish);
     }
@@ -806,7 +806,7 @@ async fn collect(
             let lp = with_logprobs.then(|| logprobs::json(tokenizer, r.kind, &c.logprobs, 0));
             match r.kind {
                 Kind::Chat => {
-                    let (message, finish) = assistant(r.tools, c.text, c.finish);
+                    let (message, finish) = assistant(r.tools.as_ref(), c.text, c.finish);
                     json!({
                         "index": index,
                         "message": message,
@@ -934,7 +934,7 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
                     let mut finish = Some(finish);
                     if r.tools.is_some() {
                         let text = std::mem::take(&mut held[choice]);
-                        let (message, f) = assistant(r.tools, text, finish);
+                        let (message, f) = assistant(r.tools.as_ref(), text, finish);
                         finish = f;
                         let mut delta = json!({});
                         if let Some(content) = message["content"].as_str() {
