@@ -974,7 +974,10 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
                     completion += completion_tokens;
                     left -= 1;
                     if left > 0 {
-                        next = r.next().await;
+                        next = tokio::select! {
+                            piece = r.next() => piece,
+                            () = tx.closed() => return,
+                        };
                         continue;
                     }
                     if include_usage {
@@ -998,7 +1001,13 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
                     return;
                 }
             }
-            next = r.next().await;
+            // A client that leaves is noticed here too, not only when a
+            // send fails: an answer read for tool calls sends nothing
+            // until its end. Returning drops `r`, which cancels.
+            next = tokio::select! {
+                piece = r.next() => piece,
+                () = tx.closed() => return,
+            };
         }
     });
     axum::response::sse::Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default())
