@@ -523,6 +523,9 @@ fn submit(
     let room = ctx.saturating_sub(prompt.len());
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
+    // Made before the first choice is queued: where a later one is refused,
+    // dropping it cancels those queued before.
+    let guard = CancelOnDrop(cancel.clone());
     let n = constraints.len();
     for (i, constraint) in constraints.into_iter().enumerate() {
         let tx = tx.clone();
@@ -547,7 +550,7 @@ fn submit(
     };
     Ok(Running {
         events: rx,
-        guard: CancelOnDrop(cancel),
+        guard,
         _admitted: admitted,
         state: state.clone(),
         engine: ready.engine.clone(),
