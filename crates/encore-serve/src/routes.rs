@@ -25,6 +25,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -144,11 +145,18 @@ async fn authorize(Extract(state): Shared, request: Request, next: Next) -> Resp
             "this server requires an API key: send `Authorization: Bearer KEY`",
         )
         .into_response(),
-        Some(token) if bool::from(token.as_bytes().ct_eq(key.as_bytes())) => {
-            next.run(request).await
-        }
+        Some(token) if keys_match(token, key) => next.run(request).await,
         Some(_) => ApiError::unauthorized("the API key is not valid").into_response(),
     }
+}
+
+/// Whether `given` is `key`, in a time that tells nothing of either: their
+/// SHA-256 digests are compared in constant time, so not even the key's
+/// length shows (comparing the texts themselves stops at a length that
+/// differs).
+fn keys_match(given: &str, key: &str) -> bool {
+    let (given, key) = (Sha256::digest(given), Sha256::digest(key));
+    bool::from(given.as_slice().ct_eq(key.as_slice()))
 }
 
 async fn fallback(uri: Uri) -> ApiError {
@@ -1014,4 +1022,17 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
         }
     });
     axum::response::sse::Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_key_matches_the_key() {
+        assert!(keys_match("s3cret-key", "s3cret-key"));
+        for other in ["", "s3cret", "s3cret-key ", "s3cret-kez", "S3CRET-KEY"] {
+            assert!(!keys_match(other, "s3cret-key"), "{other:?}");
+        }
+    }
 }
