@@ -95,7 +95,8 @@ pub struct BatchRunner {
 impl BatchRunner {
     /// A runner with a pool of `blocks` blocks of `block_size` positions
     /// per layer, sequences of at most `max_blocks` blocks, replaying decode
-    /// graphs when `graphs`.
+    /// graphs when `graphs` and the model's pass can be recorded
+    /// ([`Model::can_record_graphs`]).
     pub fn new(
         model: Arc<Model>,
         blocks: usize,
@@ -112,6 +113,7 @@ impl BatchRunner {
         // Fusion into the row-invariant fused kernels only: decode rows
         // always run fused (in a graph), prompt rows never.
         let patterns = model.ops.row_fusion_patterns();
+        let graphs = graphs && model.can_record_graphs();
         Ok(BatchRunner {
             model,
             cache,

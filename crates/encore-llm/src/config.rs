@@ -1,11 +1,13 @@
 //! The shape of a model, read from GGUF metadata: the Llama family
-//! (`llama`, `qwen2`, `qwen3`) and Gemma 3 (`gemma3`).
+//! (`llama`, `qwen2`, `qwen3`), Qwen3's mixture of experts (`qwen3moe`)
+//! and Gemma 3 (`gemma3`).
 //!
 //! What differs between the architectures is data here, not code paths in
 //! the forward pass: the RoPE layout, biases (found by tensor name),
 //! per-head Q/K norms, the feed-forward activation, the norms after the
-//! attention and the feed-forward blocks, the embedding scale, and per
-//! layer a sliding window with its own RoPE base.
+//! attention and the feed-forward blocks, the embedding scale, per layer a
+//! sliding window with its own RoPE base, and the experts that replace the
+//! feed-forward ([`ExpertConfig`]).
 
 use crate::error::{LlmError, Result};
 use crate::gguf::{Array, GgufError, GgufFile, Value};
@@ -25,15 +27,18 @@ pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen3's mixture of experts: Qwen3 attention, a routed feed-forward.
+    Qwen3Moe,
     Gemma3,
 }
 
 impl Architecture {
     /// Every supported architecture.
-    pub const ALL: [Architecture; 4] = [
+    pub const ALL: [Architecture; 5] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
+        Architecture::Qwen3Moe,
         Architecture::Gemma3,
     ];
 
@@ -43,6 +48,7 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Gemma3 => "gemma3",
         }
     }
@@ -72,6 +78,22 @@ pub struct LayerAttention {
     /// Whether this layer's RoPE is scaled ([`ModelConfig::rope_scale`] and
     /// the model's frequency factors): every layer but Gemma's local ones.
     pub scaled: bool,
+}
+
+/// The experts that replace a layer's feed-forward: a router picks `used`
+/// of `count` gated feed-forwards of width `ff` for each position, and
+/// their outputs are summed, each weighted by its router probability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertConfig {
+    /// Experts in a layer (`expert_count`).
+    pub count: usize,
+    /// Experts each position runs (`expert_used_count`).
+    pub used: usize,
+    /// The width of one expert's feed-forward (`expert_feed_forward_length`).
+    pub ff: usize,
+    /// Whether the chosen experts' probabilities are divided by their sum
+    /// (`expert_weights_norm`; Qwen3-MoE always, as llama.cpp does).
+    pub norm_weights: bool,
 }
 
 /// Hyperparameters of a model.
@@ -107,6 +129,9 @@ pub struct ModelConfig {
     pub layers: Vec<LayerAttention>,
     /// Linear RoPE scaling: positions are multiplied by this (1 without).
     pub rope_scale: f32,
+    /// The experts of a mixture-of-experts model, whose every layer's
+    /// feed-forward they replace; `None` for a dense model.
+    pub experts: Option<ExpertConfig>,
 }
 
 /// A size read from `what` (a metadata key or tensor dimension), checked to
@@ -145,7 +170,9 @@ impl ModelConfig {
         })?;
         let (rope, activation) = match arch {
             Architecture::Llama => (RopeLayout::Normal, Activation::Silu),
-            Architecture::Qwen2 | Architecture::Qwen3 => (RopeLayout::Neox, Activation::Silu),
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
+                (RopeLayout::Neox, Activation::Silu)
+            }
             Architecture::Gemma3 => (RopeLayout::Neox, Activation::Gelu),
         };
         let key = |k: &str| format!("{}.{k}", arch.name());
@@ -228,10 +255,17 @@ impl ModelConfig {
         let rope_base = optional(f.get_f32(&key("rope.freq_base")), 10_000.0)?;
         let layers = layer_attention(f, arch, n_layer, rope_base, &key)?;
         let gemma = arch == Architecture::Gemma3;
+        let experts = expert_config(f, arch, &key)?;
+        // A mixture of experts' `feed_forward_length` (the dense width of
+        // its relatives) is unused; files may omit it.
+        let n_ff = match experts {
+            Some(e) => optional_size("feed_forward_length", e.ff, 1 << 18)?,
+            None => size("feed_forward_length", 1 << 18)?,
+        };
         let config = ModelConfig {
             n_layer,
             n_embd,
-            n_ff: size("feed_forward_length", 1 << 18)?,
+            n_ff,
             n_head,
             n_head_kv,
             head_dim,
@@ -244,10 +278,14 @@ impl ModelConfig {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             activation,
             embed_scale: gemma.then(|| (n_embd as f32).sqrt()),
-            qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: matches!(
+                arch,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
             post_norms: gemma,
             layers,
             rope_scale,
+            experts,
             arch,
         };
         Ok(config)
@@ -258,10 +296,45 @@ impl ModelConfig {
         self.n_head * self.head_dim
     }
 
+    /// The width of a feed-forward as the forward pass runs it: one
+    /// expert's in a mixture of experts, else `n_ff`.
+    pub fn ffn_width(&self) -> usize {
+        self.experts.map_or(self.n_ff, |e| e.ff)
+    }
+
     /// Elements of one position's K (or V) across all KV heads.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// The experts of a `qwen3moe` model from its metadata (`None` for the
+/// dense architectures, whatever their files say): `expert_count`,
+/// `expert_used_count` (at most the count), `expert_feed_forward_length`,
+/// and `expert_weights_norm` (default true: llama.cpp renormalizes
+/// Qwen3-MoE's chosen weights unconditionally).
+fn expert_config(
+    f: &GgufFile,
+    arch: Architecture,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<ExpertConfig>> {
+    if arch != Architecture::Qwen3Moe {
+        return Ok(None);
+    }
+    let size = |k: &str, max: usize| -> Result<usize> {
+        let k = key(k);
+        in_range(&format!("metadata `{k}`"), f.get_u32(&k)? as usize, max)
+    };
+    let count = size("expert_count", 1 << 12)?;
+    let used = size("expert_used_count", count)?;
+    let ff = size("expert_feed_forward_length", 1 << 18)?;
+    let norm_weights = optional(f.get_bool(&key("expert_weights_norm")), true)?;
+    Ok(Some(ExpertConfig {
+        count,
+        used,
+        ff,
+        norm_weights,
+    }))
 }
 
 /// The linear RoPE scale: 1 without scaling, `1 / factor` for

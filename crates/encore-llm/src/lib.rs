@@ -22,6 +22,7 @@ pub mod fetch;
 pub mod gguf;
 pub mod load;
 pub mod model;
+pub mod moe;
 pub mod perplexity;
 pub mod sampler;
 pub mod scheduler;

@@ -100,6 +100,20 @@ impl Model {
             let needed = |load: &mut Loader<'_, _>, on: bool, s: &str, len: usize| {
                 on.then(|| load.vector(&name(s), len)).transpose()
             };
+            let (gate, up, down, router) = match c.experts {
+                Some(e) => (
+                    load.experts(&name("ffn_gate_exps.weight"), e.ff, d, e.count)?,
+                    load.experts(&name("ffn_up_exps.weight"), e.ff, d, e.count)?,
+                    load.experts(&name("ffn_down_exps.weight"), d, e.ff, e.count)?,
+                    Some(load.weight(&name("ffn_gate_inp.weight"), e.count, d)?),
+                ),
+                None => (
+                    load.weight(&name("ffn_gate.weight"), ff, d)?,
+                    load.weight(&name("ffn_up.weight"), ff, d)?,
+                    load.weight(&name("ffn_down.weight"), d, ff)?,
+                    None,
+                ),
+            };
             blocks.push(Block {
                 attn_norm: load.vector(&name("attn_norm.weight"), d)?,
                 wq: load.weight(&name("attn_q.weight"), q, d)?,
@@ -110,9 +124,10 @@ impl Model {
                 bv: load.optional_vector(&name("attn_v.bias"), kv)?,
                 wo: load.weight(&name("attn_output.weight"), d, q)?,
                 ffn_norm: load.vector(&name("ffn_norm.weight"), d)?,
-                gate: load.weight(&name("ffn_gate.weight"), ff, d)?,
-                up: load.weight(&name("ffn_up.weight"), ff, d)?,
-                down: load.weight(&name("ffn_down.weight"), d, ff)?,
+                gate,
+                up,
+                down,
+                router,
                 q_norm: needed(&mut load, c.qk_norm, "attn_q_norm.weight", hd)?,
                 k_norm: needed(&mut load, c.qk_norm, "attn_k_norm.weight", hd)?,
                 post_attn_norm: needed(&mut load, c.post_norms, "post_attention_norm.weight", d)?,
@@ -154,7 +169,17 @@ fn upload_sizes(f: &GgufFile, c: &ModelConfig) -> Result<Vec<usize>> {
         f.tensor(name)?;
         Ok(len * 4)
     };
+    check_expert_layout(f, c)?;
     let (d, q, kv, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+    let ffn: &[&str] = match c.experts {
+        Some(_) => &[
+            "ffn_gate_inp.weight",
+            "ffn_gate_exps.weight",
+            "ffn_up_exps.weight",
+            "ffn_down_exps.weight",
+        ],
+        None => &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"],
+    };
     let mut sizes = vec![matrix("token_embd.weight")?];
     for i in 0..c.n_layer {
         let name = |s: &str| format!("blk.{i}.{s}");
@@ -169,7 +194,7 @@ fn upload_sizes(f: &GgufFile, c: &ModelConfig) -> Result<Vec<usize>> {
         }
         sizes.push(matrix(&name("attn_output.weight"))?);
         sizes.push(vector(&name("ffn_norm.weight"), d)?);
-        for s in ["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"] {
+        for s in ffn {
             sizes.push(matrix(&name(s))?);
         }
         if c.qk_norm {
@@ -189,6 +214,47 @@ fn upload_sizes(f: &GgufFile, c: &ModelConfig) -> Result<Vec<usize>> {
         sizes.push(matrix("output.weight")?);
     }
     Ok(sizes)
+}
+
+/// The expert tensors Encore runs: a router and stacked gated experts.
+const EXPERT_TENSORS: [&str; 4] = [
+    "ffn_gate_inp.weight",
+    "ffn_gate_exps.weight",
+    "ffn_up_exps.weight",
+    "ffn_down_exps.weight",
+];
+
+/// Refuses, naming the tensor, a file whose experts Encore does not know:
+/// expert tensors in an architecture without experts (a Mixtral-style
+/// `llama`), or, in one with experts, any but [`EXPERT_TENSORS`] (shared
+/// experts, expert biases, fused gate and up).
+fn check_expert_layout(f: &GgufFile, c: &ModelConfig) -> Result<()> {
+    let expert_like = |name: &str| {
+        ["_exps", "_shexp", "ffn_gate_inp", "exp_probs"]
+            .iter()
+            .any(|part| name.contains(part))
+    };
+    let known = |name: &str| {
+        c.experts.is_some()
+            && name
+                .split_once('.')
+                .and_then(|(_, rest)| rest.split_once('.'))
+                .is_some_and(|(_, s)| EXPERT_TENSORS.contains(&s))
+    };
+    match f
+        .tensors()
+        .iter()
+        .find(|t| t.name.starts_with("blk.") && expert_like(&t.name) && !known(&t.name))
+    {
+        Some(t) => Err(LlmError::Model(format!(
+            "the expert layout of this `{}` file is not supported: tensor `{}` \
+             (supported: qwen3moe's {})",
+            c.arch.name(),
+            t.name,
+            EXPERT_TENSORS.join(", ")
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Copies tensors of `file` to `device`, counting the bytes copied and
@@ -213,11 +279,24 @@ impl<F: FnMut(LoadProgress)> Loader<'_, F> {
 
     /// Uploads the matrix `name` (`n` rows of `k`) as stored.
     fn weight(&mut self, name: &str, n: usize, k: usize) -> Result<Weight> {
+        self.stored(name, &[k, n], n, k)
+    }
+
+    /// Uploads `count` stacked experts' matrices of `n` rows of `k` (GGUF
+    /// dimensions `[k, n, count]`) as one weight of `count * n` rows,
+    /// expert `e`'s rows from `e * n` on.
+    fn experts(&mut self, name: &str, n: usize, k: usize, count: usize) -> Result<Weight> {
+        self.stored(name, &[k, n, count], count * n, k)
+    }
+
+    /// Uploads the tensor `name` of GGUF dimensions `dims` as stored, as a
+    /// weight of `n` rows of `k`.
+    fn stored(&mut self, name: &str, dims: &[usize], n: usize, k: usize) -> Result<Weight> {
         let f = self.file;
         let t = f.tensor(name)?;
-        if t.dims.len() != 2 || t.dims[0] as usize != k || t.dims[1] as usize != n {
+        if t.dims.len() != dims.len() || t.dims.iter().zip(dims).any(|(&a, &b)| a as usize != b) {
             return Err(LlmError::Model(format!(
-                "tensor `{name}` has shape {:?}, expected [{k}, {n}]",
+                "tensor `{name}` has shape {:?}, expected {dims:?}",
                 t.dims
             )));
         }

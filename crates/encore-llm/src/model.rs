@@ -11,7 +11,8 @@
 //!
 //! The bracketed steps and the activation (SiLU or GELU) depend on the
 //! architecture ([`ModelConfig`]); Qwen2's Q, K and V biases are added after
-//! their products where the file has them. The embedding table (scaled, for
+//! their products where the file has them. In a mixture of experts the
+//! gated feed-forward is the routed sum of [`crate::moe`]'s experts. The embedding table (scaled, for
 //! Gemma) feeds the first block; a final RMSNorm and the output head (the
 //! embedding table itself when tied) turn the last row into logits.
 //!
@@ -36,9 +37,15 @@ pub struct Block {
     pub bv: Option<Buffer>,
     pub wo: Weight,
     pub ffn_norm: Buffer,
+    /// The feed-forward's matrices. In a mixture of experts, every
+    /// expert's stacked: expert `e` holds rows `e * n / count..` of each
+    /// ([`crate::moe::expert`]).
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
+    /// The router of a mixture of experts (`ffn_gate_inp`): one logit per
+    /// expert; `None` in a dense model.
+    pub router: Option<Weight>,
     /// Per-head norms of the queries and keys (`head_dim` each).
     pub q_norm: Option<Buffer>,
     pub k_norm: Option<Buffer>,
@@ -64,14 +71,26 @@ pub struct Model {
 }
 
 impl Model {
-    /// Bytes of weights read per decoded token.
+    /// Bytes of weights read per decoded token: of a mixture of experts,
+    /// the router and the share of the experts a token runs.
     pub fn weight_bytes(&self) -> usize {
         let w = |w: &Weight| w.buffer.len();
+        let (used, count) = self.config.experts.map_or((1, 1), |e| (e.used, e.count));
         self.blocks
             .iter()
-            .map(|b| w(&b.wq) + w(&b.wk) + w(&b.wv) + w(&b.wo) + w(&b.gate) + w(&b.up) + w(&b.down))
+            .map(|b| {
+                let ffn = (w(&b.gate) + w(&b.up) + w(&b.down)) / count * used;
+                w(&b.wq) + w(&b.wk) + w(&b.wv) + w(&b.wo) + ffn + b.router.as_ref().map_or(0, w)
+            })
             .sum::<usize>()
             + w(&self.output)
+    }
+
+    /// Whether a forward pass can be recorded as a graph and replayed: not
+    /// for a mixture of experts, whose router's choices go through the host
+    /// ([`crate::moe`]); sessions and batches of such a model run eagerly.
+    pub fn can_record_graphs(&self) -> bool {
+        self.config.experts.is_none()
     }
 }
 
@@ -90,6 +109,8 @@ pub struct Activations {
     pub gate: Buffer,
     pub up: Buffer,
     pub ffn: Buffer,
+    /// The router's logits (`rows * expert count`) of a mixture of experts.
+    pub router: Option<Buffer>,
     pub last_norm: Buffer,
     pub logits: Buffer,
 }
@@ -113,9 +134,10 @@ impl Activations {
             },
             attn: f(rows * c.q_dim())?,
             proj: f(rows * c.n_embd)?,
-            gate: f(rows * c.n_ff)?,
-            up: f(rows * c.n_ff)?,
-            ffn: f(rows * c.n_ff)?,
+            gate: f(rows * c.ffn_width())?,
+            up: f(rows * c.ffn_width())?,
+            ffn: f(rows * c.ffn_width())?,
+            router: c.experts.map(|e| f(rows * e.count)).transpose()?,
             last_norm: f(c.n_embd)?,
             logits: f(c.vocab)?,
         })
@@ -248,9 +270,13 @@ impl Model {
         let ops = &self.ops;
         let (m, d, q_dim, kv, ff) = (a.rows, c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let neox = c.rope == RopeLayout::Neox;
-        let matmul = |enc: &mut Encoder, w: &Weight, x: &Buffer, y: &Buffer, label| match place {
-            Placement::Paged(p) => ops.matmul_rows(enc, w, x, y, m, p.prompt, label),
-            Placement::Contiguous { .. } => ops.matmul(enc, w, x, y, m, label),
+        let product =
+            |enc: &mut Encoder, w: &Weight, x: &Buffer, y: &Buffer, rows, label| match place {
+                Placement::Paged(p) => ops.matmul_rows(enc, w, x, y, rows, p.prompt, label),
+                Placement::Contiguous { .. } => ops.matmul(enc, w, x, y, rows, label),
+            };
+        let matmul = |enc: &mut Encoder, w: &Weight, x: &Buffer, y: &Buffer, label| {
+            product(enc, w, x, y, m, label)
         };
         let cache = match place {
             Placement::Contiguous { cache, .. } => cache,
@@ -358,6 +384,10 @@ impl Model {
             matmul(enc, &b.wo, &a.attn, &a.proj, "attn_output")?;
             self.residual(enc, a, b.post_attn_norm.as_ref())?;
             ops.rms_norm(enc, &a.x, &b.ffn_norm, &a.xn, m, d, c.norm_eps)?;
+            if let Some(router) = &b.router {
+                self.encode_experts(enc, a, b, router, &product)?;
+                continue;
+            }
             matmul(enc, &b.gate, &a.xn, &a.gate, "ffn_gate")?;
             matmul(enc, &b.up, &a.xn, &a.up, "ffn_up")?;
             match c.activation {

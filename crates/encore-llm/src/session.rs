@@ -5,7 +5,8 @@
 //! recorded once as a graph whose parameters are the position and the input
 //! token, then replayed for every later token; in a session made without
 //! graphs ([`crate::EngineOptions::graphs`]), each step is encoded eagerly
-//! instead.
+//! instead, as they are for a model whose forward pass cannot be recorded
+//! ([`Model::can_record_graphs`]: a mixture of experts).
 //!
 //! Greedy decoding ([`Session::decode_greedy`]) replays a variant of the step
 //! that feeds itself: its argmax becomes the next token and the position
@@ -81,7 +82,8 @@ pub struct Session {
 
 impl Session {
     /// A session with room for `max_seq` positions, whose decode steps
-    /// replay recorded graphs when `graphs` is set and are encoded eagerly
+    /// replay recorded graphs when `graphs` is set and the model's pass can
+    /// be recorded ([`Model::can_record_graphs`]), and are encoded eagerly
     /// otherwise.
     pub fn new(model: Arc<Model>, max_seq: usize, graphs: bool) -> Result<Session> {
         if max_seq == 0 {
@@ -95,7 +97,7 @@ impl Session {
         let decode = [Activations::new(&model, 1)?, Activations::new(&model, 1)?];
         let argmax_out = model.ops.argmax_buffer()?;
         let history = device.alloc(max_seq * 4)?;
-        let use_graphs = graphs;
+        let use_graphs = graphs && model.can_record_graphs();
         let graphs = GraphCache::new(model.ops.fusion_patterns());
         Ok(Session {
             model,
