@@ -6,7 +6,7 @@
 //! gigabytes) write one of these there instead; small ones back the
 //! reference tests. Three sources describe a model ([`SyntheticModel`]):
 //!
-//! - [`ModelShape`]: a full-size Qwen2.5 or Llama 3 model from
+//! - [`ModelShape`]: a full-size Qwen2.5, Llama 3 or Qwen3-MoE model from
 //!   [`ModelShape::ALL`], in a [`FileType`] whose tensor types follow
 //!   llama-quantize's choices, so the file matches the real one byte count
 //!   for byte count;
@@ -103,6 +103,9 @@ pub enum Family {
     /// Llama 3.1 and 3.3 (`llama`): no biases, RoPE base 500 000 with
     /// Llama 3.1's frequency factors in `rope_freqs.weight`.
     Llama3,
+    /// Qwen3's mixtures of experts (`qwen3moe`): QK-norm, no biases,
+    /// routed experts ([`ModelShape::experts`]), Qwen's tokens.
+    Qwen3Moe,
 }
 
 impl Family {
@@ -111,26 +114,27 @@ impl Family {
         match self {
             Family::Qwen2 => "qwen2",
             Family::Llama3 => "llama",
+            Family::Qwen3Moe => "qwen3moe",
         }
     }
 
     fn rope_base(self) -> f32 {
         match self {
-            Family::Qwen2 => 1_000_000.0,
+            Family::Qwen2 | Family::Qwen3Moe => 1_000_000.0,
             Family::Llama3 => 500_000.0,
         }
     }
 
     fn norm_eps(self) -> f32 {
         match self {
-            Family::Qwen2 => 1e-6,
+            Family::Qwen2 | Family::Qwen3Moe => 1e-6,
             Family::Llama3 => 1e-5,
         }
     }
 
     fn tokenizer_pre(self) -> &'static str {
         match self {
-            Family::Qwen2 => "qwen2",
+            Family::Qwen2 | Family::Qwen3Moe => "qwen2",
             Family::Llama3 => "llama-bpe",
         }
     }
@@ -139,7 +143,7 @@ impl Family {
     /// token types.
     fn special_tokens(self) -> Vec<(String, i32)> {
         match self {
-            Family::Qwen2 => QWEN2_SPECIALS
+            Family::Qwen2 | Family::Qwen3Moe => QWEN2_SPECIALS
                 .iter()
                 .map(|&t| {
                     // The tool-call tags are added tokens, not control ones.
@@ -162,14 +166,14 @@ impl Family {
     /// BOS and EOS as offsets from [`ModelShape::first_special`].
     fn bos_eos(self) -> (usize, usize) {
         match self {
-            Family::Qwen2 => (0, 2),
+            Family::Qwen2 | Family::Qwen3Moe => (0, 2),
             Family::Llama3 => (0, 9),
         }
     }
 
     fn chat_template(self) -> &'static str {
         match self {
-            Family::Qwen2 => QWEN2_TEMPLATE,
+            Family::Qwen2 | Family::Qwen3Moe => QWEN2_TEMPLATE,
             Family::Llama3 => LLAMA3_TEMPLATE,
         }
     }
@@ -299,6 +303,12 @@ pub struct ModelShape {
     pub n_ff: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
+    /// Elements of one attention head: `n_embd / n_head` but where the
+    /// model says otherwise (Qwen3's heads are wider).
+    pub head_dim: usize,
+    /// The routed experts that replace every layer's feed-forward, for a
+    /// mixture of experts.
+    pub experts: Option<ExpertShape>,
     /// Rows of the embedding table (and of the output head): the tokens.
     pub vocab: usize,
     pub context_length: usize,
@@ -309,11 +319,22 @@ pub struct ModelShape {
     pub first_special: usize,
 }
 
+/// The experts of a mixture-of-experts [`ModelShape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertShape {
+    /// Experts in a layer.
+    pub count: usize,
+    /// Experts each position runs.
+    pub used: usize,
+    /// The width of one expert's feed-forward.
+    pub ff: usize,
+}
+
 impl ModelShape {
-    /// Real models' shapes, and two of one layer with the real row sizes
-    /// and vocabularies (for tests on a machine without room for a whole
-    /// model).
-    pub const ALL: [ModelShape; 9] = [
+    /// Real models' shapes, two of one layer with the real row sizes and
+    /// vocabularies (for tests on a machine without room for a whole
+    /// model), and a small mixture of experts for tests.
+    pub const ALL: [ModelShape; 11] = [
         ModelShape::qwen25("qwen2.5-0.5b", 24, 896, 4864, 14, 2, 151_936, true),
         ModelShape::qwen25("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152_064, false),
         ModelShape::qwen25("qwen2.5-14b", 48, 5120, 13824, 40, 8, 152_064, false),
@@ -323,6 +344,26 @@ impl ModelShape {
         ModelShape::llama3("llama-3.3-70b", 80, 8192, 28672, 64, 8),
         ModelShape::qwen25("qwen2.5-7b-1layer", 1, 3584, 18944, 28, 4, 152_064, false),
         ModelShape::llama3("llama-3.1-8b-1layer", 1, 4096, 14336, 32, 8),
+        ModelShape::qwen3moe(
+            "qwen3-30b-a3b",
+            [48, 2048, 6144, 32, 4, 128],
+            ExpertShape {
+                count: 128,
+                used: 8,
+                ff: 768,
+            },
+            151_936,
+        ),
+        ModelShape::qwen3moe(
+            "qwen3-moe-tiny",
+            [2, 256, 512, 4, 2, 64],
+            ExpertShape {
+                count: 8,
+                used: 2,
+                ff: 128,
+            },
+            4096,
+        ),
     ];
 
     /// The shape named `name` in [`ModelShape::ALL`].
@@ -349,6 +390,8 @@ impl ModelShape {
             n_ff,
             n_head,
             n_head_kv,
+            head_dim: n_embd / n_head,
+            experts: None,
             vocab,
             context_length: 32_768,
             tied_embeddings,
@@ -372,6 +415,8 @@ impl ModelShape {
             n_ff,
             n_head,
             n_head_kv,
+            head_dim: n_embd / n_head,
+            experts: None,
             vocab: 128_256,
             context_length: 131_072,
             tied_embeddings: false,
@@ -379,9 +424,40 @@ impl ModelShape {
         }
     }
 
+    /// A Qwen3-MoE shape: `[layers, width, dense feed-forward width (the
+    /// file states it, the model does not use it), heads, KV heads, head
+    /// size]`, its experts and vocabulary (Qwen's special tokens at its
+    /// end, the real ids in the real vocabulary of 151,936). Untied.
+    const fn qwen3moe(
+        name: &'static str,
+        [n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim]: [usize; 6],
+        experts: ExpertShape,
+        vocab: usize,
+    ) -> ModelShape {
+        ModelShape {
+            name,
+            family: Family::Qwen3Moe,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            experts: Some(experts),
+            vocab,
+            context_length: 40_960,
+            tied_embeddings: false,
+            first_special: if vocab == 151_936 {
+                151_643
+            } else {
+                vocab - 32
+            },
+        }
+    }
+
     /// Elements of one attention head.
     pub fn head_dim(&self) -> usize {
-        self.n_embd / self.n_head.max(1)
+        self.head_dim
     }
 
     /// Whether llama.cpp counts the model as 70B-class (80 layers with
@@ -397,11 +473,16 @@ impl ModelShape {
         if self.n_layer == 0 || self.n_embd == 0 || self.n_ff == 0 || self.n_head == 0 {
             return bad("layers, widths and heads must be nonzero".into());
         }
-        if !self.n_embd.is_multiple_of(self.n_head) || !self.head_dim().is_multiple_of(2) {
-            return bad(format!(
-                "{} heads must divide the width {} into heads of even size",
-                self.n_head, self.n_embd
-            ));
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return bad(format!("the head size {} must be even", self.head_dim));
+        }
+        if let Some(e) = self.experts {
+            if e.count == 0 || e.used == 0 || e.used > e.count || e.ff == 0 {
+                return bad(format!(
+                    "{} experts of width {}, {} used: need at least one, and no more used than there are",
+                    e.count, e.ff, e.used
+                ));
+            }
         }
         if self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!(
@@ -486,6 +567,8 @@ enum Role {
     FfnGate,
     FfnUp,
     FfnDown,
+    /// A mixture of experts' router, kept F32 by llama-quantize.
+    FfnGateInp,
 }
 
 /// llama-quantize's layers that get more bits: the first and last eighth,
@@ -534,6 +617,7 @@ fn weight_type(
             }
         }
         Role::FfnDown if q4_k_m && more_bits => DType::Q6_K,
+        Role::FfnGateInp => DType::F32,
         _ => default,
     };
     fallback(chosen, row_len)
@@ -693,10 +777,17 @@ impl SyntheticModel {
             w.add_metadata(key("vocab_size"), u32_of(shape.vocab));
             w.add_metadata(key("rope.dimension_count"), u32_of(shape.head_dim()));
         }
+        if let Some(e) = shape.experts {
+            w.add_metadata(key("attention.key_length"), u32_of(shape.head_dim));
+            w.add_metadata(key("attention.value_length"), u32_of(shape.head_dim));
+            w.add_metadata(key("expert_count"), u32_of(e.count));
+            w.add_metadata(key("expert_used_count"), u32_of(e.used));
+            w.add_metadata(key("expert_feed_forward_length"), u32_of(e.ff));
+        }
         add_vocabulary(&mut w, shape);
 
         let (d, ff, hd) = (shape.n_embd, shape.n_ff, shape.head_dim());
-        let kv = shape.n_head_kv * hd;
+        let (q, kv) = (shape.n_head * hd, shape.n_head_kv * hd);
         let typed = |role, layer, row_len| weight_type(shape, ftype, role, layer, row_len);
         let norm = || Values::Uniform(NORM_RANGE.0, NORM_RANGE.1);
         let mut plan = Plan::default();
@@ -718,28 +809,41 @@ impl SyntheticModel {
         );
         for i in 0..shape.n_layer {
             let name = |s: &str| format!("blk.{i}.{s}");
-            let matrix = |plan: &mut Plan, s: &str, role, rows: usize, cols: usize| {
-                plan.add(
-                    name(s),
-                    &[rows, cols],
-                    typed(role, i, rows),
-                    Values::matrix(rows),
-                );
+            // `dims` in GGUF order: the row length first, then the rows
+            // (then the experts).
+            let matrix = |plan: &mut Plan, s: &str, role, dims: &[usize]| {
+                let rows = dims[0];
+                plan.add(name(s), dims, typed(role, i, rows), Values::matrix(rows));
             };
             plan.add(name("attn_norm.weight"), &[d], DType::F32, norm());
-            matrix(&mut plan, "attn_q.weight", Role::AttnQ, d, d);
-            matrix(&mut plan, "attn_k.weight", Role::AttnK, d, kv);
-            matrix(&mut plan, "attn_v.weight", Role::AttnV, d, kv);
+            matrix(&mut plan, "attn_q.weight", Role::AttnQ, &[d, q]);
+            matrix(&mut plan, "attn_k.weight", Role::AttnK, &[d, kv]);
+            matrix(&mut plan, "attn_v.weight", Role::AttnV, &[d, kv]);
             if family == Family::Qwen2 {
                 for (s, n) in [("attn_q.bias", d), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
                     plan.add(name(s), &[n], DType::F32, Values::Normal(BIAS_STD));
                 }
             }
-            matrix(&mut plan, "attn_output.weight", Role::AttnOutput, d, d);
+            matrix(&mut plan, "attn_output.weight", Role::AttnOutput, &[q, d]);
+            if family == Family::Qwen3Moe {
+                plan.add(name("attn_q_norm.weight"), &[hd], DType::F32, norm());
+                plan.add(name("attn_k_norm.weight"), &[hd], DType::F32, norm());
+            }
             plan.add(name("ffn_norm.weight"), &[d], DType::F32, norm());
-            matrix(&mut plan, "ffn_gate.weight", Role::FfnGate, d, ff);
-            matrix(&mut plan, "ffn_up.weight", Role::FfnUp, d, ff);
-            matrix(&mut plan, "ffn_down.weight", Role::FfnDown, ff, d);
+            match shape.experts {
+                Some(e) => {
+                    let (n, f) = (e.count, e.ff);
+                    matrix(&mut plan, "ffn_gate_inp.weight", Role::FfnGateInp, &[d, n]);
+                    matrix(&mut plan, "ffn_gate_exps.weight", Role::FfnGate, &[d, f, n]);
+                    matrix(&mut plan, "ffn_up_exps.weight", Role::FfnUp, &[d, f, n]);
+                    matrix(&mut plan, "ffn_down_exps.weight", Role::FfnDown, &[f, d, n]);
+                }
+                None => {
+                    matrix(&mut plan, "ffn_gate.weight", Role::FfnGate, &[d, ff]);
+                    matrix(&mut plan, "ffn_up.weight", Role::FfnUp, &[d, ff]);
+                    matrix(&mut plan, "ffn_down.weight", Role::FfnDown, &[ff, d]);
+                }
+            }
         }
         plan.add("output_norm.weight", &[d], DType::F32, norm());
         if !shape.tied_embeddings {
@@ -991,7 +1095,7 @@ fn add_vocabulary(w: &mut GgufWriter, shape: &ModelShape) {
     w.add_metadata("tokenizer.ggml.merges", Array::String(merges));
     w.add_metadata("tokenizer.ggml.bos_token_id", id(bos));
     w.add_metadata("tokenizer.ggml.eos_token_id", id(eos));
-    if family == Family::Qwen2 {
+    if family != Family::Llama3 {
         w.add_metadata("tokenizer.ggml.padding_token_id", id(0));
     }
     w.add_metadata(
@@ -1462,6 +1566,7 @@ mod tests {
         let (vocab, first_special, tied) = match family {
             Family::Qwen2 => (512, 400, true),
             Family::Llama3 => (768, 512, false),
+            Family::Qwen3Moe => (512, 400, false),
         };
         ModelShape {
             name: "small",
@@ -1471,6 +1576,8 @@ mod tests {
             n_ff: 512,
             n_head: 4,
             n_head_kv: 2,
+            head_dim: 64,
+            experts: None,
             vocab,
             context_length: 4096,
             tied_embeddings: tied,
