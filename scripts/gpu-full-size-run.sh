@@ -9,6 +9,8 @@
 #   gemm    the tests of cuda_ops of the tiled product (and of cuda_ops-before, built with
 #           an earlier revision's kernels, where staged: a new test should
 #           fail there)
+#   dense   the tests of cuda_ops of the long prompts' products on
+#           dequantized tiles
 #   ops     the tests of cuda_ops of the decode products (8-bit
 #           activations, full-size rows, fused blocks, output heads)
 #   engine  cuda_engine's full_size_models_on_cuda_match_cpu: prefill,
@@ -37,7 +39,7 @@ stage=.gpu-full
 out=${OUT:-gpu-out}
 work=/tmp/encore-full
 budget=${ENCORE_GPU_BUDGET:-540}
-steps=${*:-cold gemm ops engine bench serve repro ab}
+steps=${*:-cold gemm dense ops engine bench serve repro ab}
 mkdir -p "$out" "$work/models"
 [[ -f $stage/bins.tar.xz && ! -x $stage/bin/encore ]] && tar -C "$stage" -xJf "$stage/bins.tar.xz"
 bin=$stage/bin
@@ -122,6 +124,10 @@ if wants gemm; then
         run cuda_ops-before 150 "$bin/cuda_ops-before" --ignored --show-output gemm_keeps_activations_beyond_f16_range_finite
     run cuda_ops-gemm 240 "$bin/cuda_ops" --ignored --show-output --test-threads 4 gemm tiled matmul_rows
     summary+=("$(grep -hE 'panicked|vs' "$out"/cuda_ops-*.log | head -4)")
+fi
+if wants dense; then
+    run cuda_ops-dense 300 "$bin/cuda_ops" --ignored --show-output --test-threads 4 long_prompt_products
+    summary+=("$(grep -hE 'panicked|^test result' "$out/cuda_ops-dense.log" | head -6)")
 fi
 if wants ops; then
     run cuda_ops-decode 300 "$bin/cuda_ops" --ignored --show-output --test-threads 4 \

@@ -12,8 +12,10 @@
 //! fails with [`Error::Unsupported`] when it is dispatched. Launch
 //! geometry is the backend's business (see [`encore::CudaKernel`]).
 
+use std::sync::Mutex;
+
 use encore::graph::passes::FusionPattern;
-use encore::{Buffer, Device, Encoder, Error, Result};
+use encore::{Buffer, Device, Encoder, Error, Kernel, Result};
 
 use crate::dtype::WeightTypes;
 use crate::kernels::advance::AdvanceArgs;
@@ -23,6 +25,9 @@ use crate::kernels::elementwise::{
     AddArgs, AddRowsArgs, GeluMulArgs, ScaleArgs, ScaleShape, SiluMulArgs,
 };
 use crate::kernels::embed::{EmbedArgs, EmbedShape};
+use crate::kernels::gemm_dense::{
+    self, DequantArgs, DequantShape, GemmF16Args, GemmF16Shape, ToF16Args, WideRowsArgs,
+};
 use crate::kernels::matmul::{MatmulArgs, MatmulShape};
 use crate::kernels::norm::{NormArgs, NormShape};
 use crate::kernels::paged::{
@@ -100,6 +105,12 @@ pub struct Ops {
     types: WeightTypes,
     /// A slot per row of the registry's table.
     slots: Slots,
+    /// Working memory of the long prompts' products (f16 activations,
+    /// their marks, a slice of f16 weights), grown to the largest asked for.
+    /// Each use declares its ranges, so successive products wait on each
+    /// other's use of it; a buffer given up stays alive for the
+    /// submissions that hold it.
+    scratch: Mutex<Option<Buffer>>,
 }
 
 impl Ops {
@@ -138,6 +149,7 @@ impl Ops {
             kernels,
             types,
             slots: Slots::load(device, defs, set)?,
+            scratch: Mutex::new(None),
         })
     }
 
@@ -256,11 +268,13 @@ impl Ops {
         )
     }
 
-    /// `y[rows, n] = x[rows, k] · wᵀ`. From [`gemm::GEMM_MIN_ROWS`] rows
-    /// on, where the device has it, the tiled tensor-core kernel of
-    /// [`gemm`] computes it (activations rounded to f16 or split into bf16
-    /// parts, see there); fewer rows, and devices without it (the CPU, the
-    /// exact set), take [`matmul`](crate::kernels::matmul).
+    /// `y[rows, n] = x[rows, k] · wᵀ`. From [`gemm_dense::DENSE_MIN_ROWS`]
+    /// rows on, where the device has them and the weights' type suits,
+    /// the kernels of [`gemm_dense`] compute it on dequantized f16 tiles;
+    /// from [`gemm::GEMM_MIN_ROWS`] rows on the tiled tensor-core kernel of
+    /// [`gemm`] (activations rounded to f16 or split into bf16 parts, see
+    /// there); fewer rows, and devices without either (the CPU, the exact
+    /// set), take [`matmul`](crate::kernels::matmul).
     pub fn matmul(
         &self,
         enc: &mut Encoder,
@@ -272,11 +286,106 @@ impl Ops {
     ) -> Result<()> {
         self.check_type(w, label)?;
         let args = matmul_args(w, x, y, rows)?;
+        if rows >= gemm_dense::DENSE_MIN_ROWS && gemm_dense::takes(w.dtype, w.k) {
+            if let Some(kernels) = self.dense_kernels() {
+                return self.matmul_dense(enc, kernels, w, &args, label);
+            }
+        }
         let kernel = match &self.slots.gemm.kernel {
             Some(gemm) if rows >= gemm::GEMM_MIN_ROWS => gemm,
             _ => self.slots.matmul.get(&self.device)?,
         };
         enc.dispatch(kernel, &args.args(), label)
+    }
+
+    /// The four kernels of [`gemm_dense`], where the device has them all.
+    fn dense_kernels(&self) -> Option<[&Kernel; 4]> {
+        Some([
+            self.slots.to_f16_rows.kernel.as_ref()?,
+            self.slots.dequant_f16.kernel.as_ref()?,
+            self.slots.gemm_f16.kernel.as_ref()?,
+            self.slots.matmul_wide_rows.kernel.as_ref()?,
+        ])
+    }
+
+    /// The scratch buffer, at least `bytes` long.
+    fn scratch(&self, bytes: usize) -> Result<Buffer> {
+        let mut scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::Graph("the products' scratch lock was poisoned".into()))?;
+        match &*scratch {
+            Some(b) if b.len() >= bytes => Ok(b.clone()),
+            _ => {
+                let b = self.device.alloc(bytes)?;
+                *scratch = Some(b.clone());
+                Ok(b)
+            }
+        }
+    }
+
+    /// [`Ops::matmul`] on dequantized tiles ([`gemm_dense`]): the
+    /// activations to f16, then slice by slice of the weights' rows their
+    /// decode and product, then the rows beyond f16's range in f32.
+    fn matmul_dense(
+        &self,
+        enc: &mut Encoder,
+        [to_f16, dequant, gemm_f16, wide_rows]: [&Kernel; 4],
+        w: &Weight,
+        args: &MatmulArgs,
+        label: &'static str,
+    ) -> Result<()> {
+        let MatmulShape { rows, n, k, dtype } = args.shape;
+        let (rows_u, n_u, k_u) = (rows as usize, n as usize, k as usize);
+        let slice = (gemm_dense::DENSE_SLICE_WEIGHTS / k_u).clamp(1, n_u);
+        let aligned = |bytes: usize| bytes.next_multiple_of(256);
+        let (x16_bytes, wide_bytes) = (aligned(rows_u * k_u * 2), aligned(rows_u * 4));
+        let scratch = self.scratch(x16_bytes + wide_bytes + slice * k_u * 2)?;
+        let x16 = scratch.view(0, rows_u * k_u * 2)?;
+        let wide = scratch.view(x16_bytes, rows_u * 4)?;
+        let to_f16_args = ToF16Args {
+            x: args.x.clone(),
+            x16: x16.clone(),
+            wide: wide.clone(),
+            shape: [rows, k],
+        };
+        enc.dispatch(to_f16, &to_f16_args.args(), label)?;
+        for n0 in (0..n_u).step_by(slice) {
+            let count = slice.min(n_u - n0);
+            let w16 = scratch.view(x16_bytes + wide_bytes, count * k_u * 2)?;
+            let dequant_args = DequantArgs {
+                w: w.buffer.clone(),
+                w16: w16.clone(),
+                shape: DequantShape {
+                    n0: n0 as u32,
+                    n: count as u32,
+                    k,
+                    dtype,
+                },
+            };
+            enc.dispatch(dequant, &dequant_args.args(), label)?;
+            let gemm_args = GemmF16Args {
+                a: x16.clone(),
+                b: w16,
+                y: args.y.clone(),
+                shape: GemmF16Shape {
+                    rows,
+                    n: count as u32,
+                    k,
+                    ldy: n,
+                    n0: n0 as u32,
+                },
+            };
+            enc.dispatch(gemm_f16, &gemm_args.args(), label)?;
+        }
+        let wide_args = WideRowsArgs {
+            w: args.w.clone(),
+            x: args.x.clone(),
+            wide,
+            y: args.y.clone(),
+            shape: args.shape,
+        };
+        enc.dispatch(wide_rows, &wide_args.args(), label)
     }
 
     /// Rotates `rows` rows of `heads` heads in place, positions from `pos`,

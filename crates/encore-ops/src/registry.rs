@@ -138,6 +138,33 @@ kernel_table! {
         narrow(KernelDef::new("gemm").op("gemm").cuda(cuda::gemm()).programmatic())
     });
 
+    /// The products of long prompts on dequantized tiles
+    /// ([`crate::kernels::gemm_dense`]), where a backend has them: the
+    /// activations rounded to f16, ...
+    to_f16_rows: Option<KernelDef> = (!exact).then(|| {
+        KernelDef::new("to_f16_rows").op("to_f16_rows").cuda(cuda::to_f16_rows()).programmatic()
+    });
+
+    /// ... a slice of the weights decoded to f16, ...
+    dequant_f16: Option<KernelDef> = (!exact).then(|| {
+        narrow(KernelDef::new("dequant_f16").op("dequant_f16").cuda(cuda::dequant_f16()).programmatic())
+    });
+
+    /// ... the two multiplied on tensor cores, ...
+    gemm_f16: Option<KernelDef> = (!exact).then(|| {
+        KernelDef::new("gemm_f16").op("gemm_f16").cuda(cuda::gemm_f16()).programmatic()
+    });
+
+    /// ... and the rows beyond f16's range again in f32.
+    matmul_wide_rows: Option<KernelDef> = (!exact).then(|| {
+        narrow(
+            KernelDef::new("matmul_wide_rows")
+                .op("matmul_wide_rows")
+                .cuda(cuda::matmul_wide_rows())
+                .programmatic(),
+        )
+    });
+
     /// RoPE ([`crate::kernels::rope`]).
     rope: KernelDef = KernelDef::new("rope")
         .op("rope")
@@ -552,6 +579,8 @@ mod tests {
         assert!(default.attention_step.is_some());
         assert!(exact.gemm.is_none() && exact.attention_prefill.is_none());
         assert!(exact.attention_step.is_none());
+        assert!(exact.to_f16_rows.is_none() && exact.dequant_f16.is_none());
+        assert!(exact.gemm_f16.is_none() && exact.matmul_wide_rows.is_none());
         assert_eq!(exact.attention.op_kind(), "attention");
         assert_ne!(exact.attention.name(), default.attention.name());
     }
@@ -563,8 +592,15 @@ mod tests {
     #[test]
     fn variants_without_a_cpu_body_are_cuda_only() {
         let defs = KernelSet::Default.defs();
+        let dense = [
+            defs.to_f16_rows,
+            defs.dequant_f16,
+            defs.gemm_f16,
+            defs.matmul_wide_rows,
+        ];
         for def in [defs.gemm, defs.attention_prefill, defs.attention_step]
             .into_iter()
+            .chain(dense)
             .flatten()
         {
             let backends: Vec<_> = def.backends().collect();
@@ -590,8 +626,9 @@ mod tests {
         let device = Device::cpu()?;
         let default = load_all(&device, &[KernelSet::Default])?;
         let both = load_all(&device, &[KernelSet::Default, KernelSet::Exact])?;
-        // On the CPU: every kernel but the CUDA-only gemm and prefill.
-        assert_eq!(default, KernelSet::Default.defs().all().len() - 2);
+        // On the CPU: every kernel but the CUDA-only gemm, prefill and the
+        // four of the long prompts' products.
+        assert_eq!(default, KernelSet::Default.defs().all().len() - 6);
         // The exact set adds its attention (another name, the CPU's body).
         assert_eq!(both, default + 1);
         Ok(())

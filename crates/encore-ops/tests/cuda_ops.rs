@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use encore::{Buffer, Config, Device, Encoder, GraphStats, Kernel, Result};
 use encore_ops::kernels::attention::{AttnArgs, AttnShape};
 use encore_ops::kernels::gemm::GEMM_MIN_ROWS;
+use encore_ops::kernels::gemm_dense::{self, DENSE_MIN_ROWS};
 use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
 use encore_ops::{DType, KernelSet, Ops, Weight};
 
@@ -1473,6 +1474,162 @@ fn gemm_keeps_activations_beyond_f16_range_finite() {
                     bound[i]
                 );
             }
+        }
+    }
+}
+
+/// `(exact, Σ|w·x|)` of the outputs `[r, j]` for `j` in `cols`, by row then column.
+fn sampled_magnitudes(
+    w: &[f32],
+    x: &[f32],
+    rows: usize,
+    cols: &[usize],
+    k: usize,
+) -> Vec<(f32, f32)> {
+    let mut out = Vec::with_capacity(rows * cols.len());
+    for r in 0..rows {
+        let xr = &x[r * k..(r + 1) * k];
+        for &j in cols {
+            let wr = &w[j * k..(j + 1) * k];
+            let exact = wr
+                .iter()
+                .zip(xr)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>();
+            let scale = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum::<f32>();
+            out.push((exact as f32, scale));
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn long_prompt_products_match_the_exact_product() {
+    // From DENSE_MIN_ROWS rows on, CUDA decodes the weights to f16 and
+    // multiplies f16 tiles (kernels/gemm_dense.rs): weights and activations
+    // each within 2^-11 of their values, f32 sums, so within 2e-3 Σ|w·x|
+    // of the exact product (2^-10 and the f32 sums' rounding, with room).
+    // Against the CPU (8-bit activations for quantized weights): 5e-3 Σ|w·x|.
+    // Rows of a 7B model's lengths (3,584 and its ffn_down's 18,944) for the
+    // types of Q4_K_M and Q8_0 files and F16; the other types on a smaller
+    // shape; an unaligned activation buffer and ragged tiles.
+    let mut rng = Rng::new();
+    let pair = both();
+    let main = [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F16];
+    for dtype in encore_ops::cuda::WEIGHT_TYPES {
+        if !gemm_dense::takes(dtype, 256) {
+            continue;
+        }
+        let shapes: &[(usize, usize, usize, usize)] = if main.contains(&dtype) {
+            &[
+                (DENSE_MIN_ROWS, 200, 18944, 0),
+                (300, 700, 3584, 1),
+                (257, 130, 512, 0),
+            ]
+        } else {
+            &[(257, 130, 512, 1)]
+        };
+        for &(rows, n, k, offset) in shapes {
+            let w = random_weights(&mut rng, dtype, n, k);
+            let x = rng.vec(offset + rows * k);
+            let xs = &x[offset..];
+            let wf = dequantize(dtype, &w, n, k);
+            let (exact, scale) = magnitudes(&wf, xs, rows, n, k);
+            let [cpu, gpu] = matmul_on_both(&pair, dtype, &w, n, k, &x, offset, rows);
+            let what = format!("dense {dtype} rows={rows} n={n} k={k} x+{offset}");
+            for i in 0..rows * n {
+                let (g, c, e, s) = (gpu[i], cpu[i], exact[i], scale[i]);
+                assert!(
+                    (g - e).abs() <= 2e-3 * s + 1e-7,
+                    "{what}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+                );
+                assert!(
+                    (g - c).abs() <= 5e-3 * s + 1e-7,
+                    "{what}: output {i}: CUDA {g} vs CPU {c} (Σ|w·x| = {s})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn long_prompt_products_span_weight_slices() {
+    // A product of more than DENSE_SLICE_WEIGHTS weights is decoded and
+    // multiplied a slice of rows at a time: a 7B model's ffn_up shape
+    // (18,944 rows of 3,584) takes two. Outputs on both sides of the slice
+    // boundary and spread over the matrix against the exact product, with
+    // the bound of `long_prompt_products_match_the_exact_product`.
+    let mut rng = Rng::new();
+    let pair = both();
+    let (rows, n, k) = (DENSE_MIN_ROWS, 18944, 3584);
+    let slice = gemm_dense::DENSE_SLICE_WEIGHTS / k;
+    assert!(slice < n, "the shape must take two slices");
+    let mut cols: Vec<usize> = (0..n).step_by(97).collect();
+    cols.extend((slice - 3..slice + 3).chain(n - 2..n));
+    for dtype in [DType::Q4_K, DType::Q8_0] {
+        let w = random_weights(&mut rng, dtype, n, k);
+        let x = rng.vec(rows * k);
+        let wf = dequantize(dtype, &w, n, k);
+        let expected = sampled_magnitudes(&wf, &x, rows, &cols, k);
+        let ops = &pair[1];
+        let weight = Weight {
+            buffer: upload(ops, &w),
+            dtype,
+            n,
+            k,
+        };
+        let xb = upload(ops, &x);
+        let y = ops.device().alloc(rows * n * 4).unwrap();
+        run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "dense"));
+        let gpu = y.download::<f32>().unwrap();
+        for r in 0..rows {
+            for (c, &j) in cols.iter().enumerate() {
+                let (e, s) = expected[r * cols.len() + c];
+                let g = gpu[r * n + j];
+                assert!(
+                    (g - e).abs() <= 2e-3 * s + 1e-7,
+                    "dense {dtype} slices: output [{r}, {j}]: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
+fn long_prompt_products_keep_activations_beyond_f16_range_finite() {
+    // As `gemm_keeps_activations_beyond_f16_range_finite`, on the long
+    // prompts' path: the marked rows' outputs are computed again in f32,
+    // every output finite and within 2e-3 Σ|w·x| of the exact product.
+    let mut rng = Rng::new();
+    let pair = both();
+    let (rows, n, k) = (DENSE_MIN_ROWS + 40, 150, 3584);
+    for dtype in [
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::F16,
+    ] {
+        let w = random_weights(&mut rng, dtype, n, k);
+        let mut x = rng.vec(rows * k);
+        x[3 * k..4 * k].iter_mut().for_each(|v| *v *= 4e5);
+        x[(rows - 1) * k + k / 3] = 3e6;
+        let wf = dequantize(dtype, &w, n, k);
+        let (exact, scale) = magnitudes(&wf, &x, rows, n, k);
+        let [_, gpu] = matmul_on_both(&pair, dtype, &w, n, k, &x, 0, rows);
+        for i in 0..rows * n {
+            let (g, e, s) = (gpu[i], exact[i], scale[i]);
+            assert!(
+                g.is_finite(),
+                "dense {dtype} large rows: output {i} is {g} (exact {e})"
+            );
+            assert!(
+                (g - e).abs() <= 2e-3 * s + 1e-7,
+                "dense {dtype} large rows: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+            );
         }
     }
 }

@@ -8,7 +8,7 @@
 // bf16 parts (BF16 and F32 weights); see kernels/gemm.rs for the precision.
 // An activation row with a value beyond f16's range (real models have such
 // rows) is marked as it is loaded, and its outputs are computed again in
-// f32 without tensor cores (`gemm_wide_rows`), so the product stays finite
+// f32 without tensor cores (`wide_rows_f32`), so the product stays finite
 // wherever the f32 product is.
 //
 // One block (`gemm_launch` in cuda/geometry.rs) per tile of GM_BM activation rows by
@@ -57,6 +57,7 @@
 #include "quant_codes.cuh"
 #include "mma.cuh"
 #include "matmul_shape.cuh"
+#include "wide_rows.cuh"
 
 // GM_BM (activation rows a tile), GM_BN (output columns a tile), GM_PITCH
 // (16-bit elements a tile row: 32 and 8 of padding), GM_THREADS (threads
@@ -550,66 +551,6 @@ __device__ __forceinline__ void gemm_multiply(const GemmSmem<TYPE>& sm, int stag
     if (T::QUANT && !T::HALVES) gemm_fold<TYPE>(sm, stage, sm.d, lane, wm, wn, part, acc);
 }
 
-// Eight weights of a row from element `e` on (a multiple of 8), as the CPU
-// dequantizes them, for the f32 products of gemm_wide_rows.
-__device__ __forceinline__ void gemm_weights8(unsigned int dtype, const unsigned char* __restrict__ row,
-                                              unsigned int e, float* w) {
-    if (dtype == GGML_Q4_0 || dtype == GGML_Q4_1 || dtype == GGML_Q8_0) {
-        const unsigned int bytes = dtype == GGML_Q4_0 ? 18 : dtype == GGML_Q4_1 ? 20 : 34;
-        const unsigned char* blk = row + (size_t)(e / 32) * bytes;
-        const float d = f16_at(blk), m = dtype == GGML_Q4_1 ? f16_at(blk + 2) : 0.f;
-        const unsigned char* q = blk + (dtype == GGML_Q4_1 ? 4 : 2);
-        for (int t = 0; t < 8; ++t) {
-            const unsigned int j = e % 32 + t;
-            if (dtype == GGML_Q8_0) {
-                w[t] = d * (float)(signed char)q[j];
-            } else {
-                const int code = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
-                w[t] = dtype == GGML_Q4_0 ? d * (float)(code - 8) : fmaf(d, (float)code, m);
-            }
-        }
-    } else if (dtype == GGML_F16) {
-        const f16_bits* p = reinterpret_cast<const f16_bits*>(row);
-        for (int t = 0; t < 8; ++t) w[t] = f16_to_f32(p[e + t]);
-    } else {
-        dequant8_any(dtype, row, e, w);
-    }
-}
-
-// The outputs of the tile's activation rows marked in `wide` (a value
-// beyond f16's range), each computed again as a plain f32 dot product of
-// the dequantized weights with the row, and stored: a warp a column at a
-// time, its lanes eight positions each. Rare and small (a row's 64
-// outputs), so not on tensor cores, and once for every type (gemm() calls
-// it after the tiles' results are stored, which it overwrites). F16 and
-// quantized weights only (the types with f16 activations), whose rows are
-// whole blocks of 32, or for F16 a multiple of 8 and a tail taken one at a
-// time.
-__device__ __forceinline__ void gemm_wide_rows(const unsigned int* wide, const unsigned char* __restrict__ w,
-                                               const float* __restrict__ x, float* __restrict__ y, MatmulShape s,
-                                               unsigned long long row_bytes, unsigned int m0, unsigned int n0) {
-    const unsigned int lane = threadIdx.x & 31u, warps = blockDim.x / 32;
-    for (unsigned int r = 0; r < GM_BM && m0 + r < s.rows; ++r) {
-        if (!wide[r]) continue;
-        const float* xr = x + (size_t)(m0 + r) * s.k;
-        for (unsigned int c = threadIdx.x / 32; c < GM_BN && n0 + c < s.n; c += warps) {
-            const unsigned char* wr = w + (size_t)(n0 + c) * row_bytes;
-            float sum = 0.f;
-            const unsigned int whole = s.k - s.k % 8;
-            for (unsigned int e = 8 * lane; e < whole; e += 256) {
-                float wv[8];
-                gemm_weights8(s.dtype, wr, e, wv);
-#pragma unroll
-                for (int t = 0; t < 8; ++t) sum = fmaf(wv[t], xr[e + t], sum);
-            }
-            if (s.dtype == GGML_F16 && whole + lane < s.k)
-                sum = fmaf(f16_to_f32(reinterpret_cast<const f16_bits*>(wr)[whole + lane]), xr[whole + lane], sum);
-            sum = warp_sum(sum);
-            if (lane == 0) y[(size_t)(m0 + r) * s.n + n0 + c] = sum;
-        }
-    }
-}
-
 template <unsigned int TYPE, bool VEC>
 __device__ void gemm_tiles(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                            const MatmulShape& s, unsigned char* smem) {
@@ -743,6 +684,6 @@ gemm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* __
         // their outputs again in f32, over what the tile stored.
         __syncthreads();
         const unsigned int* wide = GemmSmem<GGML_Q4_0>(smem, blockDim.x / GM_THREADS).wide;
-        if (wide[GM_BM]) gemm_wide_rows(wide, w, x, y, s, row_bytes, blockIdx.y * GM_BM, n0);
+        if (wide[GM_BM]) wide_rows_f32(wide, GM_BM, GM_BN, w, x, y, s, row_bytes, blockIdx.y * GM_BM, n0);
     }
 }

@@ -407,6 +407,84 @@ pub(crate) fn gemm_defines() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Rows of activations and of weights a block of `gemm_f16` takes (`GF_BM`,
+/// `GF_BN`; one loader serves both tiles, so they are equal).
+pub const GEMM_F16_TILE: u32 = 128;
+
+/// Positions a step of `gemm_f16` (`GF_BK`): four 16-byte chunks a tile row.
+const GEMM_F16_STEP: u32 = 32;
+
+/// Steps of `gemm_f16` in flight (`GF_STAGES`).
+const GEMM_F16_STAGES: u32 = 4;
+
+/// Threads a block of `gemm_f16` (`GF_THREADS`): eight warps of 64 x 32.
+const GEMM_F16_THREADS: u32 = 256;
+
+/// `gemm_f16` of `rows` activation rows by `n` weight rows: a block a
+/// tile, along the rows first (blocks sharing weights run together), the
+/// stages' tiles in dynamic shared memory.
+pub fn gemm_f16_launch(rows: u32, n: u32) -> Launch {
+    Launch::grid3(
+        [
+            rows.div_ceil(GEMM_F16_TILE).max(1),
+            n.div_ceil(GEMM_F16_TILE).max(1),
+            1,
+        ],
+        [GEMM_F16_THREADS, 1, 1],
+    )
+    .with_shared(GEMM_F16_STAGES * 2 * GEMM_F16_TILE * GEMM_F16_STEP * 2)
+}
+
+/// The defines of `gemm_f16`.
+pub(crate) fn gemm_f16_defines() -> Vec<(&'static str, String)> {
+    vec![
+        ("GF_BM", GEMM_F16_TILE.to_string()),
+        ("GF_BN", GEMM_F16_TILE.to_string()),
+        ("GF_BK", GEMM_F16_STEP.to_string()),
+        ("GF_STAGES", GEMM_F16_STAGES.to_string()),
+        ("GF_THREADS", GEMM_F16_THREADS.to_string()),
+    ]
+}
+
+/// Threads a block of `to_f16_rows` (a block a row).
+const TO_F16_BLOCK: u32 = 256;
+
+/// `to_f16_rows` of `rows` rows.
+pub fn to_f16_rows_launch(rows: u32) -> Launch {
+    Launch::new(rows.max(1), TO_F16_BLOCK)
+}
+
+/// Threads a block of `dequant_f16`, each eight weights at a time.
+const DEQUANT_BLOCK: u32 = 256;
+
+/// Blocks of `dequant_f16` at most (a grid-stride loop covers the rest).
+const DEQUANT_MAX_BLOCKS: u32 = 4096;
+
+/// `dequant_f16` of `weights` weights.
+pub fn dequant_f16_launch(weights: u64) -> Launch {
+    let groups = weights.div_ceil(8);
+    let blocks = groups
+        .div_ceil(u64::from(DEQUANT_BLOCK))
+        .clamp(1, u64::from(DEQUANT_MAX_BLOCKS));
+    Launch::new(blocks as u32, DEQUANT_BLOCK)
+}
+
+/// Columns a block of `matmul_wide_rows` takes (`WR_COLS` in its source).
+const WIDE_ROWS_COLUMNS: u32 = 64;
+
+/// Threads a block of `matmul_wide_rows`: a warp a column at a time.
+const WIDE_ROWS_BLOCK: u32 = 256;
+
+/// The defines of `matmul_wide_rows`.
+pub(crate) fn matmul_wide_rows_defines() -> Vec<(&'static str, String)> {
+    vec![("WR_COLS", WIDE_ROWS_COLUMNS.to_string())]
+}
+
+/// `matmul_wide_rows` over `n` output columns.
+pub fn matmul_wide_rows_launch(n: u32) -> Launch {
+    Launch::new(n.div_ceil(WIDE_ROWS_COLUMNS).max(1), WIDE_ROWS_BLOCK)
+}
+
 /// Threads a block of `rope` and `rope_store`.
 pub const ROPE_BLOCK: u32 = 128;
 

@@ -22,6 +22,7 @@ use crate::kernels::attention_step::{
 use crate::kernels::elementwise::ScaleShape;
 use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
+use crate::kernels::gemm_dense::{DequantShape, GemmF16Shape};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
 use crate::kernels::paged::{ArgmaxRowsShape, AttnStepPagedShape, PagedKvShape};
@@ -169,6 +170,51 @@ pub(crate) fn gemm() -> CudaKernel {
         |s: &MatmulShape| {
             let dtype = weight_type("gemm", s.dtype)?;
             Ok(geometry::gemm_launch(s.rows, s.n, s.k, dtype))
+        },
+    )
+}
+
+pub(crate) fn gemm_f16() -> CudaKernel {
+    CudaKernel::new(
+        source_with("gemm_f16.cu", &geometry::gemm_f16_defines()),
+        "gemm_f16",
+        |s: &GemmF16Shape| geometry::gemm_f16_launch(s.rows, s.n),
+    )
+}
+
+pub(crate) fn to_f16_rows() -> CudaKernel {
+    CudaKernel::new(source("to_f16_rows.cu"), "to_f16_rows", |s: &[u32; 2]| {
+        geometry::to_f16_rows_launch(s[0])
+    })
+}
+
+pub(crate) fn dequant_f16() -> CudaKernel {
+    CudaKernel::checked(
+        source("dequant_f16.cu"),
+        "dequant_f16",
+        |s: &DequantShape| {
+            match weight_type("dequant_f16", s.dtype)? {
+                DType::BF16 | DType::F32 => {
+                    return Err(
+                        "dequant_f16 takes weights within f16's range, not BF16 or F32".into(),
+                    )
+                }
+                _ => {}
+            }
+            Ok(geometry::dequant_f16_launch(
+                u64::from(s.n) * u64::from(s.k),
+            ))
+        },
+    )
+}
+
+pub(crate) fn matmul_wide_rows() -> CudaKernel {
+    CudaKernel::checked(
+        source_with("matmul_wide_rows.cu", &geometry::matmul_wide_rows_defines()),
+        "matmul_wide_rows",
+        |s: &MatmulShape| {
+            weight_type("matmul_wide_rows", s.dtype)?;
+            Ok(geometry::matmul_wide_rows_launch(s.n))
         },
     )
 }
@@ -418,6 +464,7 @@ const FILES: &[(&str, &str)] = &[
     ("matmul.cuh", include_str!("matmul.cuh")),
     ("fused_matmul.cuh", include_str!("fused_matmul.cuh")),
     ("mma.cuh", include_str!("mma.cuh")),
+    ("wide_rows.cuh", include_str!("wide_rows.cuh")),
     ("rope_common.cuh", include_str!("rope_common.cuh")),
     ("attention_common.cuh", include_str!("attention_common.cuh")),
     ("attention_body.cuh", include_str!("attention_body.cuh")),
@@ -436,6 +483,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("fused_matmul_exact.cu"),
     ),
     ("gemm.cu", include_str!("gemm.cu")),
+    ("gemm_f16.cu", include_str!("gemm_f16.cu")),
+    ("to_f16_rows.cu", include_str!("to_f16_rows.cu")),
+    ("dequant_f16.cu", include_str!("dequant_f16.cu")),
+    ("matmul_wide_rows.cu", include_str!("matmul_wide_rows.cu")),
     ("rope.cu", include_str!("rope.cu")),
     ("rope_store.cu", include_str!("rope_store.cu")),
     ("kv_store.cu", include_str!("kv_store.cu")),

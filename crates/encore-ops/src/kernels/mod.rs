@@ -19,6 +19,7 @@ pub mod elementwise;
 pub mod embed;
 pub mod fused;
 pub mod gemm;
+pub mod gemm_dense;
 pub mod matmul;
 pub mod norm;
 pub mod paged;
