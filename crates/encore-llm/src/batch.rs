@@ -17,6 +17,12 @@
 //! fused kernels, prompt passes are not fused), so a sequence's results do
 //! not depend on the batch it ran in.
 //!
+//! Several decode rows of one sequence (a draft that speculative decoding
+//! verifies) run in one decode graph as groups of one row a sequence, laid
+//! out one group after the other, each group padded to the bucket: the
+//! products take every row at once and the attention runs group by group,
+//! so that each row gets a lone decode row's arithmetic.
+//!
 //! Greedy rows take their argmax on the device and bring back one index
 //! each; only rows that sample bring back their logits.
 
@@ -40,7 +46,17 @@ pub struct Row<'a> {
     /// A position past the prompt (a generated token): run by the decode
     /// graphs. Prompt rows run eagerly.
     pub decode: bool,
+    /// A decode row's place among its sequence's decode rows in the step:
+    /// 0 for the first, 1, 2, ... for the drafted tokens that speculative
+    /// decoding verifies with it ([`crate::speculate`]), each at the
+    /// position after the one before. Rows of one place form a group that
+    /// holds one row a sequence; the groups run their attention one after
+    /// the other ([`PagedRows::groups`]). 0 for prompt rows.
+    pub group: usize,
 }
+
+/// The block table of padding rows.
+const PAD_TABLE: [u32; 1] = [PAD_BLOCK];
 
 /// An output row of a step: the row, and whether only its argmax is
 /// wanted (a greedy sampler) rather than its logits.
@@ -69,6 +85,8 @@ pub const BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 48, 64];
 /// the gathered rows and their logits.
 struct StepBuffers {
     rows: usize,
+    /// Groups of `rows / groups` rows ([`PagedRows::groups`]).
+    groups: usize,
     acts: Activations,
     /// `u32`s: tokens, positions, slots and output rows (`rows` each), then
     /// the tables (`rows * max_blocks`).
@@ -88,8 +106,8 @@ pub struct BatchRunner {
     blocks: usize,
     max_blocks: usize,
     graphs: Option<GraphCache>,
-    /// Decode buffers and graph by bucket.
-    decode: HashMap<usize, (StepBuffers, Option<GraphExec>)>,
+    /// Decode buffers and graph by bucket and groups.
+    decode: HashMap<(usize, usize), (StepBuffers, Option<GraphExec>)>,
 }
 
 impl BatchRunner {
@@ -134,11 +152,12 @@ impl BatchRunner {
         self.cache.iter().map(|l| l.k.len() + l.v.len()).sum()
     }
 
-    fn buffers(&self, rows: usize) -> Result<StepBuffers> {
+    fn buffers(&self, rows: usize, groups: usize) -> Result<StepBuffers> {
         let c = &self.model.config;
         let dev = &self.model.device;
         Ok(StepBuffers {
             rows,
+            groups,
             acts: Activations::new(&self.model, rows)?,
             inputs: dev.alloc((4 * rows + rows * self.max_blocks) * 4)?,
             gathered: dev.alloc(rows * c.n_embd * 4)?,
@@ -172,6 +191,7 @@ impl BatchRunner {
             block_size: self.block_size,
             max_blocks: self.max_blocks,
             blocks: self.blocks,
+            groups: b.groups,
         };
         self.model
             .encode_blocks(enc, &b.acts, &tokens, Placement::Paged(&rows))?;
@@ -260,12 +280,23 @@ impl BatchRunner {
             .trace_span("batch step")
             .arg("rows", rows.len() as u64);
         let mut results: Vec<Option<RowResult>> = vec![None; outputs.len()];
-        let largest = BUCKETS[BUCKETS.len() - 1];
-        for part in decode.chunks(largest) {
-            self.pass(rows, part, outputs, &mut results, true)?;
+        let groups = decode.iter().map(|&i| rows[i].group + 1).max();
+        match groups {
+            Some(groups) if groups > 1 => {
+                let (sub, index) = self.lay_out(rows, &decode, groups)?;
+                self.pass(&sub, &index, outputs, &mut results, groups, true)?;
+            }
+            _ => {
+                let largest = BUCKETS[BUCKETS.len() - 1];
+                for part in decode.chunks(largest) {
+                    let sub: Vec<Row<'_>> = part.iter().map(|&i| rows[i].clone()).collect();
+                    self.pass(&sub, part, outputs, &mut results, 1, true)?;
+                }
+            }
         }
         if !prompt.is_empty() {
-            self.pass(rows, &prompt, outputs, &mut results, false)?;
+            let sub: Vec<Row<'_>> = prompt.iter().map(|&i| rows[i].clone()).collect();
+            self.pass(&sub, &prompt, outputs, &mut results, 1, false)?;
         }
         results
             .into_iter()
@@ -273,28 +304,73 @@ impl BatchRunner {
             .ok_or_else(|| LlmError::Request("a step lost an output row".into()))
     }
 
-    /// Checks the promise decode rows make (one a sequence, see
-    /// [`PagedRows::prompt`]): no decode row stores into a block another
-    /// decode row reads, which a decode graph's fused attention, storing
-    /// and reading in one dispatch, would race on.
+    /// Lays the decode rows `decode` of `rows` out as `groups` groups of
+    /// one bucket each, group `g` holding the rows whose
+    /// [`Row::group`] is `g`, padded: the rows, and the index in `rows` of
+    /// each (`usize::MAX` for padding).
+    fn lay_out<'a>(
+        &self,
+        rows: &[Row<'a>],
+        decode: &[usize],
+        groups: usize,
+    ) -> Result<(Vec<Row<'a>>, Vec<usize>)> {
+        let mut sizes = vec![0usize; groups];
+        for &i in decode {
+            sizes[rows[i].group] += 1;
+        }
+        let widest = sizes.iter().copied().max().unwrap_or(0);
+        let Some(bucket) = BUCKETS.iter().copied().find(|&b| b >= widest) else {
+            return Err(LlmError::Request(format!(
+                "{widest} sequences verify drafts in one step; at most {} can",
+                BUCKETS[BUCKETS.len() - 1]
+            )));
+        };
+        let pad = Row {
+            token: 0,
+            position: 0,
+            table: &PAD_TABLE,
+            decode: true,
+            group: 0,
+        };
+        let mut sub = vec![pad; bucket * groups];
+        let mut filled = vec![0usize; groups];
+        let mut index = vec![usize::MAX; sub.len()];
+        for &i in decode {
+            let g = rows[i].group;
+            let place = g * bucket + filled[g];
+            filled[g] += 1;
+            sub[place] = rows[i].clone();
+            index[place] = i;
+        }
+        Ok((sub, index))
+    }
+
+    /// Checks the promise decode rows make (one a sequence in each group,
+    /// see [`PagedRows::prompt`]): no decode row stores into a block
+    /// another decode row of its group reads, which a decode graph's fused
+    /// attention, storing and reading in one dispatch, would race on.
     fn check_decode_rows(&self, rows: &[Row<'_>], decode: &[usize]) -> Result<()> {
         let bs = self.block_size;
-        // (block, row) of each decode row's store, sorted by block.
-        let mut stores: Vec<(u32, usize)> = decode
+        // (group, block, row) of each decode row's store, sorted.
+        let mut stores: Vec<(usize, u32, usize)> = decode
             .iter()
-            .filter_map(|&i| Some((*rows[i].table.get(rows[i].position / bs)?, i)))
+            .filter_map(|&i| {
+                let row = &rows[i];
+                Some((row.group, *row.table.get(row.position / bs)?, i))
+            })
             .collect();
         stores.sort_unstable();
         for &i in decode {
             let row = &rows[i];
             let seen = row.table.get(..=row.position / bs).unwrap_or(row.table);
             for &block in seen {
-                let from = stores.partition_point(|s| s.0 < block);
+                let key = (row.group, block);
+                let from = stores.partition_point(|s| (s.0, s.1) < key);
                 let other = stores[from..]
                     .iter()
-                    .take_while(|s| s.0 == block)
-                    .find(|s| s.1 != i);
-                if let Some(&(_, j)) = other {
+                    .take_while(|s| (s.0, s.1) == key)
+                    .find(|s| s.2 != i);
+                if let Some(&(_, _, j)) = other {
                     return Err(LlmError::Request(format!(
                         "decode rows {i} and {j} of one step share block {block}: \
                          a step takes one decode row a sequence"
@@ -305,19 +381,20 @@ impl BatchRunner {
         Ok(())
     }
 
-    /// Runs the rows `part` of `rows`: replaying their bucket's decode
-    /// graph with `graph`, else eagerly; puts the results of the outputs
-    /// among them into `results`.
+    /// Runs the rows `sub` (in `groups` equal groups), `sub[j]` being row
+    /// `part[j]` of the step (a padding row where that is past the step):
+    /// replaying their bucket's decode graph with `graph`, else
+    /// eagerly; puts the results of the outputs among them into `results`.
     fn pass(
         &mut self,
-        rows: &[Row<'_>],
+        sub: &[Row<'_>],
         part: &[usize],
         outputs: &[Output],
         results: &mut [Option<RowResult>],
+        groups: usize,
         graph: bool,
     ) -> Result<()> {
-        let sub: Vec<Row<'_>> = part.iter().map(|&i| rows[i].clone()).collect();
-        // (index into `outputs`, the output within this part).
+        // (index into `outputs`, the output within `sub`).
         let mine: Vec<(usize, Output)> = outputs
             .iter()
             .enumerate()
@@ -328,29 +405,30 @@ impl BatchRunner {
             .collect();
         let local: Vec<Output> = mine.iter().map(|m| m.1).collect();
         let order: Vec<usize> = local.iter().map(|o| o.row).collect();
-        let found = match BUCKETS.iter().copied().find(|&b| b >= sub.len()) {
+        let per_group = sub.len().div_ceil(groups);
+        let found = match BUCKETS.iter().copied().find(|&b| b >= per_group) {
             Some(bucket) if graph => {
-                let exec = self.decode_graph(bucket)?;
-                let Some((b, _)) = self.decode.get(&bucket) else {
+                let exec = self.decode_graph(bucket, groups)?;
+                let Some((b, _)) = self.decode.get(&(bucket, groups)) else {
                     return Err(LlmError::Request("decode buffers missing".into()));
                 };
                 // Every row produces logits; only the wanted ones are read.
-                let all = 0..bucket;
-                let order: Vec<usize> = order.into_iter().chain(all).take(bucket).collect();
-                self.write_inputs(b, &sub, &order)?;
+                let all = 0..b.rows;
+                let order: Vec<usize> = order.into_iter().chain(all).take(b.rows).collect();
+                self.write_inputs(b, sub, &order)?;
                 exec.replay(&[])?.wait()?;
-                self.results(b, &sub, &local)?
+                self.results(b, sub, &local)?
             }
             _ => {
-                let b = self.buffers(sub.len())?;
-                self.write_inputs(&b, &sub, &order)?;
+                let b = self.buffers(sub.len(), 1)?;
+                self.write_inputs(&b, sub, &order)?;
                 let mut enc = self.model.device.encoder();
                 enc.set_label("batch step");
                 let argmax = local.iter().any(|o| o.greedy);
                 // Eager passes hold the prompt rows (every row, with graphs off).
                 self.encode(&mut enc, &b, local.len(), argmax, true)?;
                 enc.commit_and_wait()?;
-                self.results(&b, &sub, &local)?
+                self.results(&b, sub, &local)?
             }
         };
         for ((k, _), r) in mine.into_iter().zip(found) {
@@ -412,26 +490,27 @@ impl BatchRunner {
         }
         let last = BUCKETS.iter().copied().find(|&b| b >= rows);
         for bucket in BUCKETS.iter().copied().filter(|&b| b < rows) {
-            self.decode_graph(bucket)?;
+            self.decode_graph(bucket, 1)?;
         }
         if let Some(bucket) = last {
-            self.decode_graph(bucket)?;
+            self.decode_graph(bucket, 1)?;
         }
         Ok(())
     }
 
-    /// The decode graph of `bucket` rows, recorded (with its buffers) on
-    /// first use.
-    fn decode_graph(&mut self, bucket: usize) -> Result<GraphExec> {
-        if !self.decode.contains_key(&bucket) {
-            let b = self.buffers(bucket)?;
-            self.decode.insert(bucket, (b, None));
+    /// The decode graph of `groups` groups of `bucket` rows, recorded (with
+    /// its buffers) on first use.
+    fn decode_graph(&mut self, bucket: usize, groups: usize) -> Result<GraphExec> {
+        let key = (bucket, groups);
+        if !self.decode.contains_key(&key) {
+            let b = self.buffers(bucket * groups, groups)?;
+            self.decode.insert(key, (b, None));
         }
-        match self.decode.get(&bucket) {
+        match self.decode.get(&key) {
             Some((_, Some(exec))) => Ok(exec.clone()),
             Some((b, None)) => {
                 let exec = self.record(b)?;
-                if let Some(entry) = self.decode.get_mut(&bucket) {
+                if let Some(entry) = self.decode.get_mut(&key) {
                     entry.1 = Some(exec.clone());
                 }
                 Ok(exec)

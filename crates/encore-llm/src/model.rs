@@ -24,7 +24,7 @@ use encore_ops::kernels::paged::PagedAttnShape;
 use encore_ops::{Ops, Weight};
 
 use crate::config::{Activation, ModelConfig, RopeLayout};
-use crate::error::Result;
+use crate::error::{LlmError, Result};
 
 /// The weights of one transformer block.
 pub struct Block {
@@ -185,6 +185,13 @@ pub struct PagedRows<'a> {
     pub block_size: usize,
     pub max_blocks: usize,
     pub blocks: usize,
+    /// The rows come in this many equal groups, one after another, each
+    /// holding at most one row a sequence. Their RoPE, K and V stores and
+    /// attention run one group after the other, so that a group reads the
+    /// K and V that the groups before it stored: several decode rows of one
+    /// sequence (a verified draft, [`crate::speculate`]) run in one pass,
+    /// each with the arithmetic of a lone decode row. 1 for prompt rows.
+    pub groups: usize,
 }
 
 impl Model {
@@ -280,7 +287,15 @@ impl Model {
         };
         let cache = match place {
             Placement::Contiguous { cache, .. } => cache,
-            Placement::Paged(p) => p.cache,
+            Placement::Paged(p) => {
+                if p.groups == 0 || m % p.groups != 0 {
+                    return Err(LlmError::Request(format!(
+                        "{m} rows do not split into {} equal groups",
+                        p.groups
+                    )));
+                }
+                p.cache
+            }
         };
         ops.embed(enc, &self.embed, tokens, &a.x, m)?;
         if let Some(s) = c.embed_scale {
@@ -308,12 +323,13 @@ impl Model {
                 ops.rms_norm(enc, k_out, kn, &a.k, m * c.n_head_kv, hd, c.norm_eps)?;
             }
             let factors = self.rope_factors.as_ref().filter(|_| la.scaled);
-            let rope = |enc: &mut Encoder, x: &Buffer, heads: usize, label| match place {
-                Placement::Contiguous { pos, .. } => ops.rope(
+            let rope = |enc: &mut Encoder, x: &Buffer, pos: &Buffer, rows, heads, label| match place
+            {
+                Placement::Contiguous { .. } => ops.rope(
                     enc,
                     x,
                     pos,
-                    m,
+                    rows,
                     heads,
                     c.head_dim,
                     c.rope_dim,
@@ -322,11 +338,11 @@ impl Model {
                     factors,
                     label,
                 ),
-                Placement::Paged(p) => ops.rope_rows(
+                Placement::Paged(_) => ops.rope_rows(
                     enc,
                     x,
-                    p.positions,
-                    m,
+                    pos,
+                    rows,
                     heads,
                     c.head_dim,
                     c.rope_dim,
@@ -336,10 +352,10 @@ impl Model {
                     label,
                 ),
             };
-            rope(enc, &a.q, c.n_head, "rope_q")?;
-            rope(enc, &a.k, c.n_head_kv, "rope_k")?;
             match place {
                 Placement::Contiguous { pos, max_seq, .. } => {
+                    rope(enc, &a.q, pos, m, c.n_head, "rope_q")?;
+                    rope(enc, &a.k, pos, m, c.n_head_kv, "rope_k")?;
                     ops.kv_store(enc, &a.k, &lc.k, pos, m, kv, max_seq, "k_store")?;
                     ops.kv_store(enc, &a.v, &lc.v, pos, m, kv, max_seq, "v_store")?;
                     let shape = AttnShape {
@@ -354,31 +370,47 @@ impl Model {
                     ops.attention(enc, &a.q, &lc.k, &lc.v, pos, &a.attn, shape)?;
                 }
                 Placement::Paged(p) => {
-                    ops.kv_store_paged(enc, &a.k, &lc.k, p.slots, m, kv, "k_store")?;
-                    ops.kv_store_paged(enc, &a.v, &lc.v, p.slots, m, kv, "v_store")?;
-                    let shape = PagedAttnShape {
-                        rows: m as u32,
-                        heads: c.n_head as u32,
-                        kv_heads: c.n_head_kv as u32,
-                        head_dim: c.head_dim as u32,
-                        block_size: p.block_size as u32,
-                        max_blocks: p.max_blocks as u32,
-                        blocks: p.blocks as u32,
-                        scale: c.attn_scale,
-                        window: la.window as u32,
-                        // Decode passes hold one row a sequence.
-                        decode: u32::from(!p.prompt),
+                    let n = m / p.groups;
+                    // Group `g`'s rows of a buffer of `width` 4-byte values a row.
+                    let part = |x: &Buffer, width: usize, g: usize| {
+                        x.view(g * n * width * 4, n * width * 4)
                     };
-                    ops.attention_paged(
-                        enc,
-                        &a.q,
-                        &lc.k,
-                        &lc.v,
-                        p.positions,
-                        p.tables,
-                        &a.attn,
-                        shape,
-                    )?;
+                    for g in 0..p.groups {
+                        let (q, k, v) = (
+                            part(&a.q, q_dim, g)?,
+                            part(&a.k, kv, g)?,
+                            part(&a.v, kv, g)?,
+                        );
+                        let positions = part(p.positions, 1, g)?;
+                        let slots = part(p.slots, 1, g)?;
+                        rope(enc, &q, &positions, n, c.n_head, "rope_q")?;
+                        rope(enc, &k, &positions, n, c.n_head_kv, "rope_k")?;
+                        ops.kv_store_paged(enc, &k, &lc.k, &slots, n, kv, "k_store")?;
+                        ops.kv_store_paged(enc, &v, &lc.v, &slots, n, kv, "v_store")?;
+                        let shape = PagedAttnShape {
+                            rows: n as u32,
+                            heads: c.n_head as u32,
+                            kv_heads: c.n_head_kv as u32,
+                            head_dim: c.head_dim as u32,
+                            block_size: p.block_size as u32,
+                            max_blocks: p.max_blocks as u32,
+                            blocks: p.blocks as u32,
+                            scale: c.attn_scale,
+                            window: la.window as u32,
+                            // Decode passes hold one row a sequence a group.
+                            decode: u32::from(!p.prompt),
+                        };
+                        ops.attention_paged(
+                            enc,
+                            &q,
+                            &lc.k,
+                            &lc.v,
+                            &positions,
+                            &part(p.tables, p.max_blocks, g)?,
+                            &part(&a.attn, q_dim, g)?,
+                            shape,
+                        )?;
+                    }
                 }
             }
             matmul(enc, &b.wo, &a.attn, &a.proj, "attn_output")?;

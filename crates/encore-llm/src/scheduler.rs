@@ -732,6 +732,7 @@ impl<'e> Loop<'e> {
                     position: p,
                     table: &s.table,
                     decode: p >= s.req.prompt.len(),
+                    group: 0,
                 });
             }
             if first + n == s.tokens.len() {

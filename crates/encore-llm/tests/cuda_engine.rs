@@ -632,6 +632,7 @@ fn full_size_models_on_cuda_match_cpu() {
                 position,
                 table,
                 decode,
+                group: 0,
             }
         }
         let logits_of = |results: Vec<RowResult>| -> Vec<Vec<f32>> {

@@ -265,6 +265,7 @@ fn a_step_refuses_two_decode_rows_of_one_sequence() {
         position,
         table,
         decode,
+        group: 0,
     };
     let last = |row| Output { row, greedy: true };
     // Sequence a's positions 0..17 and b's 0..5, as prompt rows.
