@@ -179,9 +179,24 @@ impl Sampler {
             && c.frequency_penalty == 0.0
     }
 
-    /// Picks the next token from `logits` given the tokens so far.
+    /// Picks the next token from `logits` given the tokens so far: a draw
+    /// from [`Sampler::distribution`] (none at temperature 0, where that is
+    /// one token).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let c = self.config.clone();
+        let dist = self.distribution(logits, history);
+        if self.config.temperature <= 0.0 {
+            return dist.first().map_or(0, |d| d.0);
+        }
+        self.draw(&dist)
+    }
+
+    /// The distribution [`Sampler::sample`] draws from, given `logits` and
+    /// the tokens so far: penalties, then top-k, top-p and min-p, then the
+    /// temperature. Candidates with their probabilities (summing to 1),
+    /// most likely first; at temperature 0 the argmax alone; empty when no
+    /// logit is finite.
+    pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
+        let c = &self.config;
         let mut logits = logits.to_vec();
         if c.repeat_penalty != 1.0 && c.repeat_penalty > 0.0 {
             let start = history.len().saturating_sub(c.repeat_last_n);
@@ -209,7 +224,7 @@ impl Sampler {
             }
         }
         if c.temperature <= 0.0 {
-            return greedy(&logits);
+            return vec![(greedy(&logits), 1.0)];
         }
         // Candidates sorted by logit, descending (ties by id for determinism).
         let mut cand: Vec<(u32, f32)> = logits
@@ -219,7 +234,7 @@ impl Sampler {
             .map(|(i, &l)| (i as u32, l))
             .collect();
         if cand.is_empty() {
-            return 0;
+            return Vec::new();
         }
         let keep = if c.top_k > 0 {
             c.top_k.min(cand.len())
@@ -251,15 +266,55 @@ impl Sampler {
             cand.truncate(n.max(1));
         }
         let probs = softmax(&cand, c.temperature);
+        cand.iter().zip(probs).map(|(c, p)| (c.0, p)).collect()
+    }
+
+    /// Draws a token from `dist` (candidates and probabilities summing to
+    /// 1; 0 when empty).
+    pub fn draw(&mut self, dist: &[(u32, f32)]) -> u32 {
         let r = self.next_f32();
         let mut cum = 0.0;
-        for (p, (id, _)) in probs.iter().zip(&cand) {
+        for &(id, p) in dist {
             cum += p;
             if r < cum {
-                return *id;
+                return id;
             }
         }
-        cand.last().map_or(0, |c| c.0)
+        dist.last().map_or(0, |c| c.0)
+    }
+
+    /// Speculative sampling's acceptance rule for a drafted token whose
+    /// draft distribution is certain (prompt lookup, a greedy draft model):
+    /// `draft` is kept with its probability under `dist`, the target's
+    /// distribution; else the token is drawn from `dist` without `draft`,
+    /// renormalized. Either way the token returned is distributed as
+    /// `dist` is. A certain `dist` (temperature 0) takes no random draw.
+    pub fn verify(&mut self, dist: &[(u32, f32)], draft: u32) -> u32 {
+        let p = dist.iter().find(|d| d.0 == draft).map_or(0.0, |d| d.1);
+        if dist.len() == 1 || p <= 0.0 {
+            return self.draw_certain(dist);
+        }
+        if self.next_f32() < p {
+            return draft;
+        }
+        let rest: Vec<(u32, f32)> = dist
+            .iter()
+            .filter(|d| d.0 != draft)
+            .map(|&(id, q)| (id, q / (1.0 - p)))
+            .collect();
+        if rest.is_empty() {
+            return draft;
+        }
+        self.draw(&rest)
+    }
+
+    /// [`Sampler::draw`], without a random draw when `dist` holds one token.
+    fn draw_certain(&mut self, dist: &[(u32, f32)]) -> u32 {
+        match dist {
+            [] => 0,
+            [(id, _)] => *id,
+            _ => self.draw(dist),
+        }
     }
 }
 

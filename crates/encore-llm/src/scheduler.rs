@@ -22,6 +22,15 @@
 //! same kernels ([`BatchRunner::run`]), so recomputed generated tokens go
 //! through decode rows again, one a step; and each request samples with its
 //! own seeded sampler.
+//!
+//! With [`SchedulerConfig::speculation`], while few sequences generate,
+//! each proposes a draft of its next tokens by prompt lookup
+//! ([`crate::speculate`]) and the step verifies it: the draft's rows run as
+//! decode rows of the sequence in groups ([`Row::group`]), each computed as
+//! a lone decode row is, and the sequence keeps the drafted tokens its
+//! sampler agrees with, then one of the target's own. Greedy requests give
+//! the same tokens with or without it; requests with a constraint or
+//! log-probabilities do not speculate.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +45,7 @@ use crate::constraint::Constraint;
 use crate::engine::Engine;
 use crate::error::{LlmError, Result};
 use crate::sampler::{Sampler, SamplerConfig, TokenLogprob};
+use crate::speculate::{ngram_draft, Speculation};
 use crate::stepper::{Stepper, StopReason};
 
 /// How the scheduler batches.
@@ -56,6 +66,8 @@ pub struct SchedulerConfig {
     /// Fails the step with this number (counting from 0) as a device error
     /// would: a hook for tests of how a server handles faults.
     pub fault_at_step: Option<u64>,
+    /// Speculative decoding by prompt lookup; `None` for none.
+    pub speculation: Option<Speculation>,
 }
 
 impl SchedulerConfig {
@@ -71,6 +83,7 @@ impl SchedulerConfig {
             chunk: 256,
             graphs: true,
             fault_at_step: None,
+            speculation: None,
         }
     }
 
@@ -84,6 +97,9 @@ impl SchedulerConfig {
         }
         if self.block_size == 0 || self.chunk == 0 {
             return bad("block_size and chunk must be at least 1".into());
+        }
+        if let Some(spec) = &self.speculation {
+            spec.validate()?;
         }
         if self.kv_positions < self.ctx_size {
             return bad(format!(
@@ -221,6 +237,9 @@ pub struct Metrics {
     /// Prompt tokens served from the prefix cache instead of computed.
     pub cached_prompt_tokens: AtomicU64,
     pub preemptions: AtomicU64,
+    /// Tokens drafted for speculative decoding, and those of them kept.
+    pub draft_tokens: AtomicU64,
+    pub accepted_draft_tokens: AtomicU64,
     pub steps: AtomicU64,
     /// Steps that failed with a device error (each fails its sequences).
     pub device_errors: AtomicU64,
@@ -243,6 +262,8 @@ impl Metrics {
             generated_tokens: z(),
             cached_prompt_tokens: z(),
             preemptions: z(),
+            draft_tokens: z(),
+            accepted_draft_tokens: z(),
             steps: z(),
             device_errors: z(),
             queue_depth: z(),
@@ -394,6 +415,8 @@ struct Seq<'t> {
     prompt_len: usize,
     /// Positions whose K and V are in the cache.
     computed: usize,
+    /// Tokens drafted to follow the last one, verified in this step.
+    draft: Vec<u32>,
     table: Vec<u32>,
     /// The request's stop rules and the text of its tokens.
     stepper: Stepper<'t>,
@@ -408,6 +431,12 @@ impl Seq<'_> {
 
     fn cancelled(&self) -> bool {
         self.stepper.is_cancelled()
+    }
+
+    /// Whether the sequence may speculate: its tokens come from its
+    /// sampler alone.
+    fn may_speculate(&self) -> bool {
+        self.req.constraint.is_none() && self.req.logprobs.is_none()
     }
 }
 
@@ -469,6 +498,7 @@ impl<'e> Loop<'e> {
             prompt_len: tokens.len(),
             tokens,
             computed: 0,
+            draft: Vec::new(),
             table: Vec::new(),
             stepper,
             arrived: Instant::now(),
@@ -677,6 +707,7 @@ impl<'e> Loop<'e> {
         let mut s = self.running.remove(i);
         self.pool.release(&s.table);
         s.table.clear();
+        s.draft.clear();
         s.computed = 0;
         self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
         self.waiting.push_front(s);
@@ -689,6 +720,15 @@ impl<'e> Loop<'e> {
     fn step(&mut self) -> Result<()> {
         // (sequence index, first position, rows) of each sequence in the step.
         let mut plan: Vec<(usize, usize, usize)> = Vec::new();
+        let generating = self
+            .running
+            .iter()
+            .filter(|s| s.computed >= s.req.prompt.len())
+            .count();
+        let speculation = self
+            .config
+            .speculation
+            .filter(|s| generating <= s.max_streams);
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
@@ -696,6 +736,9 @@ impl<'e> Loop<'e> {
                 let pos = s.computed;
                 if !self.block_for(i, pos) {
                     continue;
+                }
+                if let Some(spec) = speculation {
+                    self.draft(i, &spec);
                 }
                 plan.push((i, pos, 1));
             }
@@ -735,12 +778,26 @@ impl<'e> Loop<'e> {
                     group: 0,
                 });
             }
+            let greedy =
+                s.sampler.is_greedy() && s.req.constraint.is_none() && s.req.logprobs.is_none();
             if first + n == s.tokens.len() {
                 outputs.push(Output {
                     row: rows.len() - 1,
-                    greedy: s.sampler.is_greedy()
-                        && s.req.constraint.is_none()
-                        && s.req.logprobs.is_none(),
+                    greedy,
+                });
+            }
+            // The drafted tokens, each at the position after the one before.
+            for (j, &token) in s.draft.iter().enumerate() {
+                rows.push(Row {
+                    token,
+                    position: first + n + j,
+                    table: &s.table,
+                    decode: true,
+                    group: j + 1,
+                });
+                outputs.push(Output {
+                    row: rows.len() - 1,
+                    greedy,
                 });
             }
         }
@@ -751,6 +808,19 @@ impl<'e> Loop<'e> {
             let bs = self.config.block_size;
             let s = &mut self.running[i];
             s.computed = first + n;
+            if !s.draft.is_empty() {
+                let draft = std::mem::take(&mut s.draft);
+                let found: Vec<RowResult> = results.by_ref().take(draft.len() + 1).collect();
+                let end = self.verify(i, &draft, found);
+                let s = &self.running[i];
+                for b in first / bs..s.computed / bs {
+                    self.pool.name(s.table[b], &s.tokens, b);
+                }
+                if let Some(end) = end {
+                    done.push((i, end));
+                }
+                continue;
+            }
             for b in first / bs..s.computed / bs {
                 self.pool.name(s.table[b], &s.tokens, b);
             }
@@ -790,6 +860,84 @@ impl<'e> Loop<'e> {
             }
         }
         Ok(())
+    }
+
+    /// Drafts sequence `i`'s next tokens by prompt lookup, as many as fit
+    /// its token limit, its context and the blocks it has or that are free
+    /// (a draft never preempts anyone), into its `draft`.
+    fn draft(&mut self, i: usize, spec: &Speculation) {
+        let bs = self.config.block_size;
+        let s = &self.running[i];
+        if !s.may_speculate() || s.computed + 1 != s.tokens.len() {
+            return;
+        }
+        // The draft's positions follow the last token's, `pos`; the token
+        // after the draft comes from the target, so a draft of `d` makes
+        // `d + 1` tokens.
+        let pos = s.computed;
+        let room = (s.stepper.remaining().saturating_sub(1))
+            .min(self.config.ctx_size.saturating_sub(pos + 1))
+            .min(spec.draft_tokens);
+        if room == 0 {
+            return;
+        }
+        let mut draft = ngram_draft(&s.tokens, spec.ngram, room);
+        if draft.is_empty() {
+            return;
+        }
+        let s = &mut self.running[i];
+        while s.table.len() <= (pos + draft.len()) / bs {
+            match self.pool.take() {
+                Some(b) => s.table.push(b),
+                None => break,
+            }
+        }
+        draft.truncate((s.table.len() * bs).saturating_sub(pos + 1));
+        s.draft = draft;
+    }
+
+    /// Verifies sequence `i`'s `draft` with the results of its rows (the
+    /// last token's, then each drafted token's): takes the drafted tokens
+    /// its sampler agrees with and then the sampler's own token, moving the
+    /// sequence's computed positions past the kept ones. Returns how the
+    /// sequence ended, if it did.
+    fn verify(
+        &mut self,
+        i: usize,
+        draft: &[u32],
+        found: Vec<RowResult>,
+    ) -> Option<Result<FinishReason, String>> {
+        let mut kept = 0;
+        let mut end = None;
+        for (j, result) in found.into_iter().enumerate() {
+            let s = &mut self.running[i];
+            let token = match result {
+                RowResult::Token(t) => t,
+                RowResult::Logits(l) => {
+                    let dist = s.sampler.distribution(&l, &s.tokens);
+                    match draft.get(j) {
+                        Some(&d) => s.sampler.verify(&dist, d),
+                        None => s.sampler.draw(&dist),
+                    }
+                }
+                RowResult::NonFinite { pass, position } => {
+                    end = Some(Err(LlmError::NonFinite { pass, position }.to_string()));
+                    break;
+                }
+            };
+            end = self.accept_token(i, token, None);
+            if end.is_some() || draft.get(j) != Some(&token) {
+                break;
+            }
+            kept += 1;
+        }
+        let m = &self.metrics;
+        m.draft_tokens
+            .fetch_add(draft.len() as u64, Ordering::Relaxed);
+        m.accepted_draft_tokens
+            .fetch_add(kept as u64, Ordering::Relaxed);
+        self.running[i].computed += kept;
+        end
     }
 
     /// Takes sequence `i`'s next token and sends its log-probability (when
