@@ -82,9 +82,7 @@ pub fn ngram_draft(tokens: &[u32], max_n: usize, k: usize) -> Vec<u32> {
     for n in (1..=max_n.min(len.saturating_sub(1))).rev() {
         let suffix = &tokens[len - n..];
         // The latest start before the suffix itself.
-        let found = (0..len - n)
-            .rev()
-            .find(|&i| &tokens[i..i + n] == suffix);
+        let found = (0..len - n).rev().find(|&i| &tokens[i..i + n] == suffix);
         if let Some(i) = found {
             let from = i + n;
             return tokens[from..(from + k).min(len)].to_vec();
@@ -173,10 +171,16 @@ mod tests {
                 assert!(at.is_some(), "{t} is outside the distribution");
             }
             let x2 = chi_square(&counts, &p);
-            assert!(x2 < 18.5, "draft {draft}: chi-square {x2}, counts {counts:?}");
+            assert!(
+                x2 < 18.5,
+                "draft {draft}: chi-square {x2}, counts {counts:?}"
+            );
             let want = dist.iter().find(|d| d.0 == draft).map_or(0.0, |d| d.1);
             let rate = kept as f64 / draws as f64;
-            assert!((rate - f64::from(want)).abs() < 0.01, "draft {draft}: kept {rate}");
+            assert!(
+                (rate - f64::from(want)).abs() < 0.01,
+                "draft {draft}: kept {rate}"
+            );
         }
         // Plain draws from the same sampler follow it too (the test's
         // bound is not too loose to tell a wrong distribution apart).
