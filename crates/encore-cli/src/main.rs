@@ -12,6 +12,7 @@ mod bench_parallel;
 mod chat;
 mod report;
 mod serve;
+mod speculate;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -125,6 +126,8 @@ struct GenerateArgs {
     /// Use the prompt as is, without the model's chat template.
     #[arg(long)]
     raw: bool,
+    #[command(flatten)]
+    speculate: speculate::SpeculateArgs,
     /// The prompt.
     prompt: String,
 }
@@ -667,9 +670,31 @@ fn generate(a: GenerateArgs) -> CliResult {
 }
 
 fn generate_on(a: &GenerateArgs, options: &GenerateOptions, device: &Device) -> CliResult {
+    let speculation = a.speculate.speculation()?;
     let engine = load(&a.model, device)?;
     let context = engine.model().config.context_length;
     in_range("-n/--n-predict", a.n, 0, context, " (the model's context)")?;
+    if let Some(speculation) = speculation {
+        let prompt = engine
+            .prompt_tokens(&a.prompt, a.raw)
+            .map_err(|e| e.to_string())?;
+        if prompt.len() + a.n > context {
+            return Err(format!(
+                "the prompt's {} tokens and -n {} exceed the model's context of {context}",
+                prompt.len(),
+                a.n
+            )
+            .into());
+        }
+        let sampler = options.sampler.clone();
+        return speculate::generate(
+            std::sync::Arc::new(engine),
+            prompt,
+            a.n,
+            sampler,
+            speculation,
+        );
+    }
     let mut out = Out::new();
     // The first failed write stops the generation and is reported.
     let mut failed = None;

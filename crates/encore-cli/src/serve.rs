@@ -12,6 +12,7 @@ use std::sync::Arc;
 use clap::Args;
 use encore_llm::{Engine, Event, GenRequest, SamplerConfig, Scheduler, SchedulerConfig};
 
+use crate::speculate::SpeculateArgs;
 use crate::{
     count, in_range, load, model_label, open, to_stderr, CliResult, ModelArgs, ProfileArgs,
 };
@@ -75,6 +76,8 @@ pub struct ServeArgs {
     /// Read the key --api-key would give from a file (its first line).
     #[arg(long)]
     api_key_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    speculate: SpeculateArgs,
     /// Fail the scheduler's step with this number (counting from 0; the
     /// warm-up request runs the first few) as a device error would, for
     /// tests of fault handling.
@@ -207,6 +210,7 @@ fn start(a: &ServeArgs) -> Result<(Arc<Engine>, Arc<Scheduler>), String> {
         config.kv_positions = kv;
     }
     config.fault_at_step = a.inject_fault_at_step;
+    config.speculation = a.speculate.speculation().map_err(|e| e.to_string())?;
     let scheduler = Scheduler::start(engine.clone(), config).map_err(|e| e.to_string())?;
     let warm = engine
         .prompt_tokens("Hello", true)
