@@ -112,13 +112,13 @@ fn scheduler(parallel: usize, speculation: Option<Speculation>) -> Scheduler {
 
 #[test]
 fn greedy_requests_give_the_same_tokens_with_and_without_speculation() {
-    let plain = wait(submit(&scheduler(1, None), EDIT, 64, 0.0, 0));
-    assert_eq!(plain.tokens, 64);
+    let plain = wait(submit(&scheduler(1, None), EDIT, 96, 0.0, 0));
+    assert_eq!(plain.tokens, 96);
     assert!(plain.text.contains("compute_total"), "{plain:?}");
 
     let spec = Speculation::default();
     let s = scheduler(1, Some(spec));
-    let alone = wait(submit(&s, EDIT, 64, 0.0, 0));
+    let alone = wait(submit(&s, EDIT, 96, 0.0, 0));
     assert_eq!(alone, plain);
     let m = s.metrics();
     let drafted = m.draft_tokens.load(Ordering::Relaxed);
@@ -129,7 +129,7 @@ fn greedy_requests_give_the_same_tokens_with_and_without_speculation() {
     );
     // Fewer steps than tokens: accepted drafts came several a step.
     let steps = m.steps.load(Ordering::Relaxed) as usize;
-    assert!(steps < 64, "{steps} steps for 64 tokens");
+    assert!(steps < 96, "{steps} steps for 96 tokens");
 
     // Beside two others that speculate (one greedy, one sampled), with
     // drafts of several lengths in one step.
@@ -146,7 +146,7 @@ fn greedy_requests_give_the_same_tokens_with_and_without_speculation() {
         0,
     );
     let sampled = submit(&s, EDIT, 48, 0.8, 3);
-    let probe = submit(&s, EDIT, 64, 0.0, 0);
+    let probe = submit(&s, EDIT, 96, 0.0, 0);
     assert_eq!(wait(probe), plain);
     assert_eq!(wait(other).tokens, 48);
     assert_eq!(wait(sampled).tokens, 48);
