@@ -22,6 +22,14 @@
 #           model by default) by it and by this one, alternated
 #           ENCORE_AB_ROUNDS times (3), each build's figures
 #   serve   `encore serve` warms up on the model and answers a chat request
+#   peer-build  where llama.cpp's trimmed source is staged (`--peer`):
+#           starts its CUDA build (llama-bench) in the background; make the
+#           `peer` call while the machine is warm (the build takes about
+#           five minutes; NVRTC compiles beside it are slow, so benchmarks
+#           wait for `peer`)
+#   peer    waits for that build, then Encore against llama-bench on each
+#           model (scripts/peer-bench.sh, alternated, ENCORE_PEER_ROUNDS
+#           rounds, default 2): pp512 with tg128, and pp4096
 #   repro   where an earlier revision's encore and synthetic_like are staged
 #           (`--before`): a 7B-shaped file made by the earlier generator
 #           (biased weights whose feed-forward outputs pass f16's range),
@@ -186,6 +194,34 @@ for line in open(sys.argv[1]):
 for (build, work), v in sorted(runs.items()):
     print("ab", build, work, "median %.1f tok/s of %s" % (statistics.median(v), ", ".join("%.1f" % x for x in v)))
 ' "$out/ab.log")")
+fi
+llama=$work/llama
+if wants peer-build && [[ -f $stage/llama-src.tgz && ! -f $llama/started ]]; then
+    mkdir -p "$llama"
+    tar xzf "$stage/llama-src.tgz" -C "$llama"
+    touch "$llama/started"
+    setsid nohup bash -c "cd $llama && cmake -S llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >cmake.log 2>&1 \
+        && cmake --build build -j$(nproc) --target llama-bench >build.log 2>&1; touch finished" \
+        </dev/null >/dev/null 2>&1 &
+    note "peer-build: started"
+fi
+if wants peer && [[ -f $llama/started ]]; then
+    while [[ ! -f $llama/finished ]] && (( $(left) > 200 )); do sleep 5; done
+    if [[ -x $llama/build/bin/llama-bench ]]; then
+        for model in "${models[@]}"; do
+            timeout 200 "$bin/encore" generate --model "$model" --device cuda -n 4 hi >/dev/null 2>&1
+            for shape in "512 128" "4096 16"; do
+                set -- $shape
+                run "peer-$(basename "$model" .gguf)-pp$1" 300 bash "$stage/peer-bench.sh" "$bin/encore" \
+                    "$llama/build/bin" "$model" cuda "$1" "$2" "${ENCORE_PEER_ROUNDS:-2}"
+                summary+=("$(cat "$out/peer-$(basename "$model" .gguf)-pp$1.log")")
+            done
+        done
+    else
+        note "peer: llama.cpp did not build in time ($(tail -c 200 "$llama/build.log" 2>/dev/null | tail -n 1))"
+    fi
 fi
 if wants serve; then
     for model in "${models[@]}"; do serve "serve-$(basename "$model" .gguf)" "$model"; done

@@ -586,8 +586,8 @@ fn full_size_models() -> Vec<PathBuf> {
 #[ignore = "needs a CUDA GPU and ENCORE_FULL_SIZE_MODELS; run with scripts/gpu-full-size.sh"]
 fn full_size_models_on_cuda_match_cpu() {
     // Full-size shapes (7B and up, realistic weights): the default CUDA
-    // kernels against the CPU on the three paths a user runs: a 96-token
-    // prefill (the tiled products, which overflowed f16 on these shapes),
+    // kernels against the CPU on the three paths a user runs: a 320-token
+    // prefill (the products of long prompts, on dequantized f16 tiles),
     // 64 graph-replayed decode steps fed the CPU's tokens, and the paged
     // batch of the server (two sequences' prompts as prompt rows, then
     // decode rows, logits of every row compared). Logits within
@@ -599,7 +599,8 @@ fn full_size_models_on_cuda_match_cpu() {
         let cpu = Engine::load(&path, &device("cpu"), &options(true)).unwrap();
         let gpu = Engine::load(&path, &device("cuda"), &options(true)).unwrap();
         let vocab = cpu.model().config.vocab as u32;
-        let prompt: Vec<u32> = (0..96u32).map(|i| (i * 7919 + 11) % vocab).collect();
+        let prompt: Vec<u32> = (0..320u32).map(|i| (i * 7919 + 11) % vocab).collect();
+        assert!(prompt.len() >= encore_ops::kernels::gemm_dense::DENSE_MIN_ROWS);
         let steps = 64;
         let (mut sessions, logits) = prefilled(&[&cpu, &gpu], &prompt, steps);
         let err = relative_error(&logits[1], &logits[0]);

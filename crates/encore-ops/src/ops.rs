@@ -26,7 +26,8 @@ use crate::kernels::elementwise::{
 };
 use crate::kernels::embed::{EmbedArgs, EmbedShape};
 use crate::kernels::gemm_dense::{
-    self, DequantArgs, DequantShape, GemmF16Args, GemmF16Shape, ToF16Args, WideRowsArgs,
+    self, DequantArgs, DequantShape, GemmF16Args, GemmF16Shape, SplitsShape, SumSplitsArgs,
+    ToF16Args, WideRowsArgs,
 };
 use crate::kernels::matmul::{MatmulArgs, MatmulShape};
 use crate::kernels::norm::{NormArgs, NormShape};
@@ -96,6 +97,16 @@ fn invalid(kernel: &str, label: &str, reason: String) -> Error {
         label: label.to_string(),
         reason,
     }
+}
+
+/// The kernels of the long prompts' products ([`gemm_dense`]).
+#[derive(Clone, Copy)]
+struct DenseKernels<'a> {
+    to_f16: &'a Kernel,
+    dequant: &'a Kernel,
+    gemm: &'a Kernel,
+    sum_splits: &'a Kernel,
+    wide_rows: &'a Kernel,
 }
 
 /// Every operation's kernel, loaded on one device.
@@ -298,14 +309,15 @@ impl Ops {
         enc.dispatch(kernel, &args.args(), label)
     }
 
-    /// The four kernels of [`gemm_dense`], where the device has them all.
-    fn dense_kernels(&self) -> Option<[&Kernel; 4]> {
-        Some([
-            self.slots.to_f16_rows.kernel.as_ref()?,
-            self.slots.dequant_f16.kernel.as_ref()?,
-            self.slots.gemm_f16.kernel.as_ref()?,
-            self.slots.matmul_wide_rows.kernel.as_ref()?,
-        ])
+    /// The kernels of [`gemm_dense`], where the device has them all.
+    fn dense_kernels(&self) -> Option<DenseKernels<'_>> {
+        Some(DenseKernels {
+            to_f16: self.slots.to_f16_rows.kernel.as_ref()?,
+            dequant: self.slots.dequant_f16.kernel.as_ref()?,
+            gemm: self.slots.gemm_f16.kernel.as_ref()?,
+            sum_splits: self.slots.sum_splits.kernel.as_ref()?,
+            wide_rows: self.slots.matmul_wide_rows.kernel.as_ref()?,
+        })
     }
 
     /// The scratch buffer, at least `bytes` long.
@@ -326,33 +338,45 @@ impl Ops {
 
     /// [`Ops::matmul`] on dequantized tiles ([`gemm_dense`]): the
     /// activations to f16, then slice by slice of the weights' rows their
-    /// decode and product, then the rows beyond f16's range in f32.
+    /// decode and product (split along `k` where the tiles are few), then
+    /// the rows beyond f16's range in f32.
     fn matmul_dense(
         &self,
         enc: &mut Encoder,
-        [to_f16, dequant, gemm_f16, wide_rows]: [&Kernel; 4],
+        kernels: DenseKernels,
         w: &Weight,
         args: &MatmulArgs,
         label: &'static str,
     ) -> Result<()> {
         let MatmulShape { rows, n, k, dtype } = args.shape;
         let (rows_u, n_u, k_u) = (rows as usize, n as usize, k as usize);
-        let slice = (gemm_dense::DENSE_SLICE_WEIGHTS / k_u).clamp(1, n_u);
+        let slice = gemm_dense::slice_rows(n_u, k_u);
+        let splits = gemm_dense::splits(rows_u, slice, k_u);
+        // Scratch: f16 activations, their marks, a slice of f16 weights,
+        // and the runs' sums of a split product.
         let aligned = |bytes: usize| bytes.next_multiple_of(256);
-        let (x16_bytes, wide_bytes) = (aligned(rows_u * k_u * 2), aligned(rows_u * 4));
-        let scratch = self.scratch(x16_bytes + wide_bytes + slice * k_u * 2)?;
-        let x16 = scratch.view(0, rows_u * k_u * 2)?;
-        let wide = scratch.view(x16_bytes, rows_u * 4)?;
+        let x16_at = 0;
+        let wide_at = x16_at + aligned(rows_u * k_u * 2);
+        let w16_at = wide_at + aligned(rows_u * 4);
+        let part_at = w16_at + aligned(slice * k_u * 2);
+        let part_bytes = if splits > 1 {
+            splits * rows_u * slice * 4
+        } else {
+            0
+        };
+        let scratch = self.scratch(part_at + part_bytes)?;
+        let x16 = scratch.view(x16_at, rows_u * k_u * 2)?;
+        let wide = scratch.view(wide_at, rows_u * 4)?;
         let to_f16_args = ToF16Args {
             x: args.x.clone(),
             x16: x16.clone(),
             wide: wide.clone(),
             shape: [rows, k],
         };
-        enc.dispatch(to_f16, &to_f16_args.args(), label)?;
+        enc.dispatch(kernels.to_f16, &to_f16_args.args(), label)?;
         for n0 in (0..n_u).step_by(slice) {
             let count = slice.min(n_u - n0);
-            let w16 = scratch.view(x16_bytes + wide_bytes, count * k_u * 2)?;
+            let w16 = scratch.view(w16_at, count * k_u * 2)?;
             let dequant_args = DequantArgs {
                 w: w.buffer.clone(),
                 w16: w16.clone(),
@@ -363,20 +387,49 @@ impl Ops {
                     dtype,
                 },
             };
-            enc.dispatch(dequant, &dequant_args.args(), label)?;
+            enc.dispatch(kernels.dequant, &dequant_args.args(), label)?;
+            let shape = GemmF16Shape {
+                rows,
+                n: count as u32,
+                k,
+                ldy: n,
+                n0: n0 as u32,
+                splits: splits as u32,
+            };
+            if splits == 1 {
+                let gemm_args = GemmF16Args {
+                    a: x16.clone(),
+                    b: w16,
+                    y: args.y.clone(),
+                    shape,
+                };
+                enc.dispatch(kernels.gemm, &gemm_args.args(), label)?;
+                continue;
+            }
+            let part = scratch.view(part_at, splits * rows_u * count * 4)?;
             let gemm_args = GemmF16Args {
                 a: x16.clone(),
                 b: w16,
-                y: args.y.clone(),
+                y: part.clone(),
                 shape: GemmF16Shape {
+                    ldy: count as u32,
+                    n0: 0,
+                    ..shape
+                },
+            };
+            enc.dispatch(kernels.gemm, &gemm_args.args(), label)?;
+            let sum_args = SumSplitsArgs {
+                part,
+                y: args.y.clone(),
+                shape: SplitsShape {
                     rows,
                     n: count as u32,
-                    k,
+                    splits: splits as u32,
                     ldy: n,
                     n0: n0 as u32,
                 },
             };
-            enc.dispatch(gemm_f16, &gemm_args.args(), label)?;
+            enc.dispatch(kernels.sum_splits, &sum_args.args(), label)?;
         }
         let wide_args = WideRowsArgs {
             w: args.w.clone(),
@@ -385,7 +438,7 @@ impl Ops {
             y: args.y.clone(),
             shape: args.shape,
         };
-        enc.dispatch(wide_rows, &wide_args.args(), label)
+        enc.dispatch(kernels.wide_rows, &wide_args.args(), label)
     }
 
     /// Rotates `rows` rows of `heads` heads in place, positions from `pos`,

@@ -155,6 +155,11 @@ kernel_table! {
         KernelDef::new("gemm_f16").op("gemm_f16").cuda(cuda::gemm_f16()).programmatic()
     });
 
+    /// ... the runs of a product split along `k` added, ...
+    sum_splits: Option<KernelDef> = (!exact).then(|| {
+        KernelDef::new("sum_splits").op("sum_splits").cuda(cuda::sum_splits()).programmatic()
+    });
+
     /// ... and the rows beyond f16's range again in f32.
     matmul_wide_rows: Option<KernelDef> = (!exact).then(|| {
         narrow(
@@ -581,6 +586,7 @@ mod tests {
         assert!(exact.attention_step.is_none());
         assert!(exact.to_f16_rows.is_none() && exact.dequant_f16.is_none());
         assert!(exact.gemm_f16.is_none() && exact.matmul_wide_rows.is_none());
+        assert!(exact.sum_splits.is_none());
         assert_eq!(exact.attention.op_kind(), "attention");
         assert_ne!(exact.attention.name(), default.attention.name());
     }
@@ -596,6 +602,7 @@ mod tests {
             defs.to_f16_rows,
             defs.dequant_f16,
             defs.gemm_f16,
+            defs.sum_splits,
             defs.matmul_wide_rows,
         ];
         for def in [defs.gemm, defs.attention_prefill, defs.attention_step]
@@ -627,8 +634,8 @@ mod tests {
         let default = load_all(&device, &[KernelSet::Default])?;
         let both = load_all(&device, &[KernelSet::Default, KernelSet::Exact])?;
         // On the CPU: every kernel but the CUDA-only gemm, prefill and the
-        // four of the long prompts' products.
-        assert_eq!(default, KernelSet::Default.defs().all().len() - 6);
+        // five of the long prompts' products.
+        assert_eq!(default, KernelSet::Default.defs().all().len() - 7);
         // The exact set adds its attention (another name, the CPU's body).
         assert_eq!(both, default + 1);
         Ok(())

@@ -1513,10 +1513,14 @@ fn long_prompt_products_match_the_exact_product() {
     // Against the CPU (8-bit activations for quantized weights): 5e-3 Σ|w·x|.
     // Rows of a 7B model's lengths (3,584 and its ffn_down's 18,944) for the
     // types of Q4_K_M and Q8_0 files and F16; the other types on a smaller
-    // shape; an unaligned activation buffer and ragged tiles.
+    // shape; an unaligned activation buffer, ragged tiles, split products.
     let mut rng = Rng::new();
     let pair = both();
     let main = [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F16];
+    // Narrow products split `k` (the first two shapes), the last does not.
+    assert!(gemm_dense::splits(DENSE_MIN_ROWS, 200, 18944) > 1);
+    assert!(gemm_dense::splits(300, 700, 3584) > 1);
+    assert_eq!(gemm_dense::splits(257, 130, 512), 1);
     for dtype in encore_ops::cuda::WEIGHT_TYPES {
         if !gemm_dense::takes(dtype, 256) {
             continue;
@@ -1557,14 +1561,14 @@ fn long_prompt_products_match_the_exact_product() {
 #[ignore = "needs a CUDA GPU; run with scripts/gpu-suite.sh"]
 fn long_prompt_products_span_weight_slices() {
     // A product of more than DENSE_SLICE_WEIGHTS weights is decoded and
-    // multiplied a slice of rows at a time: a 7B model's ffn_up shape
-    // (18,944 rows of 3,584) takes two. Outputs on both sides of the slice
+    // multiplied a slice of rows at a time: a 32B model's ffn_up shape
+    // (27,648 rows of 5,120) takes two. Outputs on both sides of the slice
     // boundary and spread over the matrix against the exact product, with
     // the bound of `long_prompt_products_match_the_exact_product`.
     let mut rng = Rng::new();
     let pair = both();
-    let (rows, n, k) = (DENSE_MIN_ROWS, 18944, 3584);
-    let slice = gemm_dense::DENSE_SLICE_WEIGHTS / k;
+    let (rows, n, k) = (DENSE_MIN_ROWS, 27648, 5120);
+    let slice = gemm_dense::slice_rows(n, k);
     assert!(slice < n, "the shape must take two slices");
     let mut cols: Vec<usize> = (0..n).step_by(97).collect();
     cols.extend((slice - 3..slice + 3).chain(n - 2..n));

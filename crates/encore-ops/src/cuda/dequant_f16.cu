@@ -22,11 +22,10 @@ extern "C" __global__ void dequant_f16(const unsigned char* __restrict__ w, uint
                                        DequantShape s) {
     encore_grid_wait();
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
-    const unsigned int per_row = s.k / 8;
-    const unsigned long long total = (unsigned long long)s.n * per_row;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < total;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned int j = (unsigned int)(i / per_row), e = 8 * (unsigned int)(i % per_row);
+    // 32-bit indices: a slice holds far fewer than 2^32 groups of eight.
+    const unsigned int per_row = s.k / 8, total = s.n * per_row;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const unsigned int j = i / per_row, e = 8 * (i - j * per_row);
         float v[8];
         weights8(s.dtype, w + (size_t)(s.n0 + j) * row_bytes, e, v);
         unsigned int p[4];

@@ -14,20 +14,26 @@
 // memory while the warps multiply an earlier one. A tile row of GF_BK
 // 16-bit values is four 16-byte chunks, chunk `c` of row `r` stored at
 // chunk `c ^ ((r / 2) % 4)`, so that the eight rows an `ldmatrix` phase
-// reads lie in distinct banks. Eight warps, 2 along the rows by 4 along
-// the columns, each own 64 x 32 of the tile: 4 x 4 `mma.m16n8k16`
-// accumulators, 6 `ldmatrix.x4` for 16 `mma` a step of 16.
+// reads lie in distinct banks. The warps, GF_WARPS_M along the rows by
+// GF_WARPS_N along the columns, each own 64 x 64 of the tile: 4 x 8
+// `mma.m16n8k16` accumulators, 8 `ldmatrix.x4` for 32 `mma` a step of 16.
 //
-// Each output's sum runs over `k` in order, 16 positions an `mma`, in one
-// accumulator: it depends on its row of `a` and its row of `b` alone, never
-// on the tile's other rows, the grid or the slice. `k` must be a multiple
+// Products whose tiles would leave most of the GPU idle split `k` into
+// `splits` equal runs of steps (grid z), each storing its sums in its own
+// `rows` rows of `y`, which `sum_splits` then adds in order. Each output's
+// sum runs over its run of `k` in order, 16 positions an `mma`, in one
+// accumulator: it depends on its row of `a`, its row of `b` and the split
+// count alone, never on the tile's other rows or the slice. `k` must be a multiple
 // of 8 (16-byte rows of chunks); rows, columns and positions past the
 // matrices are zero in shared memory and never stored.
 
 #include "mma.cuh"
 
-// GF_BM, GF_BN, GF_BK, GF_STAGES and GF_THREADS come from Rust
+// GF_WARPS_M, GF_WARPS_N, GF_BK and GF_STAGES come from Rust
 // (cuda/geometry.rs), prepended to this source.
+#define GF_BM (64 * GF_WARPS_M)
+#define GF_BN (64 * GF_WARPS_N)
+#define GF_THREADS (32 * GF_WARPS_M * GF_WARPS_N)
 
 struct GemmF16Shape {
     unsigned int rows;
@@ -35,9 +41,11 @@ struct GemmF16Shape {
     unsigned int k;
     unsigned int ldy;
     unsigned int n0;
+    unsigned int splits;
 };
 
-#define GF_TILE_BYTES (GF_BM * GF_BK * 2)
+#define GF_A_BYTES (GF_BM * GF_BK * 2)
+#define GF_STAGE_BYTES ((GF_BM + GF_BN) * GF_BK * 2)
 
 __device__ __forceinline__ void cp_async16(unsigned int dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
@@ -56,10 +64,12 @@ __device__ __forceinline__ unsigned int gf_chunk(unsigned int r, unsigned int c)
     return r * (GF_BK * 2) + ((c ^ ((r >> 1) & 3u)) << 4);
 }
 
-// Copies step `k0` of the rows r0.. of `src` (`count` rows of `k`) into the tile at `tile`.
+// Copies step `k0` of the ROWS rows r0.. of `src` (`count` rows of `k`)
+// into the tile at `tile`.
+template <unsigned int ROWS>
 __device__ __forceinline__ void gf_load(unsigned int tile, const unsigned short* __restrict__ src,
                                         unsigned int r0, unsigned int count, unsigned int k, unsigned int k0) {
-    constexpr unsigned int chunks = GF_BM * GF_BK / 8;
+    constexpr unsigned int chunks = ROWS * GF_BK / 8;
 #pragma unroll
     for (unsigned int i = threadIdx.x; i < chunks; i += GF_THREADS) {
         const unsigned int r = i / (GF_BK / 8), c = i % (GF_BK / 8), col = k0 + 8 * c;
@@ -75,25 +85,31 @@ gemm_f16(const unsigned short* __restrict__ a, const unsigned short* __restrict_
     extern __shared__ uint4 gf_smem[];
     const unsigned int base = encore_smem_addr(gf_smem);
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const unsigned int wm = warp / 4, wn = warp % 4;
+    const unsigned int wm = warp / GF_WARPS_N, wn = warp % GF_WARPS_N;
     const unsigned int m0 = blockIdx.x * GF_BM, c0 = blockIdx.y * GF_BN;
-    const unsigned int steps = (s.k + GF_BK - 1) / GF_BK;
+    // Split `blockIdx.z` of `s.splits` takes its share of the steps and
+    // stores its sums in its own rows of `y` (see the file's doc).
+    const unsigned int all_steps = (s.k + GF_BK - 1) / GF_BK, share = (all_steps + s.splits - 1) / s.splits;
+    const unsigned int first = blockIdx.z * share;
+    const unsigned int steps = first >= all_steps ? 0 : min(share, all_steps - first);
+    const unsigned int kbase = first * GF_BK;
+    y += (size_t)blockIdx.z * s.rows * s.ldy;
     encore_grid_wait();
 
-    float acc[4][4][4];
+    float acc[4][8][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
 
-    // Stage `st` holds the A tile at base + 2 st TILE and the B tile after it.
+    // Stage `st` holds the A tile at base + st STAGE and the B tile after it.
 #pragma unroll
     for (unsigned int st = 0; st < GF_STAGES - 1; ++st) {
         if (st < steps) {
-            gf_load(base + 2 * st * GF_TILE_BYTES, a, m0, s.rows, s.k, st * GF_BK);
-            gf_load(base + (2 * st + 1) * GF_TILE_BYTES, b, c0, s.n, s.k, st * GF_BK);
+            gf_load<GF_BM>(base + st * GF_STAGE_BYTES, a, m0, s.rows, s.k, kbase + st * GF_BK);
+            gf_load<GF_BN>(base + st * GF_STAGE_BYTES + GF_A_BYTES, b, c0, s.n, s.k, kbase + st * GF_BK);
         }
         cp_async_commit();
     }
@@ -106,24 +122,24 @@ gemm_f16(const unsigned short* __restrict__ a, const unsigned short* __restrict_
         const unsigned int ahead = step + GF_STAGES - 1;
         if (ahead < steps) {
             const unsigned int st = ahead % GF_STAGES;
-            gf_load(base + 2 * st * GF_TILE_BYTES, a, m0, s.rows, s.k, ahead * GF_BK);
-            gf_load(base + (2 * st + 1) * GF_TILE_BYTES, b, c0, s.n, s.k, ahead * GF_BK);
+            gf_load<GF_BM>(base + st * GF_STAGE_BYTES, a, m0, s.rows, s.k, kbase + ahead * GF_BK);
+            gf_load<GF_BN>(base + st * GF_STAGE_BYTES + GF_A_BYTES, b, c0, s.n, s.k, kbase + ahead * GF_BK);
         }
         cp_async_commit();
 
         const unsigned int st = step % GF_STAGES;
-        const unsigned int ta = base + 2 * st * GF_TILE_BYTES, tb = ta + GF_TILE_BYTES;
+        const unsigned int ta = base + st * GF_STAGE_BYTES, tb = ta + GF_A_BYTES;
 #pragma unroll
         for (unsigned int kk = 0; kk < GF_BK / 8; kk += 2) {
-            unsigned int af[4][4], bf[4][2];
+            unsigned int af[4][4], bf[8][2];
 #pragma unroll
             for (int mt = 0; mt < 4; ++mt) {
                 const unsigned int r = wm * 64 + mt * 16 + (lane % 16);
                 ldmatrix_x4(ta + gf_chunk(r, kk + lane / 16), af[mt]);
             }
 #pragma unroll
-            for (int np = 0; np < 2; ++np) {
-                const unsigned int r = wn * 32 + np * 16 + (lane % 8) + 8 * (lane / 16);
+            for (int np = 0; np < 4; ++np) {
+                const unsigned int r = wn * 64 + np * 16 + (lane % 8) + 8 * (lane / 16);
                 unsigned int q[4];
                 ldmatrix_x4(tb + gf_chunk(r, kk + (lane / 8) % 2), q);
                 bf[2 * np][0] = q[0];
@@ -134,7 +150,7 @@ gemm_f16(const unsigned short* __restrict__ a, const unsigned short* __restrict_
 #pragma unroll
             for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) mma16816<false>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+                for (int nt = 0; nt < 8; ++nt) mma16816<false>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
         }
     }
     cp_async_wait<0>();
@@ -145,8 +161,8 @@ gemm_f16(const unsigned short* __restrict__ a, const unsigned short* __restrict_
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-            const unsigned int col = c0 + wn * 32 + nt * 8 + 2 * (lane % 4);
+        for (int nt = 0; nt < 8; ++nt) {
+            const unsigned int col = c0 + wn * 64 + nt * 8 + 2 * (lane % 4);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const unsigned int row = m0 + wm * 64 + mt * 16 + lane / 4 + 8 * h;

@@ -4,6 +4,7 @@
 //! each is written once, here. Only CUDA launches on a grid: the CPU
 //! computes no geometry.
 
+use crate::kernels::gemm_dense::DENSE_TILE;
 use encore::Launch;
 
 use crate::kernels::attention::AttnShape;
@@ -407,9 +408,10 @@ pub(crate) fn gemm_defines() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Rows of activations and of weights a block of `gemm_f16` takes (`GF_BM`,
-/// `GF_BN`; one loader serves both tiles, so they are equal).
-pub const GEMM_F16_TILE: u32 = 128;
+/// Warps of a `gemm_f16` block along the activation rows and along the
+/// weight rows (`GF_WARPS_M`, `GF_WARPS_N`), each owning 64 x 64 outputs:
+/// tiles of [`DENSE_TILE`] both ways.
+const GEMM_F16_WARPS: [u32; 2] = [DENSE_TILE as u32 / 64, DENSE_TILE as u32 / 64];
 
 /// Positions a step of `gemm_f16` (`GF_BK`): four 16-byte chunks a tile row.
 const GEMM_F16_STEP: u32 = 32;
@@ -417,33 +419,42 @@ const GEMM_F16_STEP: u32 = 32;
 /// Steps of `gemm_f16` in flight (`GF_STAGES`).
 const GEMM_F16_STAGES: u32 = 4;
 
-/// Threads a block of `gemm_f16` (`GF_THREADS`): eight warps of 64 x 32.
-const GEMM_F16_THREADS: u32 = 256;
-
-/// `gemm_f16` of `rows` activation rows by `n` weight rows: a block a
-/// tile, along the rows first (blocks sharing weights run together), the
-/// stages' tiles in dynamic shared memory.
-pub fn gemm_f16_launch(rows: u32, n: u32) -> Launch {
+/// `gemm_f16` of `rows` activation rows by `n` weight rows in `splits`
+/// runs of `k`: a block a tile and run, along the rows first (blocks
+/// sharing weights run together), the stages' tiles in dynamic shared
+/// memory.
+pub fn gemm_f16_launch(rows: u32, n: u32, splits: u32) -> Launch {
+    let [wm, wn] = GEMM_F16_WARPS;
     Launch::grid3(
         [
-            rows.div_ceil(GEMM_F16_TILE).max(1),
-            n.div_ceil(GEMM_F16_TILE).max(1),
-            1,
+            rows.div_ceil(64 * wm).max(1),
+            n.div_ceil(64 * wn).max(1),
+            splits.max(1),
         ],
-        [GEMM_F16_THREADS, 1, 1],
+        [32 * wm * wn, 1, 1],
     )
-    .with_shared(GEMM_F16_STAGES * 2 * GEMM_F16_TILE * GEMM_F16_STEP * 2)
+    .with_shared(GEMM_F16_STAGES * 64 * (wm + wn) * GEMM_F16_STEP * 2)
 }
 
 /// The defines of `gemm_f16`.
 pub(crate) fn gemm_f16_defines() -> Vec<(&'static str, String)> {
     vec![
-        ("GF_BM", GEMM_F16_TILE.to_string()),
-        ("GF_BN", GEMM_F16_TILE.to_string()),
+        ("GF_WARPS_M", GEMM_F16_WARPS[0].to_string()),
+        ("GF_WARPS_N", GEMM_F16_WARPS[1].to_string()),
         ("GF_BK", GEMM_F16_STEP.to_string()),
         ("GF_STAGES", GEMM_F16_STAGES.to_string()),
-        ("GF_THREADS", GEMM_F16_THREADS.to_string()),
     ]
+}
+
+/// Threads a block of `sum_splits`, a thread an output.
+const SUM_SPLITS_BLOCK: u32 = 256;
+
+/// `sum_splits` of `outputs` outputs.
+pub fn sum_splits_launch(outputs: u64) -> Launch {
+    let blocks = outputs
+        .div_ceil(u64::from(SUM_SPLITS_BLOCK))
+        .clamp(1, 65535);
+    Launch::new(blocks as u32, SUM_SPLITS_BLOCK)
 }
 
 /// Threads a block of `to_f16_rows` (a block a row).

@@ -16,6 +16,11 @@ extern "C" __global__ void matmul_wide_rows(const unsigned char* __restrict__ w,
                                             const unsigned int* __restrict__ wide, float* __restrict__ y,
                                             MatmulShape s) {
     encore_grid_wait();
+    // Most products have no marked row: the block looks at every mark at
+    // once and leaves when none is set.
+    bool any = false;
+    for (unsigned int r = threadIdx.x; r < s.rows; r += blockDim.x) any |= wide[r] != 0u;
+    if (!__syncthreads_or(any)) return;
     const unsigned long long row_bytes = ggml_row_bytes(s.dtype, s.k);
     wide_rows_f32(wide, s.rows, WR_COLS, w, x, y, s, row_bytes, 0, blockIdx.x * WR_COLS);
 }

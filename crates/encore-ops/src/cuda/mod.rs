@@ -22,7 +22,7 @@ use crate::kernels::attention_step::{
 use crate::kernels::elementwise::ScaleShape;
 use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
-use crate::kernels::gemm_dense::{DequantShape, GemmF16Shape};
+use crate::kernels::gemm_dense::{DequantShape, GemmF16Shape, SplitsShape};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
 use crate::kernels::paged::{ArgmaxRowsShape, AttnStepPagedShape, PagedKvShape};
@@ -178,8 +178,14 @@ pub(crate) fn gemm_f16() -> CudaKernel {
     CudaKernel::new(
         source_with("gemm_f16.cu", &geometry::gemm_f16_defines()),
         "gemm_f16",
-        |s: &GemmF16Shape| geometry::gemm_f16_launch(s.rows, s.n),
+        |s: &GemmF16Shape| geometry::gemm_f16_launch(s.rows, s.n, s.splits),
     )
+}
+
+pub(crate) fn sum_splits() -> CudaKernel {
+    CudaKernel::new(source("sum_splits.cu"), "sum_splits", |s: &SplitsShape| {
+        geometry::sum_splits_launch(u64::from(s.rows) * u64::from(s.n))
+    })
 }
 
 pub(crate) fn to_f16_rows() -> CudaKernel {
@@ -485,6 +491,7 @@ const FILES: &[(&str, &str)] = &[
     ("gemm.cu", include_str!("gemm.cu")),
     ("gemm_f16.cu", include_str!("gemm_f16.cu")),
     ("to_f16_rows.cu", include_str!("to_f16_rows.cu")),
+    ("sum_splits.cu", include_str!("sum_splits.cu")),
     ("dequant_f16.cu", include_str!("dequant_f16.cu")),
     ("matmul_wide_rows.cu", include_str!("matmul_wide_rows.cu")),
     ("rope.cu", include_str!("rope.cu")),
