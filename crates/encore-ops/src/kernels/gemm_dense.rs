@@ -194,7 +194,7 @@ mod tests {
             let rows = slice_rows(n, k);
             assert_eq!(n.div_ceil(rows), slices, "n={n} k={k}: {rows} rows a slice");
             assert!(rows * k < DENSE_SLICE_WEIGHTS + 128 * k || rows == n);
-            assert!(rows == n || rows % 128 == 0, "n={n} k={k}: {rows}");
+            assert!(rows == n || rows.is_multiple_of(128), "n={n} k={k}: {rows}");
         }
     }
 
