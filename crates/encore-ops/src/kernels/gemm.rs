@@ -1,9 +1,11 @@
 //! Matrix products of many activation rows on tensor cores (CUDA prefill):
 //! `y[r, j] = sum_i w[j, i] * x[r, i]`, the product [`super::matmul`]
 //! computes, tiled for `rows >= `[`GEMM_MIN_ROWS`]. `Ops::matmul` picks this
-//! kernel for such row counts on a device that has it (CUDA); decode and
-//! short batches keep the matrix-vector kernel, which streams weights faster
-//! for a row or a few. The CPU has no tiled version: it is not loaded there.
+//! kernel for such row counts on a device that has it (CUDA), up to the
+//! long prompts that [`super::gemm_dense`] takes, and `Ops::matmul_rows` for
+//! a pass's prompt rows at any count; decode and short batches keep the
+//! matrix-vector kernel, which streams weights faster for a row or a few.
+//! The CPU has no tiled version: it is not loaded there.
 //!
 //! Arguments (as `matmul`): `w: dtype[n, k]` (read, raw GGUF blocks),
 //! `x: f32[rows, k]` (read), `y: f32[rows, n]` (write),
