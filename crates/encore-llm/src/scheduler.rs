@@ -152,6 +152,8 @@ pub enum Event {
         reason: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// The stop string that ended the text, when one did.
+        stop_string: Option<String>,
     },
     /// The generation failed (a device error); nothing follows.
     Error(String),
@@ -596,6 +598,7 @@ impl<'e> Loop<'e> {
 
     fn finish(&mut self, mut s: Seq<'e>, reason: FinishReason) {
         let completion_tokens = s.generated();
+        let stop_string = s.stepper.stop_string().map(str::to_string);
         let rest = s.stepper.finish();
         let cut = matches!(reason, FinishReason::Cancelled | FinishReason::Shutdown);
         if !cut && !rest.is_empty() {
@@ -606,6 +609,7 @@ impl<'e> Loop<'e> {
             reason,
             prompt_tokens: s.prompt_len,
             completion_tokens,
+            stop_string,
         };
         s.req.send(done);
     }

@@ -84,6 +84,8 @@ pub struct Stepper<'t> {
     held: String,
     taken: usize,
     stopped: Option<StopReason>,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 impl<'t> Stepper<'t> {
@@ -101,6 +103,7 @@ impl<'t> Stepper<'t> {
             held: String::new(),
             taken: 0,
             stopped: None,
+            matched: None,
         }
     }
 
@@ -192,6 +195,12 @@ impl<'t> Stepper<'t> {
         self.stopped
     }
 
+    /// The stop string that ended the generation, when one did (the one
+    /// that appeared first in the text).
+    pub fn stop_string(&self) -> Option<&str> {
+        self.matched.as_deref()
+    }
+
     /// The text still held back, for the end of the generation: what might
     /// have begun a stop string, then the bytes of an unfinished character
     /// as U+FFFD. Nothing after a stop string.
@@ -210,12 +219,13 @@ impl<'t> Stepper<'t> {
     fn release(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
         let held = &self.held;
-        if let Some(at) = self
+        if let Some((at, stop)) = self
             .stop_strings
             .iter()
-            .filter_map(|s| held.find(s.as_str()))
-            .min()
+            .filter_map(|s| held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at)
         {
+            self.matched = Some(stop.clone());
             self.held.truncate(at);
             return (std::mem::take(&mut self.held), true);
         }
@@ -296,6 +306,7 @@ mod tests {
         // "D" completes the stop string, which is never given out.
         assert_eq!(texts, ["a", "", "", "EN!", "x", "", "", ""]);
         assert_eq!(stop, Some(StopReason::StopString));
+        assert_eq!(s.stop_string(), Some("END"));
         assert_eq!(s.tokens(), 8);
         assert_eq!(s.finish(), "");
     }
@@ -307,11 +318,16 @@ mod tests {
         let step = s.push(HELLO).unwrap();
         assert_eq!(step.text, " he");
         assert_eq!(step.stop, Some(StopReason::StopString));
+        assert_eq!(s.stop_string(), Some("llo"));
         assert!(step.taken);
         // Nothing is taken after the end.
         let after = s.push(u32::from(b'a')).unwrap();
         assert_eq!((after.taken, after.text.as_str()), (false, ""));
         assert_eq!(after.stop, Some(StopReason::StopString));
+        // Of two stop strings in the text, the first to appear ends it.
+        let mut s = Stepper::new(&t, 100).with_stop_strings(["lo".into(), "ell".into()]);
+        assert_eq!(s.push(HELLO).unwrap().text, " h");
+        assert_eq!(s.stop_string(), Some("ell"));
     }
 
     #[test]
