@@ -1,7 +1,9 @@
 //! Errors in OpenAI's JSON shape: `{"error": {"message", "type", "param",
 //! "code"}}` with the matching HTTP status. Every answer the server gives
 //! that is not a success has this shape, whatever refused it: a handler,
-//! the router (404, 405), a limit (401, 408, 413, 431, 503) or the engine.
+//! the router (404, 405), a limit (401, 408, 413, 431, 503) or the engine;
+//! under `/v1/messages` it has Anthropic's instead
+//! ([`ApiError::anthropic_body`]).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -219,6 +221,26 @@ impl ApiError {
         }
     }
 
+    /// The JSON body in Anthropic's shape: `{"type": "error", "error":
+    /// {"type", "message"}}`, the type named by the status as Anthropic
+    /// names it (a 503 is `overloaded_error`, Anthropic's 529).
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        };
+        serde_json::json!({
+            "type": "error",
+            "error": {"type": kind, "message": self.message},
+        })
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({
@@ -259,6 +281,8 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response.extensions_mut().insert(outcome);
+        // Kept for a layer that answers in another API's shape.
+        response.extensions_mut().insert(self);
         response
     }
 }

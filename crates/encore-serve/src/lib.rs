@@ -36,10 +36,12 @@
 //! # }
 //! ```
 
+pub mod anthropic;
 pub mod api;
 mod conn;
 pub mod error;
 mod logprobs;
+mod messages;
 mod metrics;
 mod routes;
 

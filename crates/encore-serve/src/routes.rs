@@ -38,16 +38,17 @@ use encore_llm::{Engine, Event, FinishReason, GenRequest, TokenLogprob};
 
 use crate::api::{self, Kind, Settings};
 use crate::error::{ApiError, Outcome};
-use crate::logprobs;
+use crate::{logprobs, messages};
 use crate::{now, Ready, State};
 
-type Shared = Extract<Arc<State>>;
+pub(crate) type Shared = Extract<Arc<State>>;
 
 pub fn router(state: Arc<State>) -> Router {
     Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(messages::create))
         .route("/health", get(health))
         .route("/metrics", get(crate::metrics::render))
         .fallback(fallback)
@@ -55,6 +56,7 @@ pub fn router(state: Arc<State>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), check_head))
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(messages::error_shape))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
 }
@@ -124,7 +126,8 @@ async fn check_head(Extract(state): Shared, request: Request, next: Next) -> Res
 }
 
 /// Requires the API key, when the server has one, on every route but
-/// `/health`; compares it in constant time.
+/// `/health`: as `Authorization: Bearer KEY` (OpenAI's clients) or
+/// `x-api-key: KEY` (Anthropic's); compares it in constant time.
 async fn authorize(Extract(state): Shared, request: Request, next: Next) -> Response {
     let Some(key) = &state.limits.api_key else {
         return next.run(request).await;
@@ -132,17 +135,23 @@ async fn authorize(Extract(state): Shared, request: Request, next: Next) -> Resp
     if request.uri().path() == "/health" {
         return next.run(request).await;
     }
-    let given = request
-        .headers()
+    let headers = request.headers();
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             let (scheme, token) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
         });
+    let given = bearer.or_else(|| {
+        headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    });
     match given {
         None => ApiError::unauthorized(
-            "this server requires an API key: send `Authorization: Bearer KEY`",
+            "this server requires an API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
         )
         .into_response(),
         Some(token) if keys_match(token, key) => next.run(request).await,
@@ -167,7 +176,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::method_not_allowed(method.as_str(), uri.path())
 }
 
-fn ready(state: &State) -> Result<&Ready, ApiError> {
+pub(crate) fn ready(state: &State) -> Result<&Ready, ApiError> {
     if state.faulted() {
         return Err(ApiError::unavailable(
             "a device error made the server unhealthy; it stops after the running requests",
@@ -213,7 +222,7 @@ async fn models(Extract(state): Shared) -> Json<Value> {
     }))
 }
 
-fn check_model(state: &State, model: &str) -> Result<(), ApiError> {
+pub(crate) fn check_model(state: &State, model: &str) -> Result<(), ApiError> {
     if model == state.model_id {
         Ok(())
     } else {
@@ -225,7 +234,7 @@ fn check_model(state: &State, model: &str) -> Result<(), ApiError> {
 /// the body timeout (a 408 past it). Past the limit the rest is read and
 /// dropped, up to [`DRAIN`] bytes, so the client gets to read the 413
 /// rather than a reset connection.
-async fn read_body(state: &State, request: Request) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(state: &State, request: Request) -> Result<Bytes, ApiError> {
     let limit = state.limits.max_body_bytes;
     let announced = request
         .headers()
@@ -277,7 +286,10 @@ const DRAIN: usize = 16 << 20;
 
 /// When the request must end: the server's request timeout, or less when
 /// the request asks for less with `X-Request-Timeout` (seconds).
-fn deadline(state: &State, headers: &HeaderMap) -> Result<Option<(Instant, f64)>, ApiError> {
+pub(crate) fn deadline(
+    state: &State,
+    headers: &HeaderMap,
+) -> Result<Option<(Instant, f64)>, ApiError> {
     let asked = match headers.get("x-request-timeout") {
         None => None,
         Some(v) => {
@@ -338,7 +350,7 @@ impl Drop for Admitted {
 
 /// Refuses a prompt whose bytes alone cannot fit the context: no token
 /// stands for more than [`Ready::longest_token`] bytes.
-fn check_prompt_bytes(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
+pub(crate) fn check_prompt_bytes(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
     let ctx = ready.scheduler.ctx_size();
     if bytes > ctx.saturating_mul(ready.longest_token) {
         return Err(ApiError::context_length(format!(
@@ -420,7 +432,7 @@ impl Drop for CancelOnDrop {
 /// What a generation gives its handler, for one of its choices: text, a
 /// token's log-probability, or its end (only the two endings that complete
 /// an answer; every other ending is an error).
-enum Piece {
+pub(crate) enum Piece {
     Text(usize, String),
     Logprob(usize, TokenLogprob),
     Done {
@@ -428,33 +440,37 @@ enum Piece {
         finish: &'static str,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// The stop string that ended the text, when one did.
+        stop_string: Option<String>,
     },
 }
 
 /// A generation on its way: the events of its choices, and the guards
 /// that cancel it and hold its place.
-struct Running {
+pub(crate) struct Running {
     events: mpsc::UnboundedReceiver<(usize, Event)>,
     guard: CancelOnDrop,
     _admitted: Admitted,
-    state: Arc<State>,
+    pub(crate) state: Arc<State>,
     engine: Arc<Engine>,
     deadline: Option<(Instant, f64)>,
     /// Whether text has been given out.
     started: bool,
     /// Choices generated.
     n: usize,
+    /// The prompt's length in tokens.
+    pub(crate) prompt_tokens: usize,
     /// How tool calls are written, when the answer is read for them.
-    tools: Option<(ToolSyntax, Arc<Tools>)>,
+    pub(crate) tools: Option<(ToolSyntax, Arc<Tools>)>,
     id: String,
     created: u64,
-    model: String,
+    pub(crate) model: String,
     kind: Kind,
 }
 
 impl Running {
     /// The next piece, or the error that ends the request.
-    async fn next(&mut self) -> Result<Piece, ApiError> {
+    pub(crate) async fn next(&mut self) -> Result<Piece, ApiError> {
         let event = match self.deadline {
             None => self.events.recv().await,
             Some((at, seconds)) => match tokio::time::timeout_at(at, self.events.recv()).await {
@@ -477,6 +493,7 @@ impl Running {
                     reason,
                     prompt_tokens,
                     completion_tokens,
+                    stop_string,
                 },
             )) => {
                 let finish = match reason {
@@ -494,6 +511,7 @@ impl Running {
                     finish,
                     prompt_tokens,
                     completion_tokens,
+                    stop_string,
                 })
             }
             Some((_, Event::Error(message))) => {
@@ -565,6 +583,7 @@ fn submit(
         deadline,
         started: false,
         n,
+        prompt_tokens: prompt.len(),
         tools: settings.tools.clone(),
         id: format!("{prefix}-{:016x}", request_id()),
         created: now(),
@@ -574,7 +593,7 @@ fn submit(
 }
 
 /// A request id: the time and a counter, unique within the process.
-fn request_id() -> u64 {
+pub(crate) fn request_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     (now() << 20) ^ n
@@ -595,8 +614,26 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
     let request: api::ChatRequest = api::parse(&body)?;
     let mut settings = request.sampling.settings(true)?;
     check_model(&state, &request.model)?;
-    let mut messages = request.messages()?;
+    let messages = request.messages()?;
     let tools = request.tools()?;
+    let (running, first) =
+        converse(&state, ready, &mut settings, messages, tools, deadline).await?;
+    respond(running, first, &settings).await
+}
+
+/// Starts a conversation's answer: refuses markup that spells control
+/// tokens and prompts too long for the context, offers `tools` (which sets
+/// how `settings` reads and holds the answer), renders the conversation
+/// through the chat template and submits it. Returns the generation and
+/// its first piece.
+pub(crate) async fn converse(
+    state: &Arc<State>,
+    ready: &Ready,
+    settings: &mut Settings,
+    mut messages: Vec<Message>,
+    tools: Option<(Tools, ToolChoice)>,
+    deadline: Option<(Instant, f64)>,
+) -> Result<(Running, Piece), ApiError> {
     if let Some((t, _)) = &tools {
         // Refused whether the template renders them or a system message holds them.
         tools::refuse_control_markup(ready.engine.tokenizer(), &[], &t.specs)?;
@@ -608,18 +645,12 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
     )?;
     let rendered = match tools {
         None => None,
-        Some((tools, choice)) => Some(offer_tools(
-            ready,
-            &mut settings,
-            &mut messages,
-            tools,
-            choice,
-        )?),
+        Some((tools, choice)) => Some(offer_tools(ready, settings, &mut messages, tools, choice)?),
     };
-    answer(
-        &state,
+    start(
+        state,
         ready,
-        &settings,
+        settings,
         Kind::Chat,
         deadline,
         move |e| match rendered {
@@ -687,7 +718,7 @@ async fn completions(Extract(state): Shared, request: Request) -> Result<Respons
     check_model(&state, &request.model)?;
     let prompt = request.prompt()?.to_string();
     check_prompt_bytes(ready, prompt.len())?;
-    answer(
+    let (running, first) = start(
         &state,
         ready,
         &settings,
@@ -695,20 +726,21 @@ async fn completions(Extract(state): Shared, request: Request) -> Result<Respons
         deadline,
         move |e| e.prompt_tokens(&prompt, true),
     )
-    .await
+    .await?;
+    respond(running, first, &settings).await
 }
 
-/// Answers a request whose prompt `tokenize` makes: takes its place,
-/// prepares the prompt and constraints, submits its choices and answers
-/// as a stream or a whole.
-async fn answer<F>(
+/// Starts a request whose prompt `tokenize` makes: takes its place,
+/// prepares the prompt and constraints and submits its choices. Returns
+/// the generation and its first piece, which decides the answer's status.
+async fn start<F>(
     state: &Arc<State>,
     ready: &Ready,
     settings: &Settings,
     kind: Kind,
     deadline: Option<(Instant, f64)>,
     tokenize: F,
-) -> Result<Response, ApiError>
+) -> Result<(Running, Piece), ApiError>
 where
     F: FnOnce(&Engine) -> encore_llm::Result<Vec<u32>> + Send + 'static,
 {
@@ -725,8 +757,16 @@ where
         kind,
         deadline,
     )?;
-    // The first piece decides the status.
     let first = running.next().await?;
+    Ok((running, first))
+}
+
+/// Answers in OpenAI's shape, as a stream or a whole.
+async fn respond(
+    running: Running,
+    first: Piece,
+    settings: &Settings,
+) -> Result<Response, ApiError> {
     if settings.stream {
         Ok(stream(running, first, settings).into_response())
     } else {
@@ -798,6 +838,7 @@ async fn collect(
                 finish,
                 prompt_tokens,
                 completion_tokens,
+                ..
             } => {
                 choices[choice].finish = Some(finish);
                 completion += completion_tokens;
@@ -941,6 +982,7 @@ fn stream(mut r: Running, first: Piece, settings: &Settings) -> impl IntoRespons
                     finish,
                     prompt_tokens,
                     completion_tokens,
+                    ..
                 }) => {
                     let mut finish = Some(finish);
                     if r.tools.is_some() {
