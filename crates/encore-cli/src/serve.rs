@@ -70,7 +70,7 @@ pub struct ServeArgs {
     /// they are cut.
     #[arg(long, default_value_t = 10.0, value_parser = seconds, allow_negative_numbers = true)]
     shutdown_grace: f64,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but /health.
     #[arg(long, conflicts_with = "api_key_file")]
     api_key: Option<String>,
     /// Read the key --api-key would give from a file (its first line).

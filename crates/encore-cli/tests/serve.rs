@@ -1,7 +1,8 @@
 //! `encore serve` as a user runs it: on an ephemeral loopback port, driven
-//! by the official `openai` Python client (installed into a virtual
-//! environment by `scripts/openai-client.sh`), then stopped with SIGTERM,
-//! on which it exits 0. Also `encore chat` fed from a pipe.
+//! by the official `openai` and `anthropic` Python clients (each installed
+//! into a virtual environment by `scripts/openai-client.sh` and
+//! `scripts/anthropic-client.sh`), then stopped with SIGTERM, on which it
+//! exits 0. Also `encore chat` fed from a pipe.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -23,7 +24,7 @@ fn root() -> &'static Path {
 }
 
 #[test]
-fn the_openai_client_drives_the_server_and_sigterm_stops_it_cleanly() {
+fn the_openai_and_anthropic_clients_drive_the_server_and_sigterm_stops_it_cleanly() {
     let mut server = encore()
         .args([
             "serve",
@@ -62,13 +63,22 @@ fn the_openai_client_drives_the_server_and_sigterm_stops_it_cleanly() {
         }
         rest
     });
-    let client = Command::new(root().join("scripts/openai-client.sh"))
-        .arg(&url)
-        .current_dir(root())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&client.stdout);
-    let stderr = String::from_utf8_lossy(&client.stderr);
+    let run = |script: &str| {
+        let out = Command::new(root().join("scripts").join(script))
+            .arg(&url)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.success() && stdout.trim_end().ends_with("ok"),
+            stdout,
+            stderr,
+        )
+    };
+    let openai = run("openai-client.sh");
+    let anthropic = run("anthropic-client.sh");
     let term = Command::new("kill")
         .args(["-TERM", &server.id().to_string()])
         .status()
@@ -76,10 +86,12 @@ fn the_openai_client_drives_the_server_and_sigterm_stops_it_cleanly() {
     assert!(term.success());
     let status = server.wait().unwrap();
     let log = log.join().unwrap();
-    assert!(
-        client.status.success() && stdout.trim_end().ends_with("ok"),
-        "openai client failed:\n{stdout}\n{stderr}\nserver log:\n{log}"
-    );
+    for (name, (ok, stdout, stderr)) in [("openai", openai), ("anthropic", anthropic)] {
+        assert!(
+            ok,
+            "{name} client failed:\n{stdout}\n{stderr}\nserver log:\n{log}"
+        );
+    }
     assert!(
         status.success(),
         "exit status {status} after SIGTERM:\n{log}"

@@ -4,7 +4,8 @@
 //! Routes: `GET /v1/models`, `POST /v1/chat/completions`, `POST
 //! /v1/completions` (both streaming as server-sent events when asked; with
 //! `n` choices, log-probabilities, tool calls, and output held to a JSON
-//! schema, a Lark grammar or a regex),
+//! schema, a Lark grammar or a regex), `POST /v1/messages` (Anthropic's
+//! Messages API, with tool use, streaming as Anthropic streams),
 //! `GET /health` (200 once the model is loaded and warmed, 503 before,
 //! while stopping and after a device error) and `GET /metrics`
 //! (Prometheus text).
@@ -21,7 +22,7 @@
 //! tokenization, and (when asked) a request's time to answer. Every
 //! answer is honest: a cut answer ends with an error, never with a
 //! `finish_reason`, and every error is in OpenAI's JSON shape
-//! ([`ApiError`]).
+//! ([`ApiError`]), or Anthropic's under `/v1/messages`.
 //!
 //! ```no_run
 //! # async fn run(engine: std::sync::Arc<encore_llm::Engine>) -> std::io::Result<()> {
@@ -87,7 +88,7 @@ pub struct Limits {
     /// Prompts tokenized at once (on blocking threads).
     pub tokenizer_threads: usize,
     /// The key every route but `/health` requires, as `Authorization:
-    /// Bearer KEY`.
+    /// Bearer KEY` or `x-api-key: KEY`.
     pub api_key: Option<String>,
     /// How long running requests may go on after a shutdown signal before
     /// they are cut.
