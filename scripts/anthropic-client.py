@@ -2,10 +2,10 @@
 
 Usage: python anthropic-client.py BASE_URL   (e.g. http://127.0.0.1:8080)
 
-Sends a message with a system prompt, the same streamed (checking the
-events' order), stop sequences, a required tool call and its result
-(whole and streamed), and invalid requests; exits non-zero on the first
-failure. Loopback only; every call has a timeout.
+Sends a message with a system prompt, counts its tokens, sends it
+streamed (checking the events' order), stop sequences, a required tool
+call and its result (whole and streamed), and invalid requests; exits
+non-zero on the first failure. Loopback only; every call has a timeout.
 """
 
 import json
@@ -45,6 +45,8 @@ assert message.stop_reason in ("end_turn", "max_tokens"), message
 assert message.usage.input_tokens > 10 and message.usage.output_tokens > 0, message.usage
 text = message.content[0].text
 print("message:", repr(text), message.stop_reason)
+counted = client.messages.count_tokens(model=model, system=system, messages=messages)
+assert counted.input_tokens == message.usage.input_tokens, (counted, message.usage)
 
 with client.messages.stream(model=model, system=system, messages=messages, max_tokens=24, extra_body=GREEDY) as stream:
     streamed = "".join(stream.text_stream)

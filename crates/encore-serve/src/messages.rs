@@ -1,6 +1,7 @@
 //! `POST /v1/messages`: Anthropic's Messages API over the same generation
 //! as the chat route (the chat template, tools read out of the answer,
-//! stop strings, cancellation, limits), answered in Anthropic's shapes.
+//! stop strings, cancellation, limits), answered in Anthropic's shapes;
+//! and `POST /v1/messages/count_tokens`, its prompt's length.
 //!
 //! A whole answer is a `message` whose content holds a text block and the
 //! `tool_use` blocks of the calls the model wrote, with a `stop_reason` of
@@ -11,9 +12,10 @@
 //! and `content_block_stop`, then `message_delta` with the stop reason and
 //! usage, and `message_stop`; a `ping` follows the first block's start. An
 //! answer that offers tools is read for calls at its end, so its blocks
-//! come whole then (and the `ping` follows the message's start). A stream cut after its start ends with an `error`
-//! event instead of `message_stop`. Every error under `/v1/messages` has
-//! Anthropic's shape ([`error_shape`]).
+//! come whole then (and the `ping` follows the message's start). A stream
+//! cut after its start ends with an `error` event instead of
+//! `message_stop`. Every error under `/v1/messages` has Anthropic's shape
+//! ([`error_shape`]).
 
 use std::convert::Infallible;
 
@@ -58,6 +60,24 @@ pub(crate) async fn create(
     } else {
         whole(running, first, id, single).await
     }
+}
+
+/// Counts a Messages API request's prompt tokens, as Anthropic's
+/// `/v1/messages/count_tokens` does: `{"input_tokens": N}`.
+pub(crate) async fn count_tokens(
+    axum::extract::State(state): Shared,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let ready = routes::ready(&state)?;
+    let body = routes::read_body(&state, request).await?;
+    let request: MessagesRequest = api::parse(&body)?;
+    routes::check_model(&state, request.model()?)?;
+    let messages = request.messages()?;
+    let tools = request.tools()?.map(|o| (o.tools, o.choice));
+    let mut settings = api::Sampling::default().settings(true)?;
+    let tokenize = routes::conversation_prompt(ready, &mut settings, messages, tools)?;
+    let (tokens, _) = routes::prepare(&state, ready, None, 1, tokenize).await?;
+    Ok(Json(json!({"input_tokens": tokens.len()})).into_response())
 }
 
 /// Gives every error answer under `/v1/messages` Anthropic's shape, with

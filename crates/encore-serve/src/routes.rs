@@ -49,6 +49,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/health", get(health))
         .route("/metrics", get(crate::metrics::render))
         .fallback(fallback)
@@ -364,7 +365,7 @@ pub(crate) fn check_prompt_bytes(ready: &Ready, bytes: usize) -> Result<(), ApiE
 /// Runs `tokenize` on a blocking thread, at most the configured number at
 /// once (a permit is held until the work ends, even when the client has
 /// gone), and compiles `grammar` there for each of `n` choices.
-async fn prepare<F>(
+pub(crate) async fn prepare<F>(
     state: &Arc<State>,
     ready: &Ready,
     grammar: Option<Grammar>,
@@ -621,19 +622,30 @@ async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiE
     respond(running, first, &settings).await
 }
 
-/// Starts a conversation's answer: refuses markup that spells control
-/// tokens and prompts too long for the context, offers `tools` (which sets
-/// how `settings` reads and holds the answer), renders the conversation
-/// through the chat template and submits it. Returns the generation and
-/// its first piece.
+/// Starts a conversation's answer ([`conversation_prompt`]), submitted.
+/// Returns the generation and its first piece.
 pub(crate) async fn converse(
     state: &Arc<State>,
     ready: &Ready,
     settings: &mut Settings,
-    mut messages: Vec<Message>,
+    messages: Vec<Message>,
     tools: Option<(Tools, ToolChoice)>,
     deadline: Option<(Instant, f64)>,
 ) -> Result<(Running, Piece), ApiError> {
+    let tokenize = conversation_prompt(ready, settings, messages, tools)?;
+    start(state, ready, settings, Kind::Chat, deadline, tokenize).await
+}
+
+/// What tokenizes a conversation's prompt: refuses markup that spells
+/// control tokens and prompts too long for the context, offers `tools`
+/// (which sets how `settings` reads and holds the answer), and renders the
+/// conversation through the chat template.
+pub(crate) fn conversation_prompt(
+    ready: &Ready,
+    settings: &mut Settings,
+    mut messages: Vec<Message>,
+    tools: Option<(Tools, ToolChoice)>,
+) -> Result<impl FnOnce(&Engine) -> encore_llm::Result<Vec<u32>> + Send + 'static, ApiError> {
     if let Some((t, _)) = &tools {
         // Refused whether the template renders them or a system message holds them.
         tools::refuse_control_markup(ready.engine.tokenizer(), &[], &t.specs)?;
@@ -647,23 +659,13 @@ pub(crate) async fn converse(
         None => None,
         Some((tools, choice)) => Some(offer_tools(ready, settings, &mut messages, tools, choice)?),
     };
-    start(
-        state,
-        ready,
-        settings,
-        Kind::Chat,
-        deadline,
-        move |e| match rendered {
-            None => {
-                tools::refuse_control_markup(e.tokenizer(), &messages, &[])?;
-                e.chat_tokens(&messages, true)
-            }
-            Some((template, specs)) => {
-                tools::chat_tokens(&template, e.tokenizer(), &messages, &specs)
-            }
-        },
-    )
-    .await
+    Ok(move |e: &Engine| match rendered {
+        None => {
+            tools::refuse_control_markup(e.tokenizer(), &messages, &[])?;
+            e.chat_tokens(&messages, true)
+        }
+        Some((template, specs)) => tools::chat_tokens(&template, e.tokenizer(), &messages, &specs),
+    })
 }
 
 /// Offers `tools` to the model: through the template where it renders

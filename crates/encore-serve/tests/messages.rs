@@ -146,6 +146,12 @@ async fn a_message_answers_whole_and_streamed_in_anthropic_shapes() {
     let usage = &answer["usage"];
     assert!(usage["input_tokens"].as_u64().unwrap() > 5, "{answer}");
     assert!(usage["output_tokens"].as_u64().unwrap() > 0, "{answer}");
+    // count_tokens counts the same prompt, no max_tokens needed.
+    let mut count = question.clone();
+    count.as_object_mut().unwrap().remove("max_tokens");
+    let (status, counted) = post(&format!("{url}/count_tokens"), &count).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(counted, json!({"input_tokens": usage["input_tokens"]}));
 
     // Streamed: Anthropic's events in Anthropic's order, the same text.
     let events = stream(&url, &question).await;
@@ -273,6 +279,9 @@ async fn a_tool_use_round_trip() {
     assert!(call["id"].as_str().unwrap().starts_with("toolu_"), "{call}");
     assert_eq!(call["name"], "get_weather");
     assert!(call["input"]["city"].is_string(), "{call}");
+    let (status, counted) = post(&format!("{url}/count_tokens"), &ask).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(counted["input_tokens"], answer["usage"]["input_tokens"]);
 
     // Streamed: a tool_use block whose input arrives as JSON deltas.
     let events = stream(&url, &ask).await;
