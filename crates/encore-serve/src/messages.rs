@@ -83,7 +83,8 @@ pub(crate) async fn count_tokens(
 /// Gives every error answer under `/v1/messages` Anthropic's shape, with
 /// its status and headers kept.
 pub(crate) async fn error_shape(request: Request, next: Next) -> Response {
-    let ours = request.uri().path().starts_with("/v1/messages");
+    let path = request.uri().path();
+    let ours = path == "/v1/messages" || path.starts_with("/v1/messages/");
     let response = next.run(request).await;
     if !ours {
         return response;
