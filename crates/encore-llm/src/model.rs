@@ -21,7 +21,7 @@
 use encore::{Buffer, Device, Encoder};
 use encore_ops::kernels::attention::AttnShape;
 use encore_ops::kernels::paged::PagedAttnShape;
-use encore_ops::{Ops, Weight};
+use encore_ops::{AttnRows, Ops, Positions, Weight};
 
 use crate::config::{Activation, ModelConfig, RopeLayout};
 use crate::error::{LlmError, Result};
@@ -323,41 +323,17 @@ impl Model {
                 ops.rms_norm(enc, k_out, kn, &a.k, m * c.n_head_kv, hd, c.norm_eps)?;
             }
             let factors = self.rope_factors.as_ref().filter(|_| la.scaled);
-            let rope = |enc: &mut Encoder, x: &Buffer, pos: &Buffer, rows, heads, label| match place
-            {
-                Placement::Contiguous { .. } => ops.rope(
-                    enc,
-                    x,
-                    pos,
-                    rows,
-                    heads,
-                    c.head_dim,
-                    c.rope_dim,
-                    la.rope_base,
-                    neox,
-                    factors,
-                    label,
-                ),
-                Placement::Paged(_) => ops.rope_rows(
-                    enc,
-                    x,
-                    pos,
-                    rows,
-                    heads,
-                    c.head_dim,
-                    c.rope_dim,
-                    la.rope_base,
-                    neox,
-                    factors,
-                    label,
-                ),
+            let rope = |enc: &mut Encoder, x: &Buffer, at: Positions<'_>, rows, heads, label| {
+                let (hd, rd, base) = (c.head_dim, c.rope_dim, la.rope_base);
+                ops.rope(enc, x, at, rows, heads, hd, rd, base, neox, factors, label)
             };
             match place {
                 Placement::Contiguous { pos, max_seq, .. } => {
-                    rope(enc, &a.q, pos, m, c.n_head, "rope_q")?;
-                    rope(enc, &a.k, pos, m, c.n_head_kv, "rope_k")?;
-                    ops.kv_store(enc, &a.k, &lc.k, pos, m, kv, max_seq, "k_store")?;
-                    ops.kv_store(enc, &a.v, &lc.v, pos, m, kv, max_seq, "v_store")?;
+                    let at = Positions::Contiguous(pos);
+                    rope(enc, &a.q, at, m, c.n_head, "rope_q")?;
+                    rope(enc, &a.k, at, m, c.n_head_kv, "rope_k")?;
+                    ops.kv_store(enc, &a.k, &lc.k, at, m, kv, "k_store")?;
+                    ops.kv_store(enc, &a.v, &lc.v, at, m, kv, "v_store")?;
                     let shape = AttnShape {
                         rows: m as u32,
                         heads: c.n_head as u32,
@@ -367,7 +343,8 @@ impl Model {
                         scale: c.attn_scale,
                         window: la.window as u32,
                     };
-                    ops.attention(enc, &a.q, &lc.k, &lc.v, pos, &a.attn, shape)?;
+                    let rows = AttnRows::Contiguous { pos, shape };
+                    ops.attention(enc, &a.q, &lc.k, &lc.v, rows, &a.attn)?;
                 }
                 Placement::Paged(p) => {
                     let n = m / p.groups;
@@ -383,10 +360,11 @@ impl Model {
                         );
                         let positions = part(p.positions, 1, g)?;
                         let slots = part(p.slots, 1, g)?;
-                        rope(enc, &q, &positions, n, c.n_head, "rope_q")?;
-                        rope(enc, &k, &positions, n, c.n_head_kv, "rope_k")?;
-                        ops.kv_store_paged(enc, &k, &lc.k, &slots, n, kv, "k_store")?;
-                        ops.kv_store_paged(enc, &v, &lc.v, &slots, n, kv, "v_store")?;
+                        let at = Positions::Rows(&positions);
+                        rope(enc, &q, at, n, c.n_head, "rope_q")?;
+                        rope(enc, &k, at, n, c.n_head_kv, "rope_k")?;
+                        ops.kv_store(enc, &k, &lc.k, Positions::Rows(&slots), n, kv, "k_store")?;
+                        ops.kv_store(enc, &v, &lc.v, Positions::Rows(&slots), n, kv, "v_store")?;
                         let shape = PagedAttnShape {
                             rows: n as u32,
                             heads: c.n_head as u32,
@@ -400,16 +378,13 @@ impl Model {
                             // Decode passes hold one row a sequence a group.
                             decode: u32::from(!p.prompt),
                         };
-                        ops.attention_paged(
-                            enc,
-                            &q,
-                            &lc.k,
-                            &lc.v,
-                            &positions,
-                            &part(p.tables, p.max_blocks, g)?,
-                            &part(&a.attn, q_dim, g)?,
+                        let tables = part(p.tables, p.max_blocks, g)?;
+                        let rows = AttnRows::Paged {
+                            positions: &positions,
+                            tables: &tables,
                             shape,
-                        )?;
+                        };
+                        ops.attention(enc, &q, &lc.k, &lc.v, rows, &part(&a.attn, q_dim, g)?)?;
                     }
                 }
             }

@@ -18,7 +18,7 @@
 
 use encore::{Buffer, Config, Device, Encoder};
 use encore_ops::kernels::attention::AttnShape;
-use encore_ops::{DType, Ops, Weight};
+use encore_ops::{AttnRows, DType, Ops, Positions, Weight};
 
 const CHAIN: usize = 200;
 const REPLAYS: usize = 20;
@@ -200,7 +200,15 @@ fn main() {
             "attention prefill rows=512",
             0,
             time_chain(&ops, &[&out], &|e| {
-                ops.attention(e, &q, &kc, &vc, &p, &out, shape).unwrap()
+                ops.attention(
+                    e,
+                    &q,
+                    &kc,
+                    &vc,
+                    AttnRows::Contiguous { pos: &p, shape },
+                    &out,
+                )
+                .unwrap()
             }),
         );
     }
@@ -288,7 +296,15 @@ fn main() {
             &format!("attention pos={pos}"),
             0,
             time_chain(&ops, &[&attn], &|e| {
-                ops.attention(e, &q, &kc, &vc, &p, &attn, shape).unwrap()
+                ops.attention(
+                    e,
+                    &q,
+                    &kc,
+                    &vc,
+                    AttnRows::Contiguous { pos: &p, shape },
+                    &attn,
+                )
+                .unwrap()
             }),
         );
         // Each link rotates its own q and K rows (as each layer's products
@@ -302,30 +318,74 @@ fn main() {
             time_chain(&ops, &[&attn, &kc, &vc], &|e| {
                 let i = link.replace(link.get() + 1) % CHAIN;
                 let (q, k) = (&qs[i], &ks[i]);
-                ops.rope(e, q, &p, 1, heads, hd, hd, 1e5, false, None, "rope_q")
+                ops.rope(
+                    e,
+                    q,
+                    Positions::Contiguous(&p),
+                    1,
+                    heads,
+                    hd,
+                    hd,
+                    1e5,
+                    false,
+                    None,
+                    "rope_q",
+                )
+                .unwrap();
+                ops.rope(
+                    e,
+                    k,
+                    Positions::Contiguous(&p),
+                    1,
+                    kv_heads,
+                    hd,
+                    hd,
+                    1e5,
+                    false,
+                    None,
+                    "rope_k",
+                )
+                .unwrap();
+                ops.kv_store(e, k, &kc, Positions::Contiguous(&p), 1, kv, "k_store")
                     .unwrap();
-                ops.rope(e, k, &p, 1, kv_heads, hd, hd, 1e5, false, None, "rope_k")
+                ops.kv_store(e, &v, &vc, Positions::Contiguous(&p), 1, kv, "v_store")
                     .unwrap();
-                ops.kv_store(e, k, &kc, &p, 1, kv, max_seq, "k_store")
-                    .unwrap();
-                ops.kv_store(e, &v, &vc, &p, 1, kv, max_seq, "v_store")
-                    .unwrap();
-                ops.attention(e, q, &kc, &vc, &p, &attn, shape).unwrap()
+                ops.attention(
+                    e,
+                    q,
+                    &kc,
+                    &vc,
+                    AttnRows::Contiguous { pos: &p, shape },
+                    &attn,
+                )
+                .unwrap()
             }),
         );
         report(
             &format!("rope q pos={pos}"),
             0,
             time_chain(&ops, &[&q], &|e| {
-                ops.rope(e, &q, &p, 1, heads, hd, hd, 1e5, false, None, "rope_q")
-                    .unwrap()
+                ops.rope(
+                    e,
+                    &q,
+                    Positions::Contiguous(&p),
+                    1,
+                    heads,
+                    hd,
+                    hd,
+                    1e5,
+                    false,
+                    None,
+                    "rope_q",
+                )
+                .unwrap()
             }),
         );
         report(
             &format!("kv_store v pos={pos}"),
             0,
             time_chain(&ops, &[&vc], &|e| {
-                ops.kv_store(e, &v, &vc, &p, 1, kv, max_seq, "v_store")
+                ops.kv_store(e, &v, &vc, Positions::Contiguous(&p), 1, kv, "v_store")
                     .unwrap()
             }),
         );

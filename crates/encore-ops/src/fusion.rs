@@ -38,9 +38,7 @@ use crate::kernels::elementwise::{AddArgs, AddRowsArgs, SiluMulArgs};
 use crate::kernels::fused::{self, FusedArgs, FusedShape};
 use crate::kernels::matmul::MatmulArgs;
 use crate::kernels::norm::NormArgs;
-use crate::kernels::paged::{
-    AttnStepPagedArgs, AttnStepPagedShape, PagedAttnArgs, PagedKvArgs, RopeRowsArgs,
-};
+use crate::kernels::paged::{AttnStepPagedArgs, AttnStepPagedShape, PagedAttnArgs};
 use crate::kernels::rope::{RopeArgs, RopeShape, RopeStoreArgs, RopeStoreShape};
 use crate::DType;
 
@@ -615,15 +613,15 @@ impl PagedAttend {
 /// attention reads, at the slots of any store folded in before.
 fn paged_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [store, attn] = nodes else { return None };
-    let st = PagedKvArgs::from_node(store)?;
+    let st = KvArgs::from_node(store)?;
     let mut a = PagedAttend::parse(attn)?;
     let s = a.args.shape.attn;
     if s.decode == 0
         || st.shape.rows != s.rows
         || st.shape.kv_dim != s.kv_heads * s.head_dim
-        || st.shape.slots as u64 != s.blocks as u64 * s.block_size as u64
+        || st.shape.max_seq as u64 != s.blocks as u64 * s.block_size as u64
         || !s.head_dim.is_multiple_of(2)
-        || (a.has_slots() && !same(&st.slots, &a.args.slots))
+        || (a.has_slots() && !same(&st.pos, &a.args.slots))
     {
         return None;
     }
@@ -637,7 +635,7 @@ fn paged_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> 
     } else {
         return None;
     }
-    a.args.slots = st.slots;
+    a.args.slots = st.pos;
     a.label = format!("{}+{}", store.label, a.label);
     Some(a.node(kernel))
 }
@@ -646,11 +644,11 @@ fn paged_store_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> 
 /// folded in already, at the attention's positions.
 fn paged_rope_into_attention(nodes: &[&Node], kernel: &Kernel) -> Option<Node> {
     let [rope, attn] = nodes else { return None };
-    let r = RopeRowsArgs::from_node(rope)?;
+    let r = RopeArgs::from_node(rope)?;
     let mut a = PagedAttend::parse(attn)?;
     let (s, flags) = (a.args.shape.attn, a.args.shape.flags);
     if r.shape.rows != s.rows
-        || !same(&r.positions, &a.args.positions)
+        || !same(&r.pos, &a.args.positions)
         || !rope_fits(&a.args.shape.rope, flags, &r.shape, s.head_dim)
     {
         return None;

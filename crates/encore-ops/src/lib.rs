@@ -79,5 +79,5 @@ pub mod wgsl;
 
 pub use args::CpuArg;
 pub use dtype::{DType, WeightTypes};
-pub use ops::{Ops, Weight};
+pub use ops::{AttnRows, Ops, Positions, Weight};
 pub use registry::KernelSet;

@@ -31,14 +31,47 @@ use crate::kernels::gemm_dense::{
 };
 use crate::kernels::matmul::{MatmulArgs, MatmulShape};
 use crate::kernels::norm::{NormArgs, NormShape};
-use crate::kernels::paged::{
-    ArgmaxRowsArgs, ArgmaxRowsShape, PagedAttnArgs, PagedAttnShape, PagedKvArgs, PagedKvShape,
-    RopeRowsArgs,
-};
+use crate::kernels::paged::{ArgmaxRowsArgs, ArgmaxRowsShape, PagedAttnArgs, PagedAttnShape};
 use crate::kernels::rope::{self, RopeArgs, RopeShape};
 use crate::kernels::{gemm, prefill_attention};
 use crate::registry::{KernelSet, Slot, Slots};
 use crate::DType;
+
+/// Where the rows of a [`Ops::rope`] or [`Ops::kv_store`] sit: in one
+/// sequence's contiguous cache or in a paged cache of many sequences
+/// ([`crate::kernels::positions`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Positions<'a> {
+    /// Consecutive rows of one sequence: row `r` at position `start + r`,
+    /// where `start` is the first word of the buffer (a one-element graph
+    /// parameter), stored in cache row `start + r`.
+    Contiguous(&'a Buffer),
+    /// Rows of independent sequences, one `u32` a row: for [`Ops::rope`]
+    /// each row's position, for [`Ops::kv_store`] each row's slot in the
+    /// paged pool.
+    Rows(&'a Buffer),
+}
+
+/// Where the query rows of an [`Ops::attention`] sit and how their
+/// sequences' positions map to cache rows.
+#[derive(Clone, Copy, Debug)]
+pub enum AttnRows<'a> {
+    /// `shape.rows` consecutive rows of one sequence from the position
+    /// `pos` (a one-element graph parameter), over its own cache of
+    /// `shape.max_seq` positions.
+    Contiguous {
+        pos: &'a Buffer,
+        shape: attention::AttnShape,
+    },
+    /// `shape.rows` rows of independent sequences over a paged cache: row
+    /// `r` at `positions[r]` through block table `tables[r]` (`u32[rows,
+    /// max_blocks]`); see [`crate::kernels::paged`].
+    Paged {
+        positions: &'a Buffer,
+        tables: &'a Buffer,
+        shape: PagedAttnShape,
+    },
+}
 
 /// A weight matrix of `n` rows of `k` inputs in GGUF block layout.
 #[derive(Clone, Debug)]
@@ -441,15 +474,15 @@ impl Ops {
         enc.dispatch(kernels.wide_rows, &wide_args.args(), label)
     }
 
-    /// Rotates `rows` rows of `heads` heads in place, positions from `pos`,
-    /// each pair's angle divided by its entry of `factors` where given
-    /// (`rope_dim / 2` values).
+    /// Rotates `rows` rows of `heads` heads in place, each at its position
+    /// (`at`), each pair's angle divided by its entry of `factors` where
+    /// given (`rope_dim / 2` values).
     #[allow(clippy::too_many_arguments)]
     pub fn rope(
         &self,
         enc: &mut Encoder,
         x: &Buffer,
-        pos: &Buffer,
+        at: Positions<'_>,
         rows: usize,
         heads: usize,
         head_dim: usize,
@@ -459,20 +492,28 @@ impl Ops {
         factors: Option<&Buffer>,
         label: &'static str,
     ) -> Result<()> {
+        let (slot, name, pos) = match at {
+            Positions::Contiguous(pos) => (&self.slots.rope, "rope", pos.clone()),
+            Positions::Rows(positions) => (
+                &self.slots.rope_rows,
+                "rope_rows",
+                positions.view(0, rows * 4)?,
+            ),
+        };
         if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
             return Err(invalid(
-                "rope",
+                name,
                 label,
                 format!("rope_dim {rope_dim} must be even and at most head_dim {head_dim}"),
             ));
         }
         let args = RopeArgs {
             x: f32s(x, rows * heads * head_dim)?,
-            pos: pos.clone(),
             factors: match factors {
                 Some(f) => f32s(f, rope_dim / 2)?,
                 None => pos.clone(),
             },
+            pos,
             shape: rope_shape(
                 rows,
                 heads,
@@ -483,42 +524,126 @@ impl Ops {
                 factors.is_some(),
             ),
         };
-        enc.dispatch(self.slots.rope.get(&self.device)?, &args.args(), label)
+        enc.dispatch(slot.get(&self.device)?, &args.args(), label)
     }
 
-    /// Stores `rows` rows of `src` into an f16 cache at the position parameter.
+    /// Stores `rows` rows of `src` into an f16 cache of `kv_dim` values a
+    /// row, row `r` at cache row `start + r` or at its slot (`at`); the
+    /// cache's rows are its length over a row's bytes.
     #[allow(clippy::too_many_arguments)]
     pub fn kv_store(
         &self,
         enc: &mut Encoder,
         src: &Buffer,
         cache: &Buffer,
-        pos: &Buffer,
+        at: Positions<'_>,
         rows: usize,
         kv_dim: usize,
-        max_seq: usize,
         label: &'static str,
     ) -> Result<()> {
+        let (slot, pos) = match at {
+            Positions::Contiguous(pos) => (&self.slots.kv_store, pos.clone()),
+            Positions::Rows(slots) => (&self.slots.kv_store_paged, slots.view(0, rows * 4)?),
+        };
+        let cache_rows = cache.len() / (kv_dim * 2).max(1);
         let args = KvArgs {
             src: f32s(src, rows * kv_dim)?,
-            cache: cache.clone(),
-            pos: pos.clone(),
+            cache: cache.view(0, cache_rows * kv_dim * 2)?,
+            pos,
             shape: attention::KvShape {
                 rows: rows as u32,
                 kv_dim: kv_dim as u32,
-                max_seq: max_seq as u32,
+                max_seq: cache_rows as u32,
             },
         };
-        enc.dispatch(self.slots.kv_store.get(&self.device)?, &args.args(), label)
+        enc.dispatch(slot.get(&self.device)?, &args.args(), label)
     }
 
-    /// Causal grouped-query attention of `rows` queries over the cache.
-    /// Batches of [`prefill_attention::PREFILL_MIN_ROWS`] rows or more with
-    /// no sliding window and 16-byte aligned caches take the tiled kernel
-    /// of [`prefill_attention`] where the device has it and it takes the
-    /// head size; the exact set's `attention` kernel takes every batch.
-    #[allow(clippy::too_many_arguments)]
+    /// Causal grouped-query attention of `rows` query rows over the cache,
+    /// the rows placed as `rows` says. Batches of one sequence of
+    /// [`prefill_attention::PREFILL_MIN_ROWS`] rows or more with no sliding
+    /// window and 16-byte aligned caches take the tiled kernel of
+    /// [`prefill_attention`] where the device has it and it takes the head
+    /// size; the exact set's `attention` kernel takes every batch. Rows of
+    /// a paged cache take `attention_paged`, whose rows' results do not
+    /// depend on the batch.
     pub fn attention(
+        &self,
+        enc: &mut Encoder,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        rows: AttnRows<'_>,
+        out: &Buffer,
+    ) -> Result<()> {
+        let (name, heads, kv_heads, head_dim) = match rows {
+            AttnRows::Contiguous { shape: s, .. } => ("attention", s.heads, s.kv_heads, s.head_dim),
+            AttnRows::Paged { shape: s, .. } => {
+                ("attention_paged", s.heads, s.kv_heads, s.head_dim)
+            }
+        };
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(invalid(
+                name,
+                "attention",
+                format!("{heads} heads do not divide into {kv_heads} KV heads"),
+            ));
+        }
+        match rows {
+            AttnRows::Contiguous { pos, shape } => {
+                if head_dim as usize > attention::MAX_HEAD_DIM {
+                    return Err(invalid(
+                        name,
+                        "attention",
+                        format!("head size {head_dim} above {}", attention::MAX_HEAD_DIM),
+                    ));
+                }
+                self.attention_contiguous(enc, q, k, v, pos, out, shape)
+            }
+            AttnRows::Paged {
+                positions,
+                tables,
+                shape,
+            } => {
+                if head_dim as usize > attention::MAX_HEAD_DIM || shape.block_size == 0 {
+                    return Err(invalid(
+                        name,
+                        "attention",
+                        format!(
+                            "head size {head_dim} (at most {}) or block size {} (at least 1)",
+                            attention::MAX_HEAD_DIM,
+                            shape.block_size
+                        ),
+                    ));
+                }
+                let rows = shape.rows as usize;
+                let n = rows * (heads * head_dim) as usize;
+                let cache = shape.blocks as usize
+                    * shape.block_size as usize
+                    * (kv_heads * head_dim) as usize
+                    * 2;
+                let args = PagedAttnArgs {
+                    q: f32s(q, n)?,
+                    k: k.view(0, cache)?,
+                    v: v.view(0, cache)?,
+                    positions: positions.view(0, rows * 4)?,
+                    tables: tables.view(0, rows * shape.max_blocks as usize * 4)?,
+                    out: f32s(out, n)?,
+                    shape,
+                };
+                enc.dispatch(
+                    self.slots.attention_paged.get(&self.device)?,
+                    &args.args(),
+                    "attention",
+                )
+            }
+        }
+    }
+
+    /// [`Ops::attention`] of one sequence's rows: the tiled prefill kernel
+    /// where it applies, else the `attention` kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_contiguous(
         &self,
         enc: &mut Encoder,
         q: &Buffer,
@@ -528,21 +653,6 @@ impl Ops {
         out: &Buffer,
         shape: attention::AttnShape,
     ) -> Result<()> {
-        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
-        if kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(invalid(
-                "attention",
-                "attention",
-                format!("{heads} heads do not divide into {kv_heads} KV heads"),
-            ));
-        }
-        if head_dim as usize > attention::MAX_HEAD_DIM {
-            return Err(invalid(
-                "attention",
-                "attention",
-                format!("head size {head_dim} above {}", attention::MAX_HEAD_DIM),
-            ));
-        }
         let n = (shape.rows * shape.heads * shape.head_dim) as usize;
         let args = AttnArgs {
             q: f32s(q, n)?,
@@ -593,135 +703,6 @@ impl Ops {
             _ => self.slots.matmul_rows.get(&self.device)?,
         };
         enc.dispatch(kernel, &args.args(), label)
-    }
-
-    /// [`Ops::rope`] with row `r` at position `positions[r]` (`u32[rows]`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope_rows(
-        &self,
-        enc: &mut Encoder,
-        x: &Buffer,
-        positions: &Buffer,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        rope_dim: usize,
-        base: f32,
-        neox: bool,
-        factors: Option<&Buffer>,
-        label: &'static str,
-    ) -> Result<()> {
-        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
-            return Err(invalid(
-                "rope_rows",
-                label,
-                format!("rope_dim {rope_dim} must be even and at most head_dim {head_dim}"),
-            ));
-        }
-        let positions = positions.view(0, rows * 4)?;
-        let args = RopeRowsArgs {
-            x: f32s(x, rows * heads * head_dim)?,
-            positions: positions.clone(),
-            factors: match factors {
-                Some(f) => f32s(f, rope_dim / 2)?,
-                None => positions,
-            },
-            shape: rope_shape(
-                rows,
-                heads,
-                head_dim,
-                rope_dim,
-                base,
-                neox,
-                factors.is_some(),
-            ),
-        };
-        enc.dispatch(self.slots.rope_rows.get(&self.device)?, &args.args(), label)
-    }
-
-    /// Stores `rows` rows of `src` into a paged f16 cache of `kv_dim`
-    /// values a slot, row `r` at slot `slots[r]` (`u32[rows]`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn kv_store_paged(
-        &self,
-        enc: &mut Encoder,
-        src: &Buffer,
-        cache: &Buffer,
-        slots: &Buffer,
-        rows: usize,
-        kv_dim: usize,
-        label: &'static str,
-    ) -> Result<()> {
-        let pool_slots = cache.len() / (kv_dim * 2).max(1);
-        let args = PagedKvArgs {
-            src: f32s(src, rows * kv_dim)?,
-            cache: cache.view(0, pool_slots * kv_dim * 2)?,
-            slots: slots.view(0, rows * 4)?,
-            shape: PagedKvShape {
-                rows: rows as u32,
-                kv_dim: kv_dim as u32,
-                slots: pool_slots as u32,
-            },
-        };
-        enc.dispatch(
-            self.slots.kv_store_paged.get(&self.device)?,
-            &args.args(),
-            label,
-        )
-    }
-
-    /// Attention of `shape.rows` rows of independent sequences over a paged
-    /// cache: row `r` at `positions[r]` through block table `tables[r]`
-    /// (`u32[rows, max_blocks]`); see [`crate::kernels::paged`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_paged(
-        &self,
-        enc: &mut Encoder,
-        q: &Buffer,
-        k: &Buffer,
-        v: &Buffer,
-        positions: &Buffer,
-        tables: &Buffer,
-        out: &Buffer,
-        shape: PagedAttnShape,
-    ) -> Result<()> {
-        let (heads, kv_heads, head_dim) = (shape.heads, shape.kv_heads, shape.head_dim);
-        if kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(invalid(
-                "attention_paged",
-                "attention",
-                format!("{heads} heads do not divide into {kv_heads} KV heads"),
-            ));
-        }
-        if head_dim as usize > attention::MAX_HEAD_DIM || shape.block_size == 0 {
-            return Err(invalid(
-                "attention_paged",
-                "attention",
-                format!(
-                    "head size {head_dim} (at most {}) or block size {} (at least 1)",
-                    attention::MAX_HEAD_DIM,
-                    shape.block_size
-                ),
-            ));
-        }
-        let rows = shape.rows as usize;
-        let n = rows * (heads * head_dim) as usize;
-        let cache =
-            shape.blocks as usize * shape.block_size as usize * (kv_heads * head_dim) as usize * 2;
-        let args = PagedAttnArgs {
-            q: f32s(q, n)?,
-            k: k.view(0, cache)?,
-            v: v.view(0, cache)?,
-            positions: positions.view(0, rows * 4)?,
-            tables: tables.view(0, rows * shape.max_blocks as usize * 4)?,
-            out: f32s(out, n)?,
-            shape,
-        };
-        enc.dispatch(
-            self.slots.attention_paged.get(&self.device)?,
-            &args.args(),
-            "attention",
-        )
     }
 
     /// `y += x` over `n` elements.

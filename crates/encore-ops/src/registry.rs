@@ -11,6 +11,14 @@
 //! `Ops`; the row gives [`KernelDefs`] its field, [`KernelDefs::all`] its
 //! entry and `Ops` its slot. A backend without an implementation in a row
 //! reports [`Error::Unsupported`] when the op is dispatched there.
+//!
+//! An op that reads positions has a row for each
+//! [`PositionSource`](crate::kernels::positions::PositionSource) (`rope`
+//! and `rope_rows`, `kv_store` and `kv_store_paged`, `attention` and
+//! `attention_paged`, `attention_step` and `attention_step_paged`): each
+//! backend's one body for the op, compiled for that source, so that a
+//! kernel reads its positions without a branch. [`crate::Ops`] has one
+//! method for both.
 
 use encore::{
     Device, Error, Implementation, Kernel, KernelDef, MetalKernel, Result, WgpuKernel, WgpuVariant,
@@ -18,6 +26,7 @@ use encore::{
 
 use crate::cpu::kernels as cpu;
 use crate::dtype::WeightTypes;
+use crate::kernels::positions::PositionSource::{Rows, Start};
 use crate::{cuda, wgsl};
 
 /// Which version of the kernels [`crate::Ops`] loads.
@@ -170,12 +179,21 @@ kernel_table! {
         )
     });
 
-    /// RoPE ([`crate::kernels::rope`]).
+    /// RoPE ([`crate::kernels::rope`]) of consecutive rows of one sequence.
     rope: KernelDef = KernelDef::new("rope")
         .op("rope")
-        .cpu("rope f32 fma factors v3", cpu::rope::rope)
-        .cuda(cuda::rope())
-        .wgpu(wgsl::rope())
+        .cpu("rope f32 fma factors v3", |a| cpu::rope::rope(a, Start))
+        .cuda(cuda::rope(Start))
+        .wgpu(wgsl::rope(Start))
+        .programmatic();
+
+    /// RoPE of rows each at its own position ([`crate::kernels::paged`]):
+    /// `rope`'s body.
+    rope_rows: KernelDef = KernelDef::new("rope_rows")
+        .op("rope_rows")
+        .cpu("rope_rows f32 fma factors v2", |a| cpu::rope::rope(a, Rows))
+        .cuda(cuda::rope(Rows))
+        .wgpu(wgsl::rope(Rows))
         .programmatic();
 
     /// RoPE of K rows and their store into the cache (fusion only).
@@ -186,12 +204,22 @@ kernel_table! {
         .wgpu(wgsl::rope_store())
         .programmatic();
 
-    /// The store of K or V rows into the cache ([`crate::kernels::attention`]).
+    /// The store of K or V rows into the cache at consecutive positions
+    /// ([`crate::kernels::attention`]).
     kv_store: KernelDef = KernelDef::new("kv_store")
         .op("kv_store")
-        .cpu("kv_store f16 v1", cpu::attention::kv_store)
-        .cuda(cuda::kv_store())
-        .wgpu(wgsl::kv_store())
+        .cpu("kv_store f16 v1", |a| cpu::attention::kv_store(a, Start))
+        .cuda(cuda::kv_store(Start))
+        .wgpu(wgsl::kv_store(Start))
+        .programmatic();
+
+    /// The store of rows into a paged cache, each at its own slot:
+    /// `kv_store`'s body.
+    kv_store_paged: KernelDef = KernelDef::new("kv_store_paged")
+        .op("kv_store_paged")
+        .cpu("kv_store_paged f16 v2", |a| cpu::attention::kv_store(a, Rows))
+        .cuda(cuda::kv_store(Rows))
+        .wgpu(wgsl::kv_store(Rows))
         .programmatic();
 
     /// Attention over the cache ([`crate::kernels::attention`]); with
@@ -200,18 +228,26 @@ kernel_table! {
     attention: KernelDef = if exact {
         KernelDef::new("attention_exact")
             .op("attention")
-            .cpu(ATTENTION_CPU, cpu::attention::attention)
+            .cpu(ATTENTION_CPU, |a| cpu::attention::attention(a, Start))
             .cuda(cuda::attention_exact())
             .option("--fmad=false")
             .programmatic()
     } else {
         KernelDef::new("attention")
             .op("attention")
-            .cpu(ATTENTION_CPU, cpu::attention::attention)
-            .cuda(cuda::attention())
+            .cpu(ATTENTION_CPU, |a| cpu::attention::attention(a, Start))
+            .cuda(cuda::attention(Start))
             .wgpu(wgsl::attention())
             .programmatic()
     };
+
+    /// Attention of rows of independent sequences over a paged cache:
+    /// `attention`'s body.
+    attention_paged: KernelDef = KernelDef::new("attention_paged")
+        .op("attention_paged")
+        .cpu("attention_paged gathered flash v2", |a| cpu::attention::attention(a, Rows))
+        .cuda(cuda::attention(Rows))
+        .programmatic();
 
     /// The tiled attention of a prefill batch
     /// ([`crate::kernels::prefill_attention`]), where a backend has it.
@@ -228,12 +264,27 @@ kernel_table! {
     attention_step: Option<KernelDef> = (!exact).then(|| {
         KernelDef::new("attention_step")
             .op("attention_step")
-            .cpu("attention_step f16-cache v1", cpu::attention_step::attention_step)
-            .cuda(cuda::attention_step())
+            .cpu("attention_step f16-cache v1", |a| cpu::attention_step::attention_step(a, Start))
+            .cuda(cuda::attention_step(Start))
             .wgpu(wgsl::attention_step())
             .wgpu_variants(wgsl::attention_step_for)
             .programmatic()
             .specializable()
+    });
+
+    /// Paged decode attention with the rows' RoPE and stores folded in
+    /// (fusion only; not in the exact set, as `attention_step`):
+    /// `attention_step`'s body. Specialized without its row count, as
+    /// `matmul_rows`.
+    attention_step_paged: Option<KernelDef> = (!exact).then(|| {
+        KernelDef::new("attention_step_paged")
+            .op("attention_step_paged")
+            .cpu("attention_step_paged f16-cache v2", |a| {
+                cpu::attention_step::attention_step(a, Rows)
+            })
+            .cuda(cuda::attention_step(Rows))
+            .programmatic()
+            .specializable_except(&[0])
     });
 
     /// `y += x` ([`crate::kernels::elementwise`], as the four below).
@@ -317,7 +368,7 @@ kernel_table! {
     );
 
     /// `matmul` with each row's arithmetic independent of the batch
-    /// ([`crate::kernels::paged`], as the rows' ops below), specialized
+    /// ([`crate::kernels::paged`], as `argmax_rows`), specialized
     /// without its row count (the kernel takes the row from the grid), so
     /// one variant serves every batch size.
     matmul_rows: KernelDef = narrow(
@@ -329,27 +380,6 @@ kernel_table! {
             .specializable_except(&[0])
             .variant_options(cuda::matmul_variant_options),
     );
-
-    /// RoPE of rows each at its own position.
-    rope_rows: KernelDef = KernelDef::new("rope_rows")
-        .op("rope_rows")
-        .cpu("rope_rows f32 fma factors v1", cpu::paged::rope_rows)
-        .cuda(cuda::rope_rows())
-        .programmatic();
-
-    /// The store of rows into a paged cache, each at its own slot.
-    kv_store_paged: KernelDef = KernelDef::new("kv_store_paged")
-        .op("kv_store_paged")
-        .cpu("kv_store_paged f16 v1", cpu::paged::kv_store_paged)
-        .cuda(cuda::kv_store_paged())
-        .programmatic();
-
-    /// Attention of rows of independent sequences over a paged cache.
-    attention_paged: KernelDef = KernelDef::new("attention_paged")
-        .op("attention_paged")
-        .cpu("attention_paged gathered flash v1", cpu::paged::attention_paged)
-        .cuda(cuda::attention_paged())
-        .programmatic();
 
     /// The argmax of each row.
     argmax_rows: KernelDef = KernelDef::new("argmax_rows")
@@ -371,18 +401,6 @@ kernel_table! {
             .specializable_except(&[0])
             .variant_options(cuda::fused_variant_options),
     );
-
-    /// Paged decode attention with the rows' RoPE and stores folded in
-    /// (fusion only; not in the exact set, as `attention_step`).
-    /// Specialized without its row count, as `matmul_rows`.
-    attention_step_paged: Option<KernelDef> = (!exact).then(|| {
-        KernelDef::new("attention_step_paged")
-            .op("attention_step_paged")
-            .cpu("attention_step_paged f16-cache v1", cpu::paged::attention_step_paged)
-            .cuda(cuda::attention_step_paged())
-            .programmatic()
-            .specializable_except(&[0])
-    });
 }
 
 /// `def` with the option that narrows its CUDA code to the weight types

@@ -17,7 +17,7 @@ use encore_ops::kernels::attention::{AttnArgs, AttnShape};
 use encore_ops::kernels::gemm::GEMM_MIN_ROWS;
 use encore_ops::kernels::gemm_dense::{self, DENSE_MIN_ROWS};
 use encore_ops::kernels::prefill_attention::PREFILL_MIN_ROWS;
-use encore_ops::{DType, KernelSet, Ops, Weight};
+use encore_ops::{AttnRows, DType, KernelSet, Ops, Positions, Weight};
 
 mod common;
 use common::{
@@ -209,7 +209,17 @@ fn rope_matches_cpu_in_both_layouts() {
                     let f = scaled.then_some(&f);
                     run(ops, |o, e| {
                         o.rope(
-                            e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, f, "rope",
+                            e,
+                            &x,
+                            Positions::Contiguous(&p),
+                            rows,
+                            heads,
+                            head_dim,
+                            rope_dim,
+                            base,
+                            neox,
+                            f,
+                            "rope",
                         )
                     });
                     x
@@ -231,7 +241,19 @@ fn rope_rejects_a_rope_dim_it_cannot_rotate() {
         let p = upload(&ops, &[0u32]);
         let mut enc = ops.device().encoder();
         assert!(ops
-            .rope(&mut enc, &x, &p, 1, 1, 64, 33, 1e4, false, None, "rope")
+            .rope(
+                &mut enc,
+                &x,
+                Positions::Contiguous(&p),
+                1,
+                1,
+                64,
+                33,
+                1e4,
+                false,
+                None,
+                "rope"
+            )
             .is_err());
     }
 }
@@ -255,7 +277,7 @@ fn kv_store_matches_cpu_bit_for_bit() {
         let [cpu, gpu] = on_both::<u16>(&pair, |ops| {
             let (s, c, p) = (upload(ops, &src), upload(ops, &cache0), upload(ops, &[pos]));
             run(ops, |o, e| {
-                o.kv_store(e, &s, &c, &p, rows, kv_dim, max_seq, "kv")
+                o.kv_store(e, &s, &c, Positions::Contiguous(&p), rows, kv_dim, "kv")
             });
             c
         });
@@ -312,7 +334,16 @@ fn attention_matches_cpu_for_decode_prefill_and_long_contexts() {
                 upload(ops, &[pos]),
             );
             let out = ops.device().alloc(q.len() * 4).unwrap();
-            run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+            run(ops, |o, e| {
+                o.attention(
+                    e,
+                    &qb,
+                    &kb,
+                    &vb,
+                    AttnRows::Contiguous { pos: &p, shape },
+                    &out,
+                )
+            });
             out
         });
         let what = format!(
@@ -369,7 +400,16 @@ fn windowed_attention_matches_cpu_in_both_kernel_sets() {
                         upload(ops, &[pos]),
                     );
                     let out = ops.device().alloc(q.len() * 4).unwrap();
-                    run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+                    run(ops, |o, e| {
+                        o.attention(
+                            e,
+                            &qb,
+                            &kb,
+                            &vb,
+                            AttnRows::Contiguous { pos: &p, shape },
+                            &out,
+                        )
+                    });
                     out
                 });
                 let what = format!(
@@ -426,7 +466,16 @@ fn prefill_attention_matches_cpu() {
                 upload(ops, &[pos]),
             );
             let out = ops.device().alloc(q.len() * 4).unwrap();
-            run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+            run(ops, |o, e| {
+                o.attention(
+                    e,
+                    &qb,
+                    &kb,
+                    &vb,
+                    AttnRows::Contiguous { pos: &p, shape },
+                    &out,
+                )
+            });
             out
         });
         let what = format!(
@@ -2006,18 +2055,63 @@ fn decode_attention_step(
     };
     let (hd, rd) = (head_dim, rope_dim);
     let mut e = ops.device().capture();
-    ops.rope(&mut e, &q, &p, 1, heads, hd, rd, 1e4, neox, None, "rope_q")
-        .unwrap();
     ops.rope(
-        &mut e, &k, &p, 1, kv_heads, hd, rd, 1e4, neox, None, "rope_k",
+        &mut e,
+        &q,
+        Positions::Contiguous(&p),
+        1,
+        heads,
+        hd,
+        rd,
+        1e4,
+        neox,
+        None,
+        "rope_q",
     )
     .unwrap();
-    ops.kv_store(&mut e, &k, &kc, &p, 1, kv_dim, max_seq, "k_store")
-        .unwrap();
-    ops.kv_store(&mut e, &v, &vc, &p, 1, kv_dim, max_seq, "v_store")
-        .unwrap();
-    ops.attention(&mut e, &q, &kc, &vc, &p, &out, shape)
-        .unwrap();
+    ops.rope(
+        &mut e,
+        &k,
+        Positions::Contiguous(&p),
+        1,
+        kv_heads,
+        hd,
+        rd,
+        1e4,
+        neox,
+        None,
+        "rope_k",
+    )
+    .unwrap();
+    ops.kv_store(
+        &mut e,
+        &k,
+        &kc,
+        Positions::Contiguous(&p),
+        1,
+        kv_dim,
+        "k_store",
+    )
+    .unwrap();
+    ops.kv_store(
+        &mut e,
+        &v,
+        &vc,
+        Positions::Contiguous(&p),
+        1,
+        kv_dim,
+        "v_store",
+    )
+    .unwrap();
+    ops.attention(
+        &mut e,
+        &q,
+        &kc,
+        &vc,
+        AttnRows::Contiguous { pos: &p, shape },
+        &out,
+    )
+    .unwrap();
     let patterns = if fused {
         ops.all_fusion_patterns()
     } else {
@@ -2108,10 +2202,10 @@ fn rope_rows_matches_cpu_bit_for_bit() {
             run(ops, |ops, enc| {
                 let p = upload(ops, &positions);
                 let f = scaled.then_some(&f);
-                ops.rope_rows(
+                ops.rope(
                     enc,
                     &xb,
-                    &p,
+                    Positions::Rows(&p),
                     positions.len(),
                     heads,
                     hd,

@@ -7,7 +7,7 @@
 
 use encore::Device;
 use encore_ops::kernels::attention::AttnShape;
-use encore_ops::{DType, KernelSet, Ops, Weight};
+use encore_ops::{AttnRows, DType, KernelSet, Ops, Positions, Weight};
 
 mod common;
 use common::{random_weights, upload, PagedCase, Rng};
@@ -34,10 +34,26 @@ fn contiguous_row(ops: &Ops, case: &PagedCase, r: usize) -> Vec<f32> {
     let q = upload(ops, &case.q[r * n..(r + 1) * n]);
     let out = ops.device().alloc(n * 4).unwrap();
     let mut enc = ops.device().encoder();
-    ops.kv_store(&mut enc, &kb, &k, &at0, len, kv_dim, len, "k")
-        .unwrap();
-    ops.kv_store(&mut enc, &vb, &v, &at0, len, kv_dim, len, "v")
-        .unwrap();
+    ops.kv_store(
+        &mut enc,
+        &kb,
+        &k,
+        Positions::Contiguous(&at0),
+        len,
+        kv_dim,
+        "k",
+    )
+    .unwrap();
+    ops.kv_store(
+        &mut enc,
+        &vb,
+        &v,
+        Positions::Contiguous(&at0),
+        len,
+        kv_dim,
+        "v",
+    )
+    .unwrap();
     let shape = AttnShape {
         rows: 1,
         heads: case.heads as u32,
@@ -47,8 +63,15 @@ fn contiguous_row(ops: &Ops, case: &PagedCase, r: usize) -> Vec<f32> {
         scale: 1.0 / (case.head_dim as f32).sqrt(),
         window: case.window as u32,
     };
-    ops.attention(&mut enc, &q, &k, &v, &at, &out, shape)
-        .unwrap();
+    ops.attention(
+        &mut enc,
+        &q,
+        &k,
+        &v,
+        AttnRows::Contiguous { pos: &at, shape },
+        &out,
+    )
+    .unwrap();
     enc.commit_and_wait().unwrap();
     out.download().unwrap()
 }
@@ -84,10 +107,10 @@ fn rope_rows_rotates_each_row_at_its_own_position() {
     let xb = upload(&ops, &x);
     let pb = upload(&ops, &positions);
     let mut enc = ops.device().encoder();
-    ops.rope_rows(
+    ops.rope(
         &mut enc,
         &xb,
-        &pb,
+        Positions::Rows(&pb),
         positions.len(),
         heads,
         hd,
@@ -106,7 +129,17 @@ fn rope_rows_rotates_each_row_at_its_own_position() {
         let at = upload(&ops, &[p]);
         let mut enc = ops.device().encoder();
         ops.rope(
-            &mut enc, &one, &at, 1, heads, hd, hd, 10000.0, false, None, "r",
+            &mut enc,
+            &one,
+            Positions::Contiguous(&at),
+            1,
+            heads,
+            hd,
+            hd,
+            10000.0,
+            false,
+            None,
+            "r",
         )
         .unwrap();
         enc.commit_and_wait().unwrap();
@@ -258,10 +291,29 @@ fn paged_stores_fold_into_the_attention_only_for_decode_rows() {
     let new = upload(&ops, &rng.vec(rows * case.kv_dim()));
     let out = ops.device().alloc(case.q.len() * 4).unwrap();
     let mut e = ops.device().capture();
-    ops.kv_store_paged(&mut e, &new, &k, &positions, rows, case.kv_dim(), "k")
-        .unwrap();
-    ops.attention_paged(&mut e, &q, &k, &v, &positions, &tables, &out, case.shape())
-        .unwrap();
+    ops.kv_store(
+        &mut e,
+        &new,
+        &k,
+        Positions::Rows(&positions),
+        rows,
+        case.kv_dim(),
+        "k",
+    )
+    .unwrap();
+    ops.attention(
+        &mut e,
+        &q,
+        &k,
+        &v,
+        AttnRows::Paged {
+            positions: &positions,
+            tables: &tables,
+            shape: case.shape(),
+        },
+        &out,
+    )
+    .unwrap();
     let mut graph = e.finish_graph().unwrap();
     graph.mark_output(&out);
     let exec = graph.instantiate(&ops.all_row_fusion_patterns()).unwrap();

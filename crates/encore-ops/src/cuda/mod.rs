@@ -25,7 +25,8 @@ use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPI
 use crate::kernels::gemm_dense::{DequantShape, GemmF16Shape, SplitsShape};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
-use crate::kernels::paged::{ArgmaxRowsShape, AttnStepPagedShape, PagedKvShape};
+use crate::kernels::paged::{ArgmaxRowsShape, AttnStepPagedShape};
+use crate::kernels::positions::PositionSource;
 use crate::kernels::prefill_attention::check_head_dim;
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
@@ -265,40 +266,30 @@ fn fused_matmul_kernel(exact: bool, row_invariant: bool) -> CudaKernel {
     )
 }
 
-pub(crate) fn rope_rows() -> CudaKernel {
-    CudaKernel::new(source("rope_rows.cu"), "rope_rows", |s: &RopeShape| {
-        geometry::rope_launch(
-            s.rows
-                .saturating_mul(s.heads)
-                .saturating_mul(s.rope_dim / 2),
-        )
-    })
+/// The `#define` that selects the entry point of a kernel with either
+/// [`PositionSource`] (`rope.cu`, `kv_store.cu`, `attention.cu`,
+/// `attention_step.cu`).
+fn position_define(source: PositionSource) -> (&'static str, String) {
+    ("POSITION_ROWS", source.rows_flag().to_string())
 }
 
-pub(crate) fn kv_store_paged() -> CudaKernel {
+/// `rope` or, with [`PositionSource::Rows`], `rope_rows`.
+pub(crate) fn rope(source: PositionSource) -> CudaKernel {
+    let entry = match source {
+        PositionSource::Start => "rope",
+        PositionSource::Rows => "rope_rows",
+    };
     CudaKernel::new(
-        source("kv_store_paged.cu"),
-        "kv_store_paged",
-        |s: &PagedKvShape| geometry::kv_store_launch(s.rows.saturating_mul(s.kv_dim)),
+        source_with("rope.cu", &[position_define(source)]),
+        entry,
+        |s: &RopeShape| {
+            geometry::rope_launch(
+                s.rows
+                    .saturating_mul(s.heads)
+                    .saturating_mul(s.rope_dim / 2),
+            )
+        },
     )
-}
-
-pub(crate) fn attention_paged() -> CudaKernel {
-    CudaKernel::new(
-        source_with("attention_paged.cu", &geometry::attention_defines()),
-        "attention_paged",
-        geometry::attention_paged_launch,
-    )
-}
-
-pub(crate) fn rope() -> CudaKernel {
-    CudaKernel::new(source("rope.cu"), "rope", |s: &RopeShape| {
-        geometry::rope_launch(
-            s.rows
-                .saturating_mul(s.heads)
-                .saturating_mul(s.rope_dim / 2),
-        )
-    })
 }
 
 pub(crate) fn rope_store() -> CudaKernel {
@@ -316,18 +307,31 @@ pub(crate) fn rope_store() -> CudaKernel {
     )
 }
 
-pub(crate) fn kv_store() -> CudaKernel {
-    CudaKernel::new(source("kv_store.cu"), "kv_store", |s: &KvShape| {
-        geometry::kv_store_launch(s.rows.saturating_mul(s.kv_dim))
-    })
+/// `kv_store` or, with [`PositionSource::Rows`], `kv_store_paged`.
+pub(crate) fn kv_store(source: PositionSource) -> CudaKernel {
+    let entry = match source {
+        PositionSource::Start => "kv_store",
+        PositionSource::Rows => "kv_store_paged",
+    };
+    CudaKernel::new(
+        source_with("kv_store.cu", &[position_define(source)]),
+        entry,
+        |s: &KvShape| geometry::kv_store_launch(s.rows.saturating_mul(s.kv_dim)),
+    )
 }
 
-pub(crate) fn attention() -> CudaKernel {
-    CudaKernel::new(
-        source_with("attention.cu", &geometry::attention_defines()),
-        "attention",
-        geometry::attention_launch,
-    )
+/// `attention` or, with [`PositionSource::Rows`], `attention_paged`:
+/// `attention.cu` after its geometry and the position source.
+pub(crate) fn attention(source: PositionSource) -> CudaKernel {
+    let mut defines = geometry::attention_defines();
+    defines.push(position_define(source));
+    let code = source_with("attention.cu", &defines);
+    match source {
+        PositionSource::Start => CudaKernel::new(code, "attention", geometry::attention_launch),
+        PositionSource::Rows => {
+            CudaKernel::new(code, "attention_paged", geometry::attention_paged_launch)
+        }
+    }
 }
 
 pub(crate) fn attention_exact() -> CudaKernel {
@@ -376,26 +380,27 @@ fn attention_step_defines(geometry: Vec<(&'static str, String)>) -> Vec<(&'stati
     defines
 }
 
-pub(crate) fn attention_step() -> CudaKernel {
-    CudaKernel::new(
-        source_with(
-            "attention_step.cu",
-            &attention_step_defines(geometry::attention_step_defines()),
-        ),
-        "attention_step",
-        |s: &AttnStepShape| geometry::attention_step_launch(s.attn.heads),
-    )
-}
-
-pub(crate) fn attention_step_paged() -> CudaKernel {
-    CudaKernel::checked(
-        source_with(
-            "attention_step_paged.cu",
-            &attention_step_defines(geometry::attention_step_paged_defines()),
-        ),
-        "attention_step_paged",
-        |s: &AttnStepPagedShape| geometry::attention_step_paged_launch(s.attn.heads, s.attn.rows),
-    )
+/// `attention_step` or, with [`PositionSource::Rows`],
+/// `attention_step_paged`: `attention_step.cu` after its flag bits, its
+/// geometry (a paged step has its own) and the position source.
+pub(crate) fn attention_step(source: PositionSource) -> CudaKernel {
+    let geometry = match source {
+        PositionSource::Start => geometry::attention_step_defines(),
+        PositionSource::Rows => geometry::attention_step_paged_defines(),
+    };
+    let mut defines = attention_step_defines(geometry);
+    defines.push(position_define(source));
+    let code = source_with("attention_step.cu", &defines);
+    match source {
+        PositionSource::Start => CudaKernel::new(code, "attention_step", |s: &AttnStepShape| {
+            geometry::attention_step_launch(s.attn.heads)
+        }),
+        PositionSource::Rows => {
+            CudaKernel::checked(code, "attention_step_paged", |s: &AttnStepPagedShape| {
+                geometry::attention_step_paged_launch(s.attn.heads, s.attn.rows)
+            })
+        }
+    }
 }
 
 pub(crate) fn add() -> CudaKernel {
@@ -473,12 +478,7 @@ const FILES: &[(&str, &str)] = &[
     ("wide_rows.cuh", include_str!("wide_rows.cuh")),
     ("rope_common.cuh", include_str!("rope_common.cuh")),
     ("attention_common.cuh", include_str!("attention_common.cuh")),
-    ("attention_body.cuh", include_str!("attention_body.cuh")),
     ("argmax_common.cuh", include_str!("argmax_common.cuh")),
-    (
-        "attention_step_body.cuh",
-        include_str!("attention_step_body.cuh"),
-    ),
     // Kernels.
     ("rms_norm.cu", include_str!("rms_norm.cu")),
     ("matmul.cu", include_str!("matmul.cu")),
@@ -498,15 +498,8 @@ const FILES: &[(&str, &str)] = &[
     ("rope_store.cu", include_str!("rope_store.cu")),
     ("kv_store.cu", include_str!("kv_store.cu")),
     ("attention.cu", include_str!("attention.cu")),
-    ("attention_paged.cu", include_str!("attention_paged.cu")),
-    ("kv_store_paged.cu", include_str!("kv_store_paged.cu")),
-    ("rope_rows.cu", include_str!("rope_rows.cu")),
     ("attention_exact.cu", include_str!("attention_exact.cu")),
     ("attention_step.cu", include_str!("attention_step.cu")),
-    (
-        "attention_step_paged.cu",
-        include_str!("attention_step_paged.cu"),
-    ),
     ("prefill_attention.cu", include_str!("prefill_attention.cu")),
     ("add.cu", include_str!("add.cu")),
     ("add_rows.cu", include_str!("add_rows.cu")),

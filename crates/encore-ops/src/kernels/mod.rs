@@ -8,7 +8,9 @@
 //! each op to its implementations.
 //!
 //! A kernel that needs the decode position reads it from a 4-byte parameter
-//! buffer, so a recorded graph reads the current position on every replay.
+//! buffer, so a recorded graph reads the current position on every replay;
+//! the kernels over a paged cache read one position a row instead, from the
+//! same body ([`positions`]).
 
 pub mod advance;
 pub mod argmax;
@@ -23,6 +25,7 @@ pub mod gemm_dense;
 pub mod matmul;
 pub mod norm;
 pub mod paged;
+pub mod positions;
 pub mod prefill_attention;
 pub mod rope;
 

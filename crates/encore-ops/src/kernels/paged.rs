@@ -10,14 +10,19 @@
 //! the pool through their block tables; the host allocates blocks as a
 //! sequence grows (see the engine's block allocator).
 //!
-//! - `rope_rows`: RoPE of `rows` rows, in place, row `r` at `positions[r]`
-//!   (the rotation of [`super::rope`]).
-//! - `kv_store_paged`: `cache[slots[r]] = f16(src[r])` for every row.
+//! - `rope_rows`: RoPE of `rows` rows, in place, row `r` at `positions[r]`:
+//!   [`super::rope`]'s body and arguments with each row's own position.
+//! - `kv_store_paged`: `cache[slots[r]] = f16(src[r])` for every row:
+//!   [`super::attention`]'s `kv_store` with each row's own slot.
 //! - `attention_paged`: row `r` (one query position of some sequence) and
 //!   head `h` attend over positions `0..=positions[r]` (the last `window`
 //!   with a sliding window) of the sequence whose block table is row `r` of
-//!   `tables` (`max_blocks` entries a row): the math of
-//!   [`super::attention`], the cache read through the table.
+//!   `tables` (`max_blocks` entries a row): [`super::attention`]'s body,
+//!   the cache read through the table.
+//!
+//! Each of these is its contiguous twin's body with the
+//! [`PositionSource`](super::positions::PositionSource) `Rows`; `Ops` has
+//! one method for both (`rope`, `kv_store`, `attention`).
 //! - `matmul_rows`: the product of [`super::matmul`] with each row's
 //!   arithmetic independent of how many rows the dispatch has, so that a
 //!   sequence's results do not depend on what else is in its batch. On the
@@ -46,41 +51,21 @@
 //! its own inputs and its own sequence's cache, never on the batch around
 //! it, which is what makes a request's output the same alone or batched.
 //!
-//! CPU: [`crate::cpu::kernels::paged`] (`argmax_rows` in
-//! [`crate::cpu::kernels::argmax`]); CUDA: `cuda/rope_rows.cu`,
-//! `cuda/kv_store_paged.cu`, `cuda/attention_paged.cu` (the attention body
-//! shared with `attention.cu` in `cuda/attention_body.cuh`),
-//! `cuda/attention_step_paged.cu` (the body shared with `attention_step.cu`
-//! in `cuda/attention_step_body.cuh`), `cuda/argmax_rows.cu` (the body
-//! shared with `argmax.cu` in `cuda/argmax_common.cuh`). wgpu has no
-//! implementation yet: the ops report `Unsupported` there.
+//! CPU: the bodies of the contiguous twins ([`crate::cpu::kernels::rope`],
+//! [`crate::cpu::kernels::attention`], [`crate::cpu::kernels::attention_step`]),
+//! `argmax_rows` in [`crate::cpu::kernels::argmax`]; CUDA: the twins' files
+//! (`cuda/rope.cu`, `cuda/kv_store.cu`, `cuda/attention.cu`,
+//! `cuda/attention_step.cu`) compiled with `POSITION_ROWS` 1,
+//! `cuda/argmax_rows.cu` (the body shared with `argmax.cu` in
+//! `cuda/argmax_common.cuh`); wgpu: `rope_rows` and `kv_store_paged` from
+//! the twins' files likewise; the paged attention has no WGSL
+//! implementation yet and reports `Unsupported` there.
 
 use encore::Access;
 
+use super::attention::AttnShape;
 use super::attention_step::{STEP_K_NEW, STEP_V_NEW};
 use super::rope::RopeShape;
-
-crate::op_args! {
-    /// `rope_rows`' arguments: `x: f32[rows, heads, head_dim]` (rotated in
-    /// place), `positions: u32[rows]`, `factors: f32[rope_dim / 2]` (read
-    /// where `shape.factors` is 1; else bound to `positions`).
-    pub struct RopeRowsArgs { x: Access::ReadWrite, positions: Access::Read, factors: Access::Read; shape: RopeShape }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct PagedKvShape {
-    pub rows: u32,
-    pub kv_dim: u32,
-    /// Slots (positions) the pool holds: `blocks * block_size`.
-    pub slots: u32,
-}
-
-crate::op_args! {
-    /// `kv_store_paged`'s arguments: `src: f32[rows, kv_dim]`, `cache:
-    /// f16[slots, kv_dim]`, `slots: u32[rows]`.
-    pub struct PagedKvArgs { src: Access::Read, cache: Access::Write, slots: Access::Read; shape: PagedKvShape }
-}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -108,6 +93,20 @@ pub struct PagedAttnShape {
 }
 
 impl PagedAttnShape {
+    /// The attention's parameters as [`AttnShape`] has them, the pool's
+    /// slots (`blocks * block_size`) as the cache's rows.
+    pub fn attn(&self) -> AttnShape {
+        AttnShape {
+            rows: self.rows,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            max_seq: self.blocks.saturating_mul(self.block_size),
+            scale: self.scale,
+            window: self.window,
+        }
+    }
+
     /// The first position a query at position `at` sees.
     pub fn first_visible(&self, at: usize) -> usize {
         match self.window as usize {

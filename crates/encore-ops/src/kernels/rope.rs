@@ -1,5 +1,7 @@
-//! Rotary position embedding, in place, for `rows` consecutive positions
-//! starting at the position parameter.
+//! Rotary position embedding, in place, of `rows` rows, each at its
+//! position: `pos + r` for consecutive rows of one sequence (`rope`), or
+//! `positions[r]` for rows of independent sequences (`rope_rows`), one body
+//! with the [`PositionSource`] as its parameter.
 //!
 //! For head element pair `i` (of `rope_dim / 2`), at position `p`:
 //! `theta = p * base^(-2i / rope_dim)`, and the pair `(a, b)` becomes
@@ -19,6 +21,8 @@
 //! `cuda/rope_store.cu`, the rotation shared in `cuda/rope_common.cuh`;
 //! wgpu: `wgsl/rope.wgsl` and `wgsl/rope_store.wgsl`, likewise sharing
 //! `wgsl/rope_common.wgsl`.
+//!
+//! [`PositionSource`]: super::positions::PositionSource
 
 use encore::Access;
 
@@ -46,9 +50,11 @@ pub fn theta_scale(base: f32, rope_dim: usize) -> f32 {
 }
 
 crate::op_args! {
-    /// `rope`'s arguments: `x: f32[rows, heads, head_dim]` (rotated in
-    /// place), `pos: u32[1]` (a graph parameter), `factors: f32[rope_dim /
-    /// 2]` (read where `shape.factors` is 1).
+    /// The arguments of `rope` and `rope_rows`: `x: f32[rows, heads,
+    /// head_dim]` (rotated in place), `pos`: `u32[1]`, the first row's
+    /// position (a graph parameter), or `u32[rows]`, each row's (see
+    /// [`super::positions`]), `factors: f32[rope_dim / 2]` (read where
+    /// `shape.factors` is 1; else bound to `pos`).
     pub struct RopeArgs { x: Access::ReadWrite, pos: Access::Read, factors: Access::Read; shape: RopeShape }
 }
 

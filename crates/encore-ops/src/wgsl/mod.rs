@@ -26,6 +26,7 @@ use crate::kernels::embed::EmbedShape;
 use crate::kernels::fused::{FusedShape, EPILOGUE_ACCUMULATE, EPILOGUE_STORE, EPILOGUE_SWIGLU};
 use crate::kernels::matmul::MatmulShape;
 use crate::kernels::norm::NormShape;
+use crate::kernels::positions::PositionSource;
 use crate::kernels::prefill_attention::check_head_dim;
 use crate::kernels::rope::{RopeShape, RopeStoreShape};
 use crate::DType;
@@ -377,10 +378,19 @@ pub(crate) fn rms_norm() -> WgpuKernel {
     ))
 }
 
-/// One invocation per rotated pair.
-pub(crate) fn rope() -> WgpuKernel {
+/// The constant that selects where a kernel with either [`PositionSource`]
+/// (`rope.wgsl`, `kv_store.wgsl`) reads its rows' positions, before its
+/// source.
+fn with_positions(source: PositionSource, file: &str) -> String {
+    let rows = source == PositionSource::Rows;
+    format!("const POSITION_ROWS: bool = {rows};\n") + &self::source(file)
+}
+
+/// `rope` or, with [`PositionSource::Rows`], `rope_rows`: one invocation
+/// per rotated pair.
+pub(crate) fn rope(source: PositionSource) -> WgpuKernel {
     finite(WgpuKernel::new(
-        source("rope.wgsl"),
+        with_positions(source, "rope.wgsl"),
         "rope",
         |s: &RopeShape| {
             let pairs = s
@@ -412,13 +422,25 @@ pub(crate) fn rope_store() -> WgpuKernel {
     ))
 }
 
-/// One invocation per word of the cache.
-pub(crate) fn kv_store() -> WgpuKernel {
-    finite(WgpuKernel::new(
-        source("kv_store.wgsl"),
-        "kv_store",
-        |s: &KvShape| elementwise_launch(f16_words(s.rows.saturating_mul(s.kv_dim)), 256),
-    ))
+/// `kv_store` or, with [`PositionSource::Rows`], `kv_store_paged`: one
+/// invocation per word of the cache. Rows at their own slots need an even
+/// `kv_dim` (each row then starts a word); others are refused at launch.
+pub(crate) fn kv_store(source: PositionSource) -> WgpuKernel {
+    let code = with_positions(source, "kv_store.wgsl");
+    finite(match source {
+        PositionSource::Start => WgpuKernel::new(code, "kv_store", |s: &KvShape| {
+            elementwise_launch(f16_words(s.rows.saturating_mul(s.kv_dim)), 256)
+        }),
+        PositionSource::Rows => WgpuKernel::checked(code, "kv_store", |s: &KvShape| {
+            if !s.kv_dim.is_multiple_of(2) {
+                return Err(format!(
+                    "kv_store_paged on wgpu stores rows of an even size (got {})",
+                    s.kv_dim
+                ));
+            }
+            Ok(elementwise_launch(s.rows.saturating_mul(s.kv_dim) / 2, 256))
+        }),
+    })
 }
 
 /// One workgroup per (head, query row).

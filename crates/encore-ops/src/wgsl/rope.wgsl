@@ -1,10 +1,12 @@
-// `rope`: rotary position embedding, in place, for `rows` consecutive
-// positions starting at the position parameter.
+// `rope` and `rope_rows`: rotary position embedding, in place, row `r` at
+// position `pos[0] + r` (consecutive rows of one sequence) or `pos[r]` (a
+// batch of independent sequences), as the constant `POSITION_ROWS`
+// (prepended from Rust) says.
 //
 // Arguments: `x: f32[rows, heads, head_dim]` (read-write), `pos: u32[1]`
-// (read, a graph parameter), `factors: f32[rope_dim / 2]` (read where
-// `s.factors` is 1; otherwise bound to `pos` and never read), value
-// `RopeShape`.
+// (read, a graph parameter) or `u32[rows]`, `factors: f32[rope_dim / 2]`
+// (read where `s.factors` is 1; otherwise bound to `pos` and never read),
+// value `RopeShape`.
 //
 // For pair `i` (of `rope_dim / 2`) at position `p`: `theta = p *
 // theta_scale^i`, divided by `factors[i]` where given, and the pair `(a, b)`
@@ -37,7 +39,7 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = g % half;
     let row_head = g / half;
     let r = row_head / s.heads;
-    var theta = rope_theta(s, i, pos[args.off[1]] + r);
+    var theta = rope_theta(s, i, row_position(r));
     if s.factors != 0u {
         theta = theta / factors[args.off[2] + i];
     }
@@ -46,4 +48,12 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let v = rope_apply(x[at + ix.x], x[at + ix.y], rope_sincos(theta));
     x[at + ix.x] = v.x;
     x[at + ix.y] = v.y;
+}
+
+// Row `r`'s position.
+fn row_position(r: u32) -> u32 {
+    if POSITION_ROWS {
+        return pos[args.off[1] + r];
+    }
+    return pos[args.off[1]] + r;
 }

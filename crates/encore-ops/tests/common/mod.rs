@@ -6,7 +6,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use encore::{Buffer, Graph, GraphExec, GraphStats};
-use encore_ops::{DType, Ops, Weight};
+use encore_ops::{AttnRows, DType, Ops, Positions, Weight};
 use half::{bf16, f16};
 
 pub fn upload<T: bytemuck::Pod>(ops: &Ops, data: &[T]) -> Buffer {
@@ -271,17 +271,53 @@ pub fn block_graph_sized(
         }
     }
     ops.rope(
-        &mut e, &q, &p, rows, heads, head_dim, head_dim, 1e4, false, None, "rope_q",
+        &mut e,
+        &q,
+        Positions::Contiguous(&p),
+        rows,
+        heads,
+        head_dim,
+        head_dim,
+        1e4,
+        false,
+        None,
+        "rope_q",
     )
     .unwrap();
     ops.rope(
-        &mut e, &kk, &p, rows, kv_heads, head_dim, head_dim, 1e4, false, None, "rope_k",
+        &mut e,
+        &kk,
+        Positions::Contiguous(&p),
+        rows,
+        kv_heads,
+        head_dim,
+        head_dim,
+        1e4,
+        false,
+        None,
+        "rope_k",
     )
     .unwrap();
-    ops.kv_store(&mut e, &kk, &kc, &p, rows, nkv, max_seq, "k_store")
-        .unwrap();
-    ops.kv_store(&mut e, &v, &vc, &p, rows, nkv, max_seq, "v_store")
-        .unwrap();
+    ops.kv_store(
+        &mut e,
+        &kk,
+        &kc,
+        Positions::Contiguous(&p),
+        rows,
+        nkv,
+        "k_store",
+    )
+    .unwrap();
+    ops.kv_store(
+        &mut e,
+        &v,
+        &vc,
+        Positions::Contiguous(&p),
+        rows,
+        nkv,
+        "v_store",
+    )
+    .unwrap();
     let shape = encore_ops::kernels::attention::AttnShape {
         rows: rows as u32,
         heads: heads as u32,
@@ -291,8 +327,15 @@ pub fn block_graph_sized(
         scale: 0.125,
         window: 0,
     };
-    ops.attention(&mut e, &q, &kc, &vc, &p, &att, shape)
-        .unwrap();
+    ops.attention(
+        &mut e,
+        &q,
+        &kc,
+        &vc,
+        AttnRows::Contiguous { pos: &p, shape },
+        &att,
+    )
+    .unwrap();
     ops.matmul(&mut e, &b.wo, &att, &proj, rows, "o").unwrap();
     ops.add(&mut e, &b.x, &proj, rows * k).unwrap();
     ops.rms_norm(&mut e, &b.x, &b.g2, &xn, rows, k, eps)
@@ -507,21 +550,58 @@ impl PagedCase {
             (&q, self.heads, "rope_q"),
             (&k_new, self.kv_heads, "rope_k"),
         ] {
-            ops.rope_rows(
-                &mut e, x, &positions, m, heads, hd, rope_dim, base, true, None, label,
+            ops.rope(
+                &mut e,
+                x,
+                Positions::Rows(&positions),
+                m,
+                heads,
+                hd,
+                rope_dim,
+                base,
+                true,
+                None,
+                label,
             )
             .unwrap();
         }
-        ops.kv_store_paged(&mut e, &k_new, &k, &slots, m, kv_dim, "k_store")
-            .unwrap();
-        ops.kv_store_paged(&mut e, &v_new, &v, &slots, m, kv_dim, "v_store")
-            .unwrap();
+        ops.kv_store(
+            &mut e,
+            &k_new,
+            &k,
+            Positions::Rows(&slots),
+            m,
+            kv_dim,
+            "k_store",
+        )
+        .unwrap();
+        ops.kv_store(
+            &mut e,
+            &v_new,
+            &v,
+            Positions::Rows(&slots),
+            m,
+            kv_dim,
+            "v_store",
+        )
+        .unwrap();
         let shape = encore_ops::kernels::paged::PagedAttnShape {
             decode: 1,
             ..self.shape()
         };
-        ops.attention_paged(&mut e, &q, &k, &v, &positions, &tables, &out, shape)
-            .unwrap();
+        ops.attention(
+            &mut e,
+            &q,
+            &k,
+            &v,
+            AttnRows::Paged {
+                positions: &positions,
+                tables: &tables,
+                shape,
+            },
+            &out,
+        )
+        .unwrap();
         let patterns = if fused {
             ops.all_row_fusion_patterns()
         } else {
@@ -549,10 +629,26 @@ impl PagedCase {
                 .collect();
             let slots = upload(ops, &slots);
             let (kb, vb) = (upload(ops, ks), upload(ops, vs));
-            ops.kv_store_paged(&mut enc, &kb, &k, &slots, *len, kv_dim, "k")
-                .unwrap();
-            ops.kv_store_paged(&mut enc, &vb, &v, &slots, *len, kv_dim, "v")
-                .unwrap();
+            ops.kv_store(
+                &mut enc,
+                &kb,
+                &k,
+                Positions::Rows(&slots),
+                *len,
+                kv_dim,
+                "k",
+            )
+            .unwrap();
+            ops.kv_store(
+                &mut enc,
+                &vb,
+                &v,
+                Positions::Rows(&slots),
+                *len,
+                kv_dim,
+                "v",
+            )
+            .unwrap();
             keep.extend([slots, kb, vb]);
         }
         let positions: Vec<u32> = self.rows.iter().map(|&(_, p)| p as u32).collect();
@@ -564,15 +660,17 @@ impl PagedCase {
         let (positions, tables) = (upload(ops, &positions), upload(ops, &tables));
         let q = upload(ops, &self.q);
         let out = ops.device().alloc(self.q.len() * 4).unwrap();
-        ops.attention_paged(
+        ops.attention(
             &mut enc,
             &q,
             &k,
             &v,
-            &positions,
-            &tables,
+            AttnRows::Paged {
+                positions: &positions,
+                tables: &tables,
+                shape: self.shape(),
+            },
             &out,
-            self.shape(),
         )
         .unwrap();
         enc.commit_and_wait().unwrap();

@@ -1,7 +1,7 @@
 //! Attention: decode and prefill, grouped-query, windowed.
 
 use encore_ops::kernels::attention::AttnShape;
-use encore_ops::Ops;
+use encore_ops::{AttnRows, Ops};
 use half::f16;
 
 use super::common::{upload, Rng};
@@ -38,7 +38,16 @@ fn check(pair: &[Ops; 2], rng: &mut Rng, shape: AttnShape, pos: u32) {
             upload(ops, &[pos]),
         );
         let out = ops.device().alloc(q.len() * 4).unwrap();
-        run(ops, |o, e| o.attention(e, &qb, &kb, &vb, &p, &out, shape));
+        run(ops, |o, e| {
+            o.attention(
+                e,
+                &qb,
+                &kb,
+                &vb,
+                AttnRows::Contiguous { pos: &p, shape },
+                &out,
+            )
+        });
         out.download::<f32>().unwrap()
     });
     let what = format!(

@@ -1,7 +1,7 @@
 //! Elementwise ops, norms, RoPE, KV stores, argmax and the position advance.
 
 use encore_ops::kernels::rope::{theta_scale, RopeShape, RopeStoreArgs, RopeStoreShape};
-use encore_ops::KernelSet;
+use encore_ops::{KernelSet, Positions};
 use half::f16;
 
 use super::common::{upload, Rng};
@@ -128,7 +128,17 @@ fn rope_matches_cpu_in_both_layouts() {
                     let f = scaled.then_some(&f);
                     run(ops, |o, e| {
                         o.rope(
-                            e, &x, &p, rows, heads, head_dim, rope_dim, base, neox, f, "rope",
+                            e,
+                            &x,
+                            Positions::Contiguous(&p),
+                            rows,
+                            heads,
+                            head_dim,
+                            rope_dim,
+                            base,
+                            neox,
+                            f,
+                            "rope",
                         )
                     });
                     x.download::<f32>().unwrap()
@@ -251,7 +261,7 @@ fn kv_store_matches_cpu_bit_for_bit() {
             let out = pair.each_ref().map(|ops| {
                 let (s, c, p) = (upload(ops, &src), upload(ops, &cache0), upload(ops, &[pos]));
                 run(ops, |o, e| {
-                    o.kv_store(e, &s, &c, &p, rows, kv_dim, max_seq, "kv")
+                    o.kv_store(e, &s, &c, Positions::Contiguous(&p), rows, kv_dim, "kv")
                 });
                 c.download::<u16>().unwrap()
             });
@@ -262,6 +272,64 @@ fn kv_store_matches_cpu_bit_for_bit() {
             );
         }
     }
+}
+
+/// `rope` of rows each at its own position (`Positions::Rows`, the
+/// `rope_rows` kernel): the rotation of consecutive rows at those positions,
+/// to the same tolerance.
+#[test]
+fn rope_of_rows_at_their_own_positions_matches_cpu() {
+    let mut rng = Rng::new();
+    let pair = both();
+    let (heads, head_dim, base) = (3usize, 64usize, 100_000f32);
+    let positions = [5u32, 0, 4095, 77, 77, 1000];
+    let rows = positions.len();
+    let x0 = rng.vec(rows * heads * head_dim);
+    for neox in [false, true] {
+        let out = pair.each_ref().map(|ops| {
+            let (x, p) = (upload(ops, &x0), upload(ops, &positions));
+            run(ops, |o, e| {
+                let at = Positions::Rows(&p);
+                o.rope(
+                    e, &x, at, rows, heads, head_dim, head_dim, base, neox, None, "rope",
+                )
+            });
+            x.download::<f32>().unwrap()
+        });
+        assert_close(
+            &format!("rope_rows neox={neox}"),
+            &out[1],
+            &out[0],
+            0.0,
+            2e-6,
+        );
+    }
+}
+
+/// `kv_store` of rows each at its own slot of a pool (`Positions::Rows`,
+/// the `kv_store_paged` kernel): the CPU's halves bit for bit, the other
+/// slots untouched.
+#[test]
+fn kv_store_at_slots_matches_cpu_bit_for_bit() {
+    let mut rng = Rng::new();
+    let pair = both();
+    let (kv_dim, pool) = (6usize, 24usize);
+    let cache0: Vec<u16> = (0..kv_dim * pool)
+        .map(|_| f16::from_f32(rng.f32()).to_bits())
+        .collect();
+    let slots = [3u32, 23, 0, 9, 10];
+    let rows = slots.len();
+    let src: Vec<f32> = (0..rows * kv_dim).map(|_| rng.f32() * 100.0).collect();
+    let out = pair.each_ref().map(|ops| {
+        let (s, c, p) = (upload(ops, &src), upload(ops, &cache0), upload(ops, &slots));
+        run(ops, |o, e| {
+            o.kv_store(e, &s, &c, Positions::Rows(&p), rows, kv_dim, "kv")
+        });
+        c.download::<u16>().unwrap()
+    });
+    let differ = out[0].iter().zip(&out[1]).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 0, "kv_store_paged: {differ} halves differ");
+    assert_ne!(out[0], cache0, "the rows were stored");
 }
 
 /// `argmax` over vocabularies up to Qwen's, with ties (the first wins),

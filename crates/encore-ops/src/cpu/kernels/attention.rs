@@ -1,10 +1,15 @@
 //! The CPU bodies of `kv_store` and `attention`
-//! ([`crate::kernels::attention`]).
+//! ([`crate::kernels::attention`]), each with its [`PositionSource`] a
+//! parameter: with [`PositionSource::Rows`] they are `kv_store_paged` and
+//! `attention_paged` ([`crate::kernels::paged`]).
 //!
 //! The attention follows llama.cpp's CPU flash attention step by step: below
 //! [`FA_TILE_Q`] rows, Q and the weighted sum of V are rounded to f16; from
 //! [`FA_TILE_Q`] rows on, everything stays f32, in tiles of [`FA_TILE_KV`]
-//! positions.
+//! positions. Rows of a paged cache belong to independent sequences: each
+//! takes the one-row recurrence whatever the batch, on its KV head's
+//! visible positions gathered out of its blocks, so that a sequence's
+//! result does not depend on what shares its batch.
 
 use encore::{parallel, CpuArgs};
 use half::f16;
@@ -15,26 +20,39 @@ use super::elementwise::avx512;
 #[cfg(not(target_arch = "x86_64"))]
 use super::elementwise::ggml_expf_avx512;
 use super::elementwise::{ggml_expf, GgmlVector};
+use super::Positions;
 use crate::kernels::attention::{AttnArgs, AttnShape, KvArgs, MAX_HEAD_DIM};
+use crate::kernels::paged::{PagedAttnArgs, PagedAttnShape};
+use crate::kernels::positions::PositionSource;
 
-/// The CPU body of `kv_store`.
-pub(crate) fn kv_store(a: &CpuArgs<'_>) -> Result<(), String> {
+/// The CPU body of `kv_store` and, with [`PositionSource::Rows`],
+/// `kv_store_paged`: row `r` into cache row `pos + r`, or into slot
+/// `slots[r]`. Every row is checked before any is written.
+pub(crate) fn kv_store(a: &CpuArgs<'_>, source: PositionSource) -> Result<(), String> {
     let args = KvArgs::from_cpu(a)?;
     let s = args.shape;
-    let pos = args.pos.param()? as usize;
-    let (rows, kv_dim) = (s.rows as usize, s.kv_dim as usize);
-    if pos + rows > s.max_seq as usize {
-        return Err(format!(
-            "position {} past the cache of {}",
-            pos + rows,
-            s.max_seq
-        ));
+    let (rows, kv_dim, cap) = (s.rows as usize, s.kv_dim as usize, s.max_seq as usize);
+    let at = Positions::read(&args.pos, source, rows)?;
+    if let Positions::Start(pos) = at {
+        if pos as usize + rows > cap {
+            return Err(format!(
+                "position {} past the cache of {cap}",
+                pos as usize + rows
+            ));
+        }
+    }
+    if let Some(slot) = (0..rows).map(|r| at.at(r)).find(|&t| t as usize >= cap) {
+        return Err(format!("slot {slot} past the pool of {cap} slots"));
     }
     let src = args.src.read::<f32>()?;
     let cache = args.cache.write::<f16>()?;
     super::need("src", src, rows * kv_dim)?;
-    super::need("cache", cache, (pos + rows) * kv_dim)?;
-    cache[pos * kv_dim..(pos + rows) * kv_dim].convert_from_f32_slice(&src[..rows * kv_dim]);
+    let last = (0..rows).map(|r| at.at(r) as usize + 1).max().unwrap_or(0);
+    super::need("cache", cache, last * kv_dim)?;
+    for (r, row) in src[..rows * kv_dim].chunks_exact(kv_dim.max(1)).enumerate() {
+        let slot = at.at(r) as usize;
+        cache[slot * kv_dim..(slot + 1) * kv_dim].convert_from_f32_slice(row);
+    }
     Ok(())
 }
 
@@ -713,14 +731,60 @@ thread_local! {
     };
 }
 
-/// The CPU attention of `s.rows` query rows at positions `pos..` over the
-/// cache (`k`, `v`: `[pos + rows, kv_dim]` at least): the single-row
-/// recurrence below [`FA_TILE_Q`] rows, the tiled one from there.
+thread_local! {
+    /// One KV head of one sequence's visible positions, gathered out of the
+    /// blocks of a paged cache: K, then V.
+    static GATHERED: std::cell::RefCell<(Vec<f16>, Vec<f16>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Where the query rows of an attention sit and where their sequences'
+/// positions lie in the cache.
+pub(crate) enum Layout<'a> {
+    /// One sequence: row `r` at position `pos + r`, position `t` in cache
+    /// row `t`.
+    Contiguous { pos: usize },
+    /// Rows of independent sequences: row `r` at `positions[r]`, position
+    /// `t` of its sequence in slot `table[t / block_size] * block_size + t %
+    /// block_size`, its `table` row `r` of `tables` (`max_blocks` entries a
+    /// row), checked by [`check_tables`].
+    Paged {
+        positions: &'a [u32],
+        tables: &'a [u32],
+        block_size: usize,
+        max_blocks: usize,
+    },
+}
+
+impl Layout<'_> {
+    /// Row `r`'s position.
+    fn position(&self, r: usize) -> usize {
+        match self {
+            Layout::Contiguous { pos } => pos + r,
+            Layout::Paged { positions, .. } => positions[r] as usize,
+        }
+    }
+
+    /// The cache rows the attention reads: `pos + rows` of one sequence,
+    /// or every slot of the pool (`s.max_seq` for a paged cache).
+    fn cache_rows(&self, s: &AttnShape) -> usize {
+        match self {
+            Layout::Contiguous { pos } => pos + s.rows as usize,
+            Layout::Paged { .. } => s.max_seq as usize,
+        }
+    }
+}
+
+/// The CPU attention of `s.rows` query rows placed as `layout` says, over
+/// the cache (`k`, `v`: `[layout.cache_rows(s), kv_dim]` at least): the
+/// single-row recurrence below [`FA_TILE_Q`] rows and for every row of a
+/// paged cache, the tiled one for [`FA_TILE_Q`] rows or more of one
+/// sequence.
 pub(crate) fn attend_rows(
     q: &[f32],
     k: &[f16],
     v: &[f16],
-    pos: usize,
+    layout: &Layout<'_>,
     s: AttnShape,
     out: &mut [f32],
 ) -> Result<(), String> {
@@ -734,27 +798,80 @@ pub(crate) fn attend_rows(
         return Err(format!("{heads} heads do not divide into {kvh} KV heads"));
     }
     let kv_dim = kvh * hd;
-    let len = pos + rows;
+    let len = layout.cache_rows(&s);
     super::need("q", q, rows * heads * hd)?;
     super::need("k", k, len * kv_dim)?;
     super::need("v", v, len * kv_dim)?;
     super::need("out", out, rows * heads * hd)?;
     let group = heads / kvh;
     let out = &mut out[..rows * heads * hd];
-    if rows < FA_TILE_Q {
-        parallel::for_each_chunk_mut(out, hd, |i, o| {
-            let (r, h) = (i / heads, i % heads);
-            let qh = &q[i * hd..(i + 1) * hd];
-            let off = (h / group) * hd;
-            // A window starts the cache later: the rows before it are not seen.
-            let first = s.first_visible(pos, r) * kv_dim;
-            let len = pos + r + 1 - s.first_visible(pos, r);
-            attend_head(qh, &k[first..], &v[first..], len, kv_dim, off, s.scale, o);
-        });
-        return Ok(());
+    if let Layout::Contiguous { pos } = *layout {
+        if rows >= FA_TILE_Q {
+            attend_tiled(q, k, v, pos, s, out);
+            return Ok(());
+        }
     }
-    // The tiled path reads the cache widened to f32, from a per-thread
-    // slot that is taken out for the call.
+    // A task per (row, head) of one sequence, reading the cache in place;
+    // a task per (row, KV head) of a paged cache, whose query heads share
+    // the gathered positions (adjacent in `out`).
+    let chunk = match layout {
+        Layout::Contiguous { .. } => hd,
+        Layout::Paged { .. } => group * hd,
+    };
+    parallel::for_each_chunk_mut(out, chunk, |i, o| {
+        let first_head = i * chunk / hd;
+        let (r, h0) = (first_head / heads, first_head % heads);
+        let g = h0 / group;
+        let at = layout.position(r);
+        // A window starts the cache later: the rows before it are not seen.
+        let first = s.first_visible(at, 0);
+        let len = at + 1 - first;
+        let mut attend = |k: &[f16], v: &[f16], stride: usize, off: usize| {
+            for (j, oh) in o.chunks_exact_mut(hd).enumerate() {
+                let qh = &q[(first_head + j) * hd..(first_head + j + 1) * hd];
+                attend_head(qh, k, v, len, stride, off, s.scale, oh);
+            }
+        };
+        match *layout {
+            Layout::Contiguous { .. } => {
+                let skip = first * kv_dim;
+                attend(&k[skip..], &v[skip..], kv_dim, g * hd);
+            }
+            Layout::Paged {
+                tables,
+                block_size: bs,
+                max_blocks,
+                ..
+            } => GATHERED.with(|cell| {
+                let table = &tables[r * max_blocks..(r + 1) * max_blocks];
+                let mut scratch = cell.borrow_mut();
+                let (gk, gv) = &mut *scratch;
+                gk.resize(len * hd, f16::ZERO);
+                gv.resize(len * hd, f16::ZERO);
+                for (j, t) in (first..=at).enumerate() {
+                    let slot = table[t / bs] as usize * bs + t % bs;
+                    let from = slot * kv_dim + g * hd;
+                    gk[j * hd..(j + 1) * hd].copy_from_slice(&k[from..from + hd]);
+                    gv[j * hd..(j + 1) * hd].copy_from_slice(&v[from..from + hd]);
+                }
+                attend(gk, gv, hd, 0);
+            }),
+        }
+    });
+    Ok(())
+}
+
+/// The tiled attention of [`FA_TILE_Q`] rows or more of one sequence at
+/// positions `pos..`, on the cache widened to f32 from a per-thread slot
+/// that is taken out for the call.
+fn attend_tiled(q: &[f32], k: &[f16], v: &[f16], pos: usize, s: AttnShape, out: &mut [f32]) {
+    let (rows, heads, kvh, hd) = (
+        s.rows as usize,
+        s.heads as usize,
+        s.kv_heads as usize,
+        s.head_dim as usize,
+    );
+    let (kv_dim, len, group) = (kvh * hd, pos + rows, heads / kvh);
     let mut w = WIDE.with(|w| w.take());
     {
         w.k.resize(len * kv_dim, 0.0);
@@ -782,32 +899,94 @@ pub(crate) fn attend_rows(
         });
     }
     WIDE.with(|c| c.replace(w));
-    Ok(())
 }
 
-/// The CPU body of the `attention` op, shared by its kernels: checks the
-/// shape against the cache and runs [`attend_rows`].
-pub(crate) fn attention(a: &CpuArgs<'_>) -> Result<(), String> {
-    let args = AttnArgs::from_cpu(a)?;
-    let s = args.shape;
-    let pos = args.pos.param()? as usize;
-    let (rows, hd) = (s.rows as usize, s.head_dim as usize);
-    if hd > MAX_HEAD_DIM {
-        return Err(format!("head size {hd} above {MAX_HEAD_DIM}"));
+/// The CPU body of the `attention` op (shared by its kernels) and, with
+/// [`PositionSource::Rows`], of `attention_paged`: checks the shape
+/// against the cache (and the block tables) and runs [`attend_rows`].
+pub(crate) fn attention(a: &CpuArgs<'_>, source: PositionSource) -> Result<(), String> {
+    match source {
+        PositionSource::Start => {
+            let args = AttnArgs::from_cpu(a)?;
+            let s = args.shape;
+            let pos = args.pos.param()? as usize;
+            let (rows, hd) = (s.rows as usize, s.head_dim as usize);
+            if hd > MAX_HEAD_DIM {
+                return Err(format!("head size {hd} above {MAX_HEAD_DIM}"));
+            }
+            if pos + rows > s.max_seq as usize {
+                return Err(format!(
+                    "position {} past the cache of {}",
+                    pos + rows,
+                    s.max_seq
+                ));
+            }
+            let (q, k, v) = (
+                args.q.read::<f32>()?,
+                args.k.read::<f16>()?,
+                args.v.read::<f16>()?,
+            );
+            let layout = Layout::Contiguous { pos };
+            attend_rows(q, k, v, &layout, s, args.out.write::<f32>()?)
+        }
+        PositionSource::Rows => {
+            let args = PagedAttnArgs::from_cpu(a)?;
+            let s = args.shape;
+            let layout = check_tables(&s, args.positions.read()?, args.tables.read()?)?;
+            let (q, k, v) = (
+                args.q.read::<f32>()?,
+                args.k.read::<f16>()?,
+                args.v.read::<f16>()?,
+            );
+            attend_rows(q, k, v, &layout, s.attn(), args.out.write::<f32>()?)
+        }
     }
-    if pos + rows > s.max_seq as usize {
-        return Err(format!(
-            "position {} past the cache of {}",
-            pos + rows,
-            s.max_seq
-        ));
-    }
-    let (q, k, v) = (
-        args.q.read::<f32>()?,
-        args.k.read::<f16>()?,
-        args.v.read::<f16>()?,
+}
+
+/// Checks a paged attention's shape `s` and that every row's table covers
+/// its position with blocks of the pool; the rows' [`Layout`].
+pub(crate) fn check_tables<'a>(
+    s: &PagedAttnShape,
+    positions: &'a [u32],
+    tables: &'a [u32],
+) -> Result<Layout<'a>, String> {
+    let (rows, heads, kvh, hd) = (
+        s.rows as usize,
+        s.heads as usize,
+        s.kv_heads as usize,
+        s.head_dim as usize,
     );
-    attend_rows(q, k, v, pos, s, args.out.write::<f32>()?)
+    if kvh == 0 || heads % kvh != 0 {
+        return Err(format!("{heads} heads do not divide into {kvh} KV heads"));
+    }
+    if hd > MAX_HEAD_DIM || hd == 0 {
+        return Err(format!("head size {hd} outside 1..={MAX_HEAD_DIM}"));
+    }
+    let (bs, max_blocks) = (s.block_size as usize, s.max_blocks as usize);
+    if bs == 0 {
+        return Err("block size 0".into());
+    }
+    super::need("positions", positions, rows)?;
+    super::need("tables", tables, rows * max_blocks)?;
+    for (r, &p) in positions[..rows].iter().enumerate() {
+        let p = p as usize;
+        let table = &tables[r * max_blocks..(r + 1) * max_blocks];
+        let used = p / bs + 1;
+        if used > max_blocks {
+            return Err(format!(
+                "row {r}: position {p} needs {used} blocks, tables hold {max_blocks}"
+            ));
+        }
+        if let Some(b) = table[..used].iter().find(|&&b| b >= s.blocks) {
+            return Err(format!("row {r}: block {b} past the pool of {}", s.blocks));
+        }
+    }
+    Ok(Layout::Paged {
+        positions,
+        tables,
+        block_size: bs,
+        max_blocks,
+    })
 }
 
 #[cfg(test)]
@@ -1063,7 +1242,7 @@ mod tests {
                     window,
                 };
                 let mut out = vec![0.0f32; rows * heads * hd];
-                attend_rows(&q, &k16, &v16, pos, s, &mut out).unwrap();
+                attend_rows(&q, &k16, &v16, &Layout::Contiguous { pos }, s, &mut out).unwrap();
                 for r in 0..rows {
                     for h in 0..heads {
                         let want = windowed_reference(&q, &k, &v, s, pos, r, h);

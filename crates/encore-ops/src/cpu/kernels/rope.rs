@@ -1,8 +1,11 @@
-//! The CPU bodies of `rope` and `rope_store` ([`crate::kernels::rope`]).
+//! The CPU bodies of `rope` (with either [`PositionSource`], so `rope_rows`
+//! too) and `rope_store` ([`crate::kernels::rope`]).
 
 use encore::CpuArgs;
 use half::slice::HalfFloatSliceExt;
 
+use super::Positions;
+use crate::kernels::positions::PositionSource;
 use crate::kernels::rope::{theta_scale, RopeArgs, RopeStoreArgs};
 
 /// Rotates one head vector at position `pos`. Angles advance by repeated
@@ -144,15 +147,15 @@ fn check_dims(head_dim: usize, rope_dim: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The CPU body of `rope`.
-pub(crate) fn rope(a: &CpuArgs<'_>) -> Result<(), String> {
+/// The CPU body of `rope` and, with [`PositionSource::Rows`], `rope_rows`.
+pub(crate) fn rope(a: &CpuArgs<'_>, source: PositionSource) -> Result<(), String> {
     let args = RopeArgs::from_cpu(a)?;
     let s = args.shape;
-    let pos = args.pos.param()?;
-    let (hd, rd) = (s.head_dim as usize, s.rope_dim as usize);
+    let (rows, hd, rd) = (s.rows as usize, s.head_dim as usize, s.rope_dim as usize);
     check_dims(hd, rd)?;
+    let positions = Positions::read(&args.pos, source, rows)?;
     let x = args.x.write::<f32>()?;
-    let n = s.rows as usize * s.heads as usize * hd;
+    let n = rows * s.heads as usize * hd;
     super::need("x", x, n)?;
     let factors = match s.factors {
         0 => None,
@@ -168,10 +171,11 @@ pub(crate) fn rope(a: &CpuArgs<'_>) -> Result<(), String> {
         return Ok(());
     }
     const ROWS: usize = 8;
-    encore::parallel::for_each_chunk_mut(&mut x[..n], ROWS * dim, |c, rows| {
+    encore::parallel::for_each_chunk_mut(&mut x[..n], ROWS * dim, |c, chunk| {
         let mut cs = vec![(0f32, 0f32); rd / 2];
-        for (r, row) in rows.chunks_exact_mut(dim).enumerate() {
-            angles(&mut cs, pos + (c * ROWS + r) as u32, rd, s.base, factors);
+        for (r, row) in chunk.chunks_exact_mut(dim).enumerate() {
+            let pos = positions.at(c * ROWS + r);
+            angles(&mut cs, pos, rd, s.base, factors);
             rotate_row(row, hd, &cs, s.neox != 0);
         }
     });
