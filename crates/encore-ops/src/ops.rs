@@ -11,6 +11,11 @@
 //! elsewhere; an op whose kernel the device's backend does not implement
 //! fails with [`Error::Unsupported`] when it is dispatched. Launch
 //! geometry is the backend's business (see [`encore::CudaKernel`]).
+//!
+//! An op that reads positions has one method for one sequence's contiguous
+//! cache and for a paged cache of many sequences: [`Positions`] or
+//! [`AttnRows`] says where the rows sit, and picks the kernel compiled for
+//! that source.
 
 use std::sync::Mutex;
 

@@ -1,4 +1,4 @@
-//! The CUDA backend of the kernels: one `.cu` file per kernel entry point
+//! The CUDA backend of the kernels: one `.cu` file per kernel (per op)
 //! and `.cuh` headers for what several kernels share, all in this folder;
 //! [`geometry`], which says how each kernel is launched; and one function
 //! per kernel that puts the two together as the kernel's
@@ -10,6 +10,13 @@
 //! `#include "name.cuh"` lines before a source goes to the runtime; some
 //! sources also get `#define` lines for constants the Rust side owns
 //! (`source_with`). Each kernel file opens with its arguments and its math.
+//!
+//! The ops that read positions (`rope.cu`, `kv_store.cu`, `attention.cu`,
+//! `attention_step.cu`) hold one body for one sequence's contiguous cache
+//! and for a paged one, the position source a template argument; the
+//! `POSITION_ROWS` define picks the entry point a compilation has (`rope`
+//! or `rope_rows`, ...), so each is compiled once per
+//! [`PositionSource`].
 
 pub mod geometry;
 

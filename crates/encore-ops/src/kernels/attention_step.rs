@@ -12,6 +12,10 @@
 //! operations' own code in their order, so a fused CPU graph equals the
 //! unfused one bit for bit.
 //!
+//! Over a paged cache, `attention_step_paged` ([`super::paged`]) is the
+//! same body (CPU and CUDA) with each row's position, slot and cache rows
+//! its own.
+//!
 //! CUDA: `cuda/attention_step.cu`; wgpu: `wgsl/attention_step.wgsl`.
 
 use encore::Access;

@@ -14,6 +14,10 @@
 //! with their value compiled in as WGSL constants (`shape_constants`,
 //! [`encore::KernelDef::wgpu_variants`]); every kernel here is compiled
 //! without naga's loop bounding (`finite`).
+//!
+//! `rope.wgsl` and `kv_store.wgsl` serve both position sources: the
+//! constant `POSITION_ROWS`, prepended to the source (`with_positions`),
+//! says where a row's position or slot comes from.
 
 use encore::{Launch, WgpuKernel, WgslFeatures};
 
