@@ -258,7 +258,30 @@ fn now() -> u64 {
 
 /// The router of every route over `state`.
 pub fn router(state: Arc<State>) -> axum::Router {
-    routes::router(state)
+    use axum::middleware;
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/v1/models", get(routes::models))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/health", get(routes::health))
+        .route("/metrics", get(metrics::render))
+        .fallback(routes::fallback)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            routes::authorize,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            routes::check_head,
+        ))
+        .layer(middleware::from_fn(routes::json_errors))
+        .layer(middleware::from_fn(messages::error_shape))
+        .layer(middleware::from_fn_with_state(state.clone(), routes::count))
+        .with_state(state)
 }
 
 /// Serves `state` on `listener` until `shutdown` completes or a device

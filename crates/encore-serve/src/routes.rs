@@ -18,11 +18,10 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{Request, State as Extract};
 use axum::http::{header, HeaderMap, Method, Uri};
-use axum::middleware::{self, Next};
+use axum::middleware::Next;
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -38,32 +37,13 @@ use encore_llm::{Engine, Event, FinishReason, GenRequest, TokenLogprob};
 
 use crate::api::{self, Kind, Settings};
 use crate::error::{ApiError, Outcome};
-use crate::{logprobs, messages};
+use crate::logprobs;
 use crate::{now, Ready, State};
 
 pub(crate) type Shared = Extract<Arc<State>>;
 
-pub fn router(state: Arc<State>) -> Router {
-    Router::new()
-        .route("/v1/models", get(models))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/messages", post(messages::create))
-        .route("/v1/messages/count_tokens", post(messages::count_tokens))
-        .route("/health", get(health))
-        .route("/metrics", get(crate::metrics::render))
-        .fallback(fallback)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
-        .layer(middleware::from_fn_with_state(state.clone(), check_head))
-        .layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(messages::error_shape))
-        .layer(middleware::from_fn_with_state(state.clone(), count))
-        .with_state(state)
-}
-
 /// Counts responses by status class and errors by outcome.
-async fn count(Extract(state): Shared, request: Request, next: Next) -> Response {
+pub(crate) async fn count(Extract(state): Shared, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let outcome = response.extensions().get::<Outcome>().copied();
     state.counters.response(response.status().as_u16(), outcome);
@@ -72,7 +52,7 @@ async fn count(Extract(state): Shared, request: Request, next: Next) -> Response
 
 /// Gives an error from outside the handlers (an extractor's rejection, a
 /// layer's refusal) OpenAI's shape.
-async fn json_errors(request: Request, next: Next) -> Response {
+pub(crate) async fn json_errors(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error())
@@ -99,7 +79,7 @@ async fn json_errors(request: Request, next: Next) -> Response {
 }
 
 /// Refuses a request whose head is over the configured bounds with a 431.
-async fn check_head(Extract(state): Shared, request: Request, next: Next) -> Response {
+pub(crate) async fn check_head(Extract(state): Shared, request: Request, next: Next) -> Response {
     let limits = &state.limits;
     let headers = request.headers();
     if headers.len() > limits.max_headers {
@@ -129,7 +109,7 @@ async fn check_head(Extract(state): Shared, request: Request, next: Next) -> Res
 /// Requires the API key, when the server has one, on every route but
 /// `/health`: as `Authorization: Bearer KEY` (OpenAI's clients) or
 /// `x-api-key: KEY` (Anthropic's); compares it in constant time.
-async fn authorize(Extract(state): Shared, request: Request, next: Next) -> Response {
+pub(crate) async fn authorize(Extract(state): Shared, request: Request, next: Next) -> Response {
     let Some(key) = &state.limits.api_key else {
         return next.run(request).await;
     };
@@ -169,11 +149,11 @@ fn keys_match(given: &str, key: &str) -> bool {
     bool::from(given.as_slice().ct_eq(key.as_slice()))
 }
 
-async fn fallback(uri: Uri) -> ApiError {
+pub(crate) async fn fallback(uri: Uri) -> ApiError {
     ApiError::not_found(uri.path())
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::method_not_allowed(method.as_str(), uri.path())
 }
 
@@ -191,7 +171,7 @@ pub(crate) fn ready(state: &State) -> Result<&Ready, ApiError> {
         .ok_or_else(|| ApiError::unavailable("the model is still loading; see /health"))
 }
 
-async fn health(Extract(state): Shared) -> Response {
+pub(crate) async fn health(Extract(state): Shared) -> Response {
     let unavailable = axum::http::StatusCode::SERVICE_UNAVAILABLE;
     if let Some(message) = state.failed.get() {
         let body = json!({"status": "error", "message": message});
@@ -211,7 +191,7 @@ async fn health(Extract(state): Shared) -> Response {
     }
 }
 
-async fn models(Extract(state): Shared) -> Json<Value> {
+pub(crate) async fn models(Extract(state): Shared) -> Json<Value> {
     Json(json!({
         "object": "list",
         "data": [{
@@ -608,7 +588,7 @@ fn usage(prompt: usize, completion: usize) -> Value {
     })
 }
 
-async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiError> {
+pub(crate) async fn chat(Extract(state): Shared, request: Request) -> Result<Response, ApiError> {
     let ready = ready(&state)?;
     let deadline = deadline(&state, request.headers())?;
     let body = read_body(&state, request).await?;
@@ -711,7 +691,10 @@ fn offer_tools(
     Ok((template, specs))
 }
 
-async fn completions(Extract(state): Shared, request: Request) -> Result<Response, ApiError> {
+pub(crate) async fn completions(
+    Extract(state): Shared,
+    request: Request,
+) -> Result<Response, ApiError> {
     let ready = ready(&state)?;
     let deadline = deadline(&state, request.headers())?;
     let body = read_body(&state, request).await?;
