@@ -12,9 +12,10 @@
 // run together and read it from L2. The block walks `k` in steps of GF_BK,
 // GF_STAGES steps in flight: `cp.async` copies a step's tiles into shared
 // memory while the warps multiply an earlier one. A tile row of GF_BK
-// 16-bit values is four 16-byte chunks, chunk `c` of row `r` stored at
-// chunk `c ^ ((r / 2) % 4)`, so that the eight rows an `ldmatrix` phase
-// reads lie in distinct banks. The warps, GF_WARPS_M along the rows by
+// 16-bit values is GF_BK / 8 16-byte chunks, chunk `c` of row `r` stored
+// at chunk `c ^ (r % 8)` (64 positions: a row is all 32 banks) or `c ^
+// ((r / 2) % 4)` (32: two rows are), so that the eight rows an `ldmatrix`
+// phase reads lie in distinct banks. The warps, GF_WARPS_M along the rows by
 // GF_WARPS_N along the columns, each own 64 x 64 of the tile: 4 x 8
 // `mma.m16n8k16` accumulators, 8 `ldmatrix.x4` for 32 `mma` a step of 16.
 //
@@ -61,7 +62,11 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Byte offset in a tile of the 16-byte chunk `c` of row `r` (swizzled).
 __device__ __forceinline__ unsigned int gf_chunk(unsigned int r, unsigned int c) {
+#if GF_BK == 64
+    return r * (GF_BK * 2) + ((c ^ (r & 7u)) << 4);
+#else
     return r * (GF_BK * 2) + ((c ^ ((r >> 1) & 3u)) << 4);
+#endif
 }
 
 // Copies step `k0` of the ROWS rows r0.. of `src` (`count` rows of `k`)

@@ -413,11 +413,13 @@ pub(crate) fn gemm_defines() -> Vec<(&'static str, String)> {
 /// tiles of [`DENSE_TILE`] both ways.
 const GEMM_F16_WARPS: [u32; 2] = [DENSE_TILE as u32 / 64, DENSE_TILE as u32 / 64];
 
-/// Positions a step of `gemm_f16` (`GF_BK`): four 16-byte chunks a tile row.
-const GEMM_F16_STEP: u32 = 32;
+/// Positions a step of `gemm_f16` (`GF_BK`, 32 or 64): eight 16-byte
+/// chunks a tile row, 128 `mma` a warp between two barriers.
+const GEMM_F16_STEP: u32 = 64;
 
-/// Steps of `gemm_f16` in flight (`GF_STAGES`).
-const GEMM_F16_STAGES: u32 = 4;
+/// Steps of `gemm_f16` in flight (`GF_STAGES`): 96 KiB of shared memory
+/// a block, two blocks a multiprocessor.
+const GEMM_F16_STAGES: u32 = 3;
 
 /// `gemm_f16` of `rows` activation rows by `n` weight rows in `splits`
 /// runs of `k`: a block a tile and run, along the rows first (blocks
