@@ -155,10 +155,11 @@ pub struct Ops {
     /// A slot per row of the registry's table.
     slots: Slots,
     /// Working memory of the long prompts' products (f16 activations,
-    /// their marks, a slice of f16 weights), grown to the largest asked for.
-    /// Each use declares its ranges, so successive products wait on each
-    /// other's use of it; a buffer given up stays alive for the
-    /// submissions that hold it.
+    /// their marks, a slice of f16 weights, split sums), grown to the
+    /// largest asked for. Each use declares its ranges, so the products of
+    /// one submission wait on each other's use of it, and the device's one
+    /// queue runs submissions in order; a buffer given up stays alive for
+    /// the submissions that hold it.
     scratch: Mutex<Option<Buffer>>,
 }
 
@@ -360,10 +361,8 @@ impl Ops {
 
     /// The scratch buffer, at least `bytes` long.
     fn scratch(&self, bytes: usize) -> Result<Buffer> {
-        let mut scratch = self
-            .scratch
-            .lock()
-            .map_err(|_| Error::Graph("the products' scratch lock was poisoned".into()))?;
+        // A panic elsewhere cannot leave the slot half-written: take it as is.
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         match &*scratch {
             Some(b) if b.len() >= bytes => Ok(b.clone()),
             _ => {

@@ -24,9 +24,9 @@
 // `rows` rows of `y`, which `sum_splits` then adds in order. Each output's
 // sum runs over its run of `k` in order, 16 positions an `mma`, in one
 // accumulator: it depends on its row of `a`, its row of `b` and the split
-// count alone, never on the tile's other rows or the slice. `k` must be a multiple
-// of 8 (16-byte rows of chunks); rows, columns and positions past the
-// matrices are zero in shared memory and never stored.
+// count alone, never on the tile's other rows or the slice. `k` must be a
+// multiple of 8 (16-byte rows of chunks); rows, columns and positions past
+// the matrices are zero in shared memory and never stored.
 
 #include "mma.cuh"
 

@@ -1,6 +1,6 @@
 //! The products of long prompts on dequantized tiles (CUDA prefill):
 //! `y[r, j] = sum_i w[j, i] * x[r, i]`, the product [`super::matmul`]
-//! computes, for `rows >= `[`DENSE_MIN_ROWS`], as four kernels:
+//! computes, for `rows >= `[`DENSE_MIN_ROWS`], as five kernels:
 //!
 //! - `to_f16_rows` rounds the activations to f16 once and marks the rows
 //!   holding a value beyond f16's range ([`ToF16Args`]);
@@ -13,8 +13,8 @@
 //!   output columns: a K or V projection) splits `k` into runs
 //!   ([`splits`]) whose sums `sum_splits` adds in order ([`SumSplitsArgs`]);
 //! - `matmul_wide_rows` computes the marked rows' outputs again as f32 dot
-//!   products of the dequantized weights ([`WideRowsArgs`]), so the product stays finite wherever the f32
-//!   product is.
+//!   products of the dequantized weights ([`WideRowsArgs`]), so the
+//!   product stays finite wherever the f32 product is.
 //!
 //! Why a separate path: the tiled [`super::gemm`] reads the quantized
 //! blocks and folds each block's scales in after its products, which
@@ -29,10 +29,12 @@
 //! values (relative; f16's subnormals below `2^-14`), products summed in
 //! f32 on tensor cores, 16 positions at a time in order: within about
 //! `2^-10 Σ|w x|` of the f32 product. A row's sums depend on that row and
-//! the split count (chosen from the product's shape) alone: not on the
-//! rows sharing its tile, nor on the slices. F16 and the
-//! quantized types only; BF16 and F32 weights, whose range f16 lacks, stay
-//! on [`super::gemm`].
+//! the split count alone, not on the rows sharing its tile nor on the
+//! slices; the split count follows the product's shape and row count, so
+//! a prompt of another length may round a row differently (as the choice
+//! of this path over [`super::gemm`] does). F16 and the quantized types
+//! only; BF16 and F32 weights, whose range f16 lacks, stay on
+//! [`super::gemm`].
 //!
 //! CUDA: `cuda/to_f16_rows.cu`, `cuda/dequant_f16.cu`, `cuda/gemm_f16.cu`,
 //! `cuda/sum_splits.cu`, `cuda/matmul_wide_rows.cu` (sharing
@@ -57,7 +59,7 @@ pub const DENSE_TILE_SLOTS: usize = 264;
 /// Runs of `k` a product takes at most ([`splits`]).
 pub const DENSE_MAX_SPLITS: usize = 8;
 
-/// Steps of 32 positions a run of `k` takes at least.
+/// Groups of 32 positions a run of `k` takes at least.
 const DENSE_MIN_SPLIT_STEPS: usize = 16;
 
 /// Runs of `k` a product of `rows` activation rows by `n` weight rows of
