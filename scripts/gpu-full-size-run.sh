@@ -197,14 +197,7 @@ for (build, work), v in sorted(runs.items()):
 fi
 llama=$work/llama
 if wants peer-build && [[ -f $stage/llama-src.tgz && ! -f $llama/started ]]; then
-    mkdir -p "$llama"
-    tar xzf "$stage/llama-src.tgz" -C "$llama"
-    touch "$llama/started"
-    setsid nohup bash -c "cd $llama && cmake -S llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >cmake.log 2>&1 \
-        && cmake --build build -j$(nproc) --target llama-bench >build.log 2>&1; touch finished" \
-        </dev/null >/dev/null 2>&1 &
+    bash "$stage/llama-cuda-build.sh" "$stage/llama-src.tgz" "$llama"
     note "peer-build: started"
 fi
 if wants peer && [[ -f $llama/started ]]; then

@@ -5,8 +5,11 @@
 # travels), the cuda_ops and cuda_engine test binaries, and the script that
 # runs them (scripts/gpu-full-size-run.sh). No GPU or CUDA toolkit needed.
 #
-#   scripts/gpu-full-size.sh [--before REV] [--before-encore FILE]
+#   scripts/gpu-full-size.sh [--before REV] [--before-encore FILE] [--peer]
 #
+# --peer stages llama.cpp's trimmed source (../shared/tools/llama-cpp.sh
+# --source) and scripts/peer-bench.sh for the run's `peer-build` and `peer`
+# steps (Encore beside llama-bench on each model).
 # --before-encore FILE stages FILE, an `encore` built from an earlier
 # revision, for the run's `ab` step (the two builds alternated).
 # --before REV also stages cuda_ops built with REV's CUDA kernels and
@@ -17,12 +20,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=.gpu-full
-before="" before_encore=""
+before="" before_encore="" peer=no
 while (( $# > 0 )); do
     case $1 in
         --before) before=${2:?--before needs a revision}; shift 2 ;;
         --before-encore) before_encore=${2:?--before-encore needs a file}; shift 2 ;;
-        *) echo "usage: scripts/gpu-full-size.sh [--before REV] [--before-encore FILE]" >&2; exit 2 ;;
+        --peer) peer=yes; shift ;;
+        *) echo "usage: scripts/gpu-full-size.sh [--before REV] [--before-encore FILE] [--peer]" >&2; exit 2 ;;
     esac
 done
 
@@ -69,6 +73,10 @@ tar -C "$stage" -cf - bin | xz -6 -T0 >"$stage/bins.tar.xz"
 rm -rf "$stage/bin"
 cp scripts/gpu-full-size-run.sh "$stage/run.sh"
 cp scripts/gguf_header.py "$stage/"
+if [[ $peer == yes ]]; then
+    "${LLAMA_CPP_SH:-../shared/tools/llama-cpp.sh}" --source "$stage" >&2
+    cp scripts/peer-bench.sh scripts/llama-cuda-build.sh "$stage/"
+fi
 size=$(du -sb "$stage" | cut -f1)
 echo "== staged $((size / 1024 / 1024)) MiB in $stage/" >&2
 cat <<'CALL'

@@ -38,16 +38,7 @@ done
 
 llama=$work/llama
 if [[ ! -x $llama/build/bin/llama-bench ]]; then
-    if [[ ! -f $llama/started ]]; then
-        mkdir -p "$llama"
-        tar xzf "$stage/llama-src.tgz" -C "$llama"
-        touch "$llama/started"
-        setsid nohup bash -c "cd $llama && cmake -S llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
-            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >cmake.log 2>&1 \
-            && cmake --build build -j$(nproc) --target llama-bench >build.log 2>&1; touch finished" \
-            </dev/null >/dev/null 2>&1 &
-    fi
+    bash "$stage/llama-cuda-build.sh" "$stage/llama-src.tgz" "$llama"
     # Leave time for the benchmarks once it is built.
     while [[ ! -f $llama/finished ]] && (( SECONDS < budget - 240 )); do sleep 5; done
     if [[ ! -x $llama/build/bin/llama-bench ]]; then

@@ -36,7 +36,7 @@ for name in smollm2-135m qwen2.5-coder-0.5b gemma-3-270m; do
     python3 scripts/gguf_header.py "$path" "$stage/templates/$name.gguf"
 done
 "$llama_cpp_sh" --source "$stage" >&2
-cp scripts/peer-bench.sh scripts/gpu-peer-run.sh "$stage/"
+cp scripts/peer-bench.sh scripts/gpu-peer-run.sh scripts/llama-cuda-build.sh "$stage/"
 
 size=$(du -sb "$stage" | cut -f1)
 echo "== staged $((size / 1024 / 1024)) MiB in $stage/" >&2
