@@ -1527,6 +1527,15 @@ fn gemm_keeps_activations_beyond_f16_range_finite() {
     }
 }
 
+/// `|got - want| <= tol · Σ|w·x| + 1e-7` for one output of a product,
+/// naming it and what `want` is (the exact product, the CPU) otherwise.
+fn assert_within(what: &str, at: &str, got: f32, want: f32, scale: f32, tol: f32, against: &str) {
+    assert!(
+        (got - want).abs() <= tol * scale + 1e-7,
+        "{what}: output {at}: CUDA {got} vs {against} {want} (Σ|w·x| = {scale})"
+    );
+}
+
 /// `(exact, Σ|w·x|)` of the outputs `[r, j]` for `j` in `cols`, by row then column.
 fn sampled_magnitudes(
     w: &[f32],
@@ -1592,15 +1601,9 @@ fn long_prompt_products_match_the_exact_product() {
             let [cpu, gpu] = matmul_on_both(&pair, dtype, &w, n, k, &x, offset, rows);
             let what = format!("dense {dtype} rows={rows} n={n} k={k} x+{offset}");
             for i in 0..rows * n {
-                let (g, c, e, s) = (gpu[i], cpu[i], exact[i], scale[i]);
-                assert!(
-                    (g - e).abs() <= 2e-3 * s + 1e-7,
-                    "{what}: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
-                );
-                assert!(
-                    (g - c).abs() <= 5e-3 * s + 1e-7,
-                    "{what}: output {i}: CUDA {g} vs CPU {c} (Σ|w·x| = {s})"
-                );
+                let at = i.to_string();
+                assert_within(&what, &at, gpu[i], exact[i], scale[i], 2e-3, "exact");
+                assert_within(&what, &at, gpu[i], cpu[i], scale[i], 5e-3, "CPU");
             }
         }
     }
@@ -1640,10 +1643,15 @@ fn long_prompt_products_span_weight_slices() {
         for r in 0..rows {
             for (c, &j) in cols.iter().enumerate() {
                 let (e, s) = expected[r * cols.len() + c];
-                let g = gpu[r * n + j];
-                assert!(
-                    (g - e).abs() <= 2e-3 * s + 1e-7,
-                    "dense {dtype} slices: output [{r}, {j}]: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
+                let what = format!("dense {dtype} slices");
+                assert_within(
+                    &what,
+                    &format!("[{r}, {j}]"),
+                    gpu[r * n + j],
+                    e,
+                    s,
+                    2e-3,
+                    "exact",
                 );
             }
         }
@@ -1673,16 +1681,11 @@ fn long_prompt_products_keep_activations_beyond_f16_range_finite() {
         let wf = dequantize(dtype, &w, n, k);
         let (exact, scale) = magnitudes(&wf, &x, rows, n, k);
         let [_, gpu] = matmul_on_both(&pair, dtype, &w, n, k, &x, 0, rows);
+        let what = format!("dense {dtype} large rows");
         for i in 0..rows * n {
-            let (g, e, s) = (gpu[i], exact[i], scale[i]);
-            assert!(
-                g.is_finite(),
-                "dense {dtype} large rows: output {i} is {g} (exact {e})"
-            );
-            assert!(
-                (g - e).abs() <= 2e-3 * s + 1e-7,
-                "dense {dtype} large rows: output {i}: CUDA {g} vs exact {e} (Σ|w·x| = {s})"
-            );
+            let (g, e) = (gpu[i], exact[i]);
+            assert!(g.is_finite(), "{what}: output {i} is {g} (exact {e})");
+            assert_within(&what, &i.to_string(), g, e, scale[i], 2e-3, "exact");
         }
     }
 }
