@@ -4,7 +4,7 @@
 //! [`crate::cpu`] (or its own, where only one op needs it). Bodies of ops
 //! with a decode position read it from the parameter buffer at run time;
 //! the same bodies read one position a row for a paged cache, their
-//! [`PositionSource`] a parameter ([`Positions`]).
+//! [`PositionSource`] a parameter (read through a private `Positions`).
 
 use crate::kernels::positions::PositionSource;
 
