@@ -4,34 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use encore::{Config, Device};
-use encore_llm::{Engine, EngineOptions, Scheduler, SchedulerConfig};
+use encore_llm::{Scheduler, SchedulerConfig};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-fn model_path() -> PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| match std::env::var_os("ENCORE_TEST_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => encore_llm::fetch::default_model(|p| eprintln!("{p:?}"))
-            .expect("fetch the default model"),
-    })
-    .clone()
-}
-
-fn engine() -> Arc<Engine> {
-    static ENGINE: OnceLock<Arc<Engine>> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let device = Device::open("cpu", &Config::default()).unwrap();
-            Arc::new(Engine::load(model_path(), &device, &EngineOptions::default()).unwrap())
-        })
-        .clone()
-}
+mod common;
+use common::{client, engine};
 
 /// A server on an ephemeral loopback port; its address, its state and a
 /// sender that shuts it down.
@@ -60,13 +41,6 @@ async fn start(ready: bool, ctx: usize) -> Server {
         stop: Some(tx),
         done,
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
 }
 
 async fn post(url: &str, body: Value) -> (u16, Value) {
