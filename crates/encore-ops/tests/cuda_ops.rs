@@ -763,18 +763,32 @@ fn matmul_on_both(
     offset: usize,
     rows: usize,
 ) -> [Vec<f32>; 2] {
-    on_both::<f32>(pair, |ops| {
-        let weight = Weight {
-            buffer: upload(ops, w),
-            dtype,
-            n,
-            k,
-        };
-        let xb = upload(ops, x).view(offset * 4, rows * k * 4).unwrap();
-        let y = ops.device().alloc(rows * n * 4).unwrap();
-        run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
-        y
-    })
+    on_both::<f32>(pair, |ops| matmul_on(ops, dtype, w, n, k, x, offset, rows))
+}
+
+/// `matmul` of the weights `w` (`n` rows of `k`) with `rows` activation
+/// rows read from `x` at element `offset` on `ops`: the output buffer.
+#[allow(clippy::too_many_arguments)]
+fn matmul_on(
+    ops: &Ops,
+    dtype: DType,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    offset: usize,
+    rows: usize,
+) -> Buffer {
+    let weight = Weight {
+        buffer: upload(ops, w),
+        dtype,
+        n,
+        k,
+    };
+    let xb = upload(ops, x).view(offset * 4, rows * k * 4).unwrap();
+    let y = ops.device().alloc(rows * n * 4).unwrap();
+    run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "matmul"));
+    y
 }
 
 #[test]
@@ -1629,17 +1643,9 @@ fn long_prompt_products_span_weight_slices() {
         let x = rng.vec(rows * k);
         let wf = dequantize(dtype, &w, n, k);
         let expected = sampled_magnitudes(&wf, &x, rows, &cols, k);
-        let ops = &pair[1];
-        let weight = Weight {
-            buffer: upload(ops, &w),
-            dtype,
-            n,
-            k,
-        };
-        let xb = upload(ops, &x);
-        let y = ops.device().alloc(rows * n * 4).unwrap();
-        run(ops, |o, e| o.matmul(e, &weight, &xb, &y, rows, "dense"));
-        let gpu = y.download::<f32>().unwrap();
+        let gpu = matmul_on(&pair[1], dtype, &w, n, k, &x, 0, rows)
+            .download::<f32>()
+            .unwrap();
         for r in 0..rows {
             for (c, &j) in cols.iter().enumerate() {
                 let (e, s) = expected[r * cols.len() + c];
